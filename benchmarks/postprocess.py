@@ -1,0 +1,88 @@
+"""Post-processing speed: layerscope's exit-to-Profile time against torch's first key_averages().
+
+Profiles N training steps of the built-in ResNet-18 layout with memory and shapes on, then, on the
+same capture, times torch's first ``key_averages()`` and layerscope's Profile build (in both orders,
+on two captures, so neither side profits from running second). Prints a table and one JSON line.
+
+    python benchmarks/postprocess.py --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from _memory import peak_mib, reset_peak  # noqa: E402
+
+import layerscope as ls  # noqa: E402
+from layerscope.models import resnet18  # noqa: E402
+
+
+def capture(model: torch.nn.Module, x: torch.Tensor, steps: int) -> ls.profile:
+    with ls.profile(model, memory=True, shapes=True) as prof:
+        for _ in range(steps):
+            model(x).sum().backward()
+    return prof
+
+
+def measure(prof: ls.profile, ours_first: bool) -> dict[str, float]:
+    result: dict[str, float] = {}
+
+    def ours() -> None:
+        gc.collect()
+        base = reset_peak()
+        t0 = time.perf_counter()
+        profile = prof.profile
+        result["ours_s"] = time.perf_counter() - t0
+        result["ours_peak_rss_mib"] = peak_mib()
+        result["ours_rss_growth_mib"] = peak_mib() - base
+        result["events"] = profile.meta["event_count"]
+
+    def theirs() -> None:
+        gc.collect()
+        base = reset_peak()
+        t0 = time.perf_counter()
+        prof.torch_profiler.key_averages()
+        result["torch_s"] = time.perf_counter() - t0
+        result["torch_peak_rss_mib"] = peak_mib()
+        result["torch_rss_growth_mib"] = peak_mib() - base
+
+    for step in ((ours, theirs) if ours_first else (theirs, ours)):
+        step()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=5)
+    parser.add_argument("--size", type=int, default=224)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = resnet18()
+    x = torch.randn(args.batch, 3, args.size, args.size)
+    model(x).sum().backward()  # warm-up outside the profile
+    runs = []
+    for ours_first in (True, False):
+        runs.append({"ours_first": ours_first, **measure(capture(model, x, args.steps), ours_first)})
+    print(f"{'order':<14}{'events':>9}{'layerscope':>12}{'key_averages':>14}{'ratio':>8}{'µs/event':>10}"
+          f"{'RSS+ ours':>11}{'RSS+ torch':>12}")
+    for r in runs:
+        ratio = r["torch_s"] / r["ours_s"]
+        print(f"{'ours first' if r['ours_first'] else 'torch first':<14}{r['events']:>9.0f}"
+              f"{r['ours_s']:>11.3f}s{r['torch_s']:>13.3f}s{ratio:>7.1f}x"
+              f"{r['ours_s'] / r['events'] * 1e6:>10.2f}{r['ours_rss_growth_mib']:>8.0f}MiB"
+              f"{r['torch_rss_growth_mib']:>9.0f}MiB")
+    print(json.dumps({"benchmark": "postprocess", "steps": args.steps, "batch": args.batch,
+                      "torch": torch.__version__, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()

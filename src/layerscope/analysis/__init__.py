@@ -1,0 +1,1 @@
+"""Pure functions over Profiles: op tables, folding and pruning."""

@@ -1,0 +1,86 @@
+"""Operator tables: aggregate a Profile's op rows by any of name, input shapes, module and phase."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from layerscope.errors import UsageError
+from layerscope.model.metrics import FIELD_NAMES, Metrics
+from layerscope.model.profile import OpStats, Phase, Profile
+
+GROUP_KEYS = ("name", "input_shapes", "module", "phase")
+SORT_KEYS = (*FIELD_NAMES, "calls", "name")
+
+
+def op_table(profile: Profile, sort_by: str = "self_cpu_us", group_by: Sequence[str] = ("name",),
+             phase: Phase | str | None = None, module: str | None = None,
+             limit: int | None = None) -> list[OpStats]:
+    """Aggregate op rows. Grouping keeps totals: the sum of any additive metric over the result
+    equals the sum over the rows that pass the filters. Fields that differ inside a group become None."""
+    if isinstance(group_by, str):
+        group_by = (group_by,)
+    bad = [g for g in group_by if g not in GROUP_KEYS]
+    if bad:
+        raise UsageError(f"cannot group ops by {bad[0]!r}; choose from {', '.join(GROUP_KEYS)}")
+    if sort_by not in SORT_KEYS:
+        raise UsageError(f"cannot sort ops by {sort_by!r}; choose from {', '.join(SORT_KEYS)}")
+    wanted_phase = _parse_phase(phase)
+    if limit is not None and limit < 0:
+        raise UsageError(f"limit must be >= 0, not {limit}")
+    groups: dict[tuple[object, ...], list[OpStats]] = {}
+    for row in profile.op_rows:
+        if wanted_phase is not None and row.phase is not wanted_phase:
+            continue
+        if module is not None and not _in_subtree(row.module, module):
+            continue
+        key = tuple(getattr(row, g) for g in group_by)
+        groups.setdefault(key, []).append(row)
+    result = [_merge(rows, group_by) for rows in groups.values()]
+    if sort_by == "name":
+        result.sort(key=lambda r: r.name)
+    elif sort_by == "calls":
+        result.sort(key=lambda r: -r.calls)
+    else:
+        result.sort(key=lambda r: -getattr(r.metrics, sort_by))
+    return result[:limit] if limit is not None else result
+
+
+def _parse_phase(phase: Phase | str | None) -> Phase | None:
+    if phase is None or phase == "both":
+        return None
+    try:
+        return Phase(phase)
+    except ValueError:
+        raise UsageError(f"unknown phase {phase!r}; choose from forward, backward, other, both") from None
+
+
+def _in_subtree(path: str | None, root: str) -> bool:
+    if path is None:
+        return False
+    return root == "" or path == root or path.startswith(root + ".")
+
+
+def _merge(rows: list[OpStats], group_by: Sequence[str]) -> OpStats:
+    first = rows[0]
+    metrics = first.metrics
+    for row in rows[1:]:
+        metrics = metrics.merged(row.metrics)
+    same = {field: all(getattr(r, field) == getattr(first, field) for r in rows)
+            for field in ("name", "input_shapes", "module", "phase", "scope")}
+    return OpStats(
+        name=first.name if same["name"] else "(several)",
+        phase=first.phase if same["phase"] else None,
+        module=first.module if same["module"] else None,
+        input_shapes=first.input_shapes if same["input_shapes"] else None,
+        calls=sum(r.calls for r in rows),
+        metrics=metrics if len(rows) > 1 else first.metrics,
+        scope=first.scope if same["scope"] else "",
+    )
+
+
+def total_of(rows: Sequence[OpStats], field: str) -> float:
+    """Sum of one metric over rows (a helper for views and tests)."""
+    return sum(getattr(r.metrics, field) for r in rows)
+
+
+__all__ = ["GROUP_KEYS", "SORT_KEYS", "Metrics", "op_table", "total_of"]

@@ -1,0 +1,1 @@
+"""Live capture: the only part of layerscope that imports torch."""

@@ -1,0 +1,221 @@
+"""Module scopes: forward hooks that open a named profiler range around every module call.
+
+The pre-hook opens ``ls:<path>:<Type>`` with torch's C++ ``_RecordFunctionFast`` (about 0.7 µs,
+against ~11 µs for ``record_function``, which also records its own enter/exit ops); the forward hook,
+registered with ``always_call=True``, closes it even when the forward raises. Open ranges live on a
+per-thread stack, so two threads can run the model at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from layerscope.build.catalog import ModuleInfo, module_range_name
+
+_RecordFunctionFast = torch._C._profiler._RecordFunctionFast
+GLOBAL_ROOT_TYPE = "(all modules)"
+
+
+def shapes_of(value: Any) -> str | None:
+    """Shapes of the tensors in a hook's args/output, as a compact string (None when no tensor)."""
+    found: list[list[int]] = []
+
+    def visit(v: Any, depth: int) -> None:
+        if isinstance(v, torch.Tensor):
+            found.append(list(v.shape))
+        elif depth < 3 and isinstance(v, list | tuple):
+            for item in v:
+                visit(item, depth + 1)
+        elif depth < 3 and isinstance(v, dict):
+            for item in v.values():
+                visit(item, depth + 1)
+
+    visit(value, 0)
+    return str(found) if found else None
+
+
+class ModuleScopes:
+    """Installs and removes the range hooks; knows every hooked module's qualified path.
+
+    With ``model`` given, hooks go on the model's modules (each instance once, under its first path).
+    With ``model=None``, torch's global module hooks name modules as they are first called: a module
+    called with no layerscope scope open is a top-level root named by its class; children are named
+    by their attribute path under it.
+    """
+
+    def __init__(self, model: nn.Module | None, paths: Iterable[str] | None = None,
+                 depth: int | None = None) -> None:
+        self.model = model
+        self.paths = tuple(paths) if paths is not None else None
+        self.depth = depth
+        self._local = threading.local()
+        self._handles: list[RemovableHandle] = []
+        self._names: dict[int, str | None] = {}  # id(module) -> range name (None: folded, no range)
+        self._paths: dict[int, str] = {}  # id(module) -> qualified path
+        self._modules: dict[str, nn.Module] = {}  # path -> module (kept for params at the end)
+        self._first_shapes: dict[str, tuple[str | None, str | None]] = {}
+        self._lock = threading.Lock()
+        self._root_names: set[str] = set()
+
+    # ----- selection --------------------------------------------------------------------------------
+    def keeps(self, path: str) -> bool:
+        """Whether ``path`` gets its own row (``depth`` and ``paths`` fold the others upwards)."""
+        if path == "":
+            return True
+        if self.depth is not None and path.count(".") + 1 > self.depth:
+            return False
+        if self.paths is None:
+            return True
+        return any(path == p or path.startswith(p + ".") or p.startswith(path + ".") for p in self.paths)
+
+    # ----- install / remove ----------------------------------------------------------------------
+    def install(self) -> None:
+        """Register the hooks (call :meth:`remove` in a ``finally``)."""
+        if self.model is None:
+            from torch.nn.modules import module as module_mod
+
+            self._handles.append(module_mod.register_module_forward_pre_hook(self._global_pre))
+            self._handles.append(module_mod.register_module_forward_hook(self._post, always_call=True))
+            return
+        for path, module in self.model.named_modules():
+            if not self.keeps(path):
+                continue
+            self._register(module, path)
+            self._handles.append(module.register_forward_pre_hook(self._pre))
+            self._handles.append(module.register_forward_hook(self._post, always_call=True))
+
+    def remove(self) -> None:
+        """Remove every hook and close ranges this thread still has open (after an interrupt)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        stack: list[tuple[int, Any]] | None = getattr(self._local, "stack", None)
+        while stack:
+            stack.pop()[1].__exit__(None, None, None)
+
+    def _register(self, module: nn.Module, path: str) -> None:
+        self._paths[id(module)] = path
+        if self.keeps(path):
+            self._names[id(module)] = module_range_name(path, type(module).__name__)
+            self._modules[path] = module
+        else:
+            self._names[id(module)] = None
+
+    # ----- hooks (hot path: keep them lean) ------------------------------------------------------
+    def _stack(self) -> list[tuple[int, Any]]:
+        local = self._local
+        try:
+            return local.stack  # type: ignore[no-any-return]
+        except AttributeError:
+            local.stack = []
+            return local.stack  # type: ignore[no-any-return]
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        key = id(module)
+        name = self._names[key]
+        if name is None:
+            return
+        record = _RecordFunctionFast(name)
+        record.__enter__()
+        self._stack().append((key, record))
+        path = self._paths[key]
+        if path not in self._first_shapes:
+            self._first_shapes[path] = (shapes_of(args), None)
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        key = id(module)
+        stack = self._stack()
+        if self._names.get(key) is None or not any(k == key for k, _ in stack):
+            return
+        # Pop down to this module's range: a child whose hook never ran must not stay open.
+        while stack:
+            top_key, record = stack.pop()
+            record.__exit__(None, None, None)
+            if top_key == key:
+                break
+        path = self._paths[key]
+        first = self._first_shapes.get(path)
+        if first is not None and first[1] is None and output is not None:
+            self._first_shapes[path] = (first[0], shapes_of(output))
+
+    def _global_pre(self, module: nn.Module, args: Any) -> None:
+        if id(module) not in self._names:
+            with self._lock:
+                if id(module) not in self._names:
+                    self._name_new_module(module)
+        self._pre(module, args)
+
+    def _name_new_module(self, module: nn.Module) -> None:
+        stack = self._stack()
+        parent_path: str | None = self._paths.get(stack[-1][0]) if stack else None
+        if parent_path is None:
+            base = type(module).__name__
+            name, k = base, 1
+            while name in self._root_names:
+                name, k = f"{base}_{k}", k + 1
+            self._root_names.add(name)
+            for sub, child in module.named_modules(prefix=name):
+                if id(child) not in self._names:
+                    self._register(child, sub)
+            return
+        # Not a registered child of the open module: name it by class under that module.
+        base = f"{parent_path}.{type(module).__name__}"
+        name, k = base, 1
+        while name in self._modules:
+            name, k = f"{base}_{k}", k + 1
+        for sub, child in module.named_modules(prefix=name):
+            if id(child) not in self._names:
+                self._register(child, sub)
+
+    # ----- results -----------------------------------------------------------------------------
+    def catalog(self) -> list[ModuleInfo]:
+        """The module catalog for attribution (root first); call after the run."""
+        infos: list[ModuleInfo] = []
+        if self.model is not None:
+            kept = list(self._modules)
+            parent_of = {p: _nearest_kept_parent(p, self._modules) for p in kept}
+            totals = {p: _param_count(self._modules[p], recurse=True) for p in kept}
+            children_total: dict[str, int] = {}
+            for c in kept:
+                if c:
+                    children_total[parent_of[c]] = children_total.get(parent_of[c], 0) + totals[c]
+            for p in kept:
+                own = totals[p] - children_total.get(p, 0)
+                shapes = self._first_shapes.get(p, (None, None))
+                infos.append(ModuleInfo(
+                    path=p, type_name=type(self._modules[p]).__name__,
+                    parent=None if p == "" else parent_of[p], params=max(own, 0),
+                    params_total=totals[p], input_shapes=shapes[0], output_shapes=shapes[1]))
+            return infos
+        # Global mode: a synthetic root "" holds the top-level modules.
+        called = dict(self._modules)
+        totals = {p: _param_count(m, recurse=True) for p, m in called.items()}
+        root_total = sum(totals[r] for r in self._root_names if r in totals)
+        infos.append(ModuleInfo(path="", type_name=GLOBAL_ROOT_TYPE, parent=None, params=0,
+                                params_total=root_total))
+        for p, m in called.items():
+            parent = _nearest_kept_parent(p, called) if p not in self._root_names else ""
+            shapes = self._first_shapes.get(p, (None, None))
+            infos.append(ModuleInfo(path=p, type_name=type(m).__name__, parent=parent,
+                                    params=_param_count(m, recurse=False), params_total=totals[p],
+                                    input_shapes=shapes[0], output_shapes=shapes[1]))
+        return infos
+
+
+def _nearest_kept_parent(path: str, kept: dict[str, Any]) -> str:
+    p = path
+    while p:
+        p = p.rpartition(".")[0]
+        if p in kept:
+            return p
+    return ""
+
+
+def _param_count(module: nn.Module, recurse: bool) -> int:
+    return sum(p.numel() for p in module.parameters(recurse=recurse))

@@ -1,0 +1,234 @@
+"""``layerscope.profile``: a context manager around ``torch.profiler.profile`` plus module scopes."""
+
+from __future__ import annotations
+
+import gc
+import platform
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity
+
+from layerscope.build.attribute import build_profile
+from layerscope.capture.flops import FlopCalculator
+from layerscope.capture.kineto import table_from_kineto
+from layerscope.capture.scopes import ModuleScopes
+from layerscope.errors import CaptureError, UsageError
+from layerscope.model.profile import SCHEMA_VERSION, Profile
+
+_ACTIVITY_NAMES: dict[str, ProfilerActivity] = {
+    "cpu": ProfilerActivity.CPU,
+    "cuda": ProfilerActivity.CUDA,
+}
+for _name in ("XPU", "MTIA", "PrivateUse1", "HPU"):
+    if hasattr(ProfilerActivity, _name):
+        _ACTIVITY_NAMES[_name.lower()] = getattr(ProfilerActivity, _name)
+
+_active_lock = threading.Lock()
+_active: list[profile] = []
+
+
+def parse_activities(activities: Iterable[str | ProfilerActivity] | str | None) -> list[ProfilerActivity]:
+    """Turn user activity names (or ProfilerActivity members) into ProfilerActivity; the default is
+    CPU plus every accelerator torch reports as available."""
+    if activities is None:
+        chosen = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            chosen.append(ProfilerActivity.CUDA)
+        xpu = getattr(torch, "xpu", None)
+        if xpu is not None and hasattr(ProfilerActivity, "XPU") and xpu.is_available():
+            chosen.append(ProfilerActivity.XPU)
+        return chosen
+    if isinstance(activities, str | ProfilerActivity):
+        activities = [activities]
+    result: list[ProfilerActivity] = []
+    for item in activities:
+        if isinstance(item, ProfilerActivity):
+            result.append(item)
+            continue
+        if not isinstance(item, str) or item.lower() not in _ACTIVITY_NAMES:
+            raise UsageError(f"unknown activity {item!r}; choose from {', '.join(sorted(_ACTIVITY_NAMES))}")
+        result.append(_ACTIVITY_NAMES[item.lower()])
+    if not result:
+        raise UsageError("activities is empty; choose at least one of " + ", ".join(sorted(_ACTIVITY_NAMES)))
+    return list(dict.fromkeys(result))
+
+
+def _check_options(model: Any, paths: Any, depth: Any, profiler_kwargs: Any) -> None:
+    if model is not None and not isinstance(model, nn.Module):
+        raise UsageError(f"model must be a torch.nn.Module or None, not {type(model).__name__}")
+    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
+        raise UsageError(f"depth must be a non-negative integer or None, not {depth!r}")
+    if paths is not None and (isinstance(paths, str) or not all(isinstance(p, str) for p in paths)):
+        raise UsageError("paths must be a list of qualified module paths such as ['layer1.0', 'fc']")
+    if profiler_kwargs is not None and not isinstance(profiler_kwargs, dict):
+        raise UsageError("profiler_kwargs must be a dict of torch.profiler.profile arguments")
+    reserved = {"activities", "record_shapes", "profile_memory", "with_stack", "with_flops"}
+    clash = reserved & set(profiler_kwargs or {})
+    if clash:
+        raise UsageError(f"set {', '.join(sorted(clash))} through layerscope's own options, "
+                         "not profiler_kwargs")
+
+
+class profile:
+    """Profile the enclosed block module by module, forward and backward.
+
+    >>> with layerscope.profile(model, memory=True) as prof:
+    ...     model(x).sum().backward()
+    >>> print(prof.profile)
+
+    Options: ``model`` (None hooks every module called in the block), ``activities`` (``"cpu"``,
+    ``"cuda"``... or ``ProfilerActivity``; default CPU plus available accelerators), ``memory``,
+    ``shapes``, ``flops`` (needs shapes, which it turns on), ``with_stack``, ``paths`` (only these
+    module paths and their subtrees get rows), ``depth`` (deeper modules fold into their ancestor),
+    ``profiler_kwargs`` (passed to ``torch.profiler.profile``).
+    """
+
+    def __init__(self, model: nn.Module | None = None, *,
+                 activities: Iterable[str | ProfilerActivity] | str | None = None,
+                 memory: bool = False, shapes: bool = True, flops: bool = True,
+                 with_stack: bool = False, paths: Sequence[str] | None = None,
+                 depth: int | None = None, profiler_kwargs: dict[str, Any] | None = None) -> None:
+        _check_options(model, paths, depth, profiler_kwargs)
+        self.model = model
+        self.activities = parse_activities(activities)
+        self.memory = bool(memory)
+        self.shapes = bool(shapes)
+        self.flops = bool(flops)
+        self.with_stack = bool(with_stack)
+        self.paths = list(paths) if paths is not None else None
+        self.depth = depth
+        self.profiler_kwargs = dict(profiler_kwargs or {})
+        self._torch_profiler: torch.profiler.profile | None = None
+        self._scopes: ModuleScopes | None = None
+        self._profile: Profile | None = None
+        self._catalog: list[Any] | None = None
+        self._wall_ns = 0
+        self._started_ns = 0
+        self._finished = False
+
+    # ----- context manager -------------------------------------------------------------------------
+    def __enter__(self) -> profile:
+        with _active_lock:
+            if _active:
+                raise CaptureError("layerscope.profile is already active; profiling blocks cannot be "
+                                   "nested (end the outer block first)")
+            if self._torch_profiler is not None:
+                raise CaptureError("this layerscope.profile object was already used; create a new one")
+            _active.append(self)
+        try:
+            self._torch_profiler = torch.profiler.profile(
+                activities=self.activities, record_shapes=self.shapes or self.flops,
+                profile_memory=self.memory, with_stack=self.with_stack, **self.profiler_kwargs)
+            self._scopes = ModuleScopes(self.model, self.paths, self.depth)
+            self._torch_profiler.__enter__()
+            try:
+                self._scopes.install()
+            except BaseException:
+                self._torch_profiler.__exit__(None, None, None)
+                raise
+        except BaseException as exc:
+            if self._scopes is not None:
+                self._scopes.remove()
+            _release(self)
+            if isinstance(exc, TypeError):
+                raise UsageError(f"torch.profiler.profile rejected the options: {exc}") from exc
+            raise
+        self._started_ns = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._wall_ns = time.perf_counter_ns() - self._started_ns
+        try:
+            assert self._scopes is not None and self._torch_profiler is not None
+            try:
+                self._scopes.remove()
+            finally:
+                self._torch_profiler.__exit__(exc_type, exc, tb)
+            self._catalog = self._scopes.catalog()
+        finally:
+            self._finished = True
+            _release(self)
+
+    # ----- results -----------------------------------------------------------------------------------
+    @property
+    def torch_profiler(self) -> torch.profiler.profile:
+        """The underlying ``torch.profiler.profile`` (for anything torch offers directly)."""
+        if self._torch_profiler is None:
+            raise CaptureError("the profiling block has not started yet")
+        return self._torch_profiler
+
+    @property
+    def profile(self) -> Profile:
+        """The Profile of the block, built on first access (after the block ended)."""
+        if not self._finished:
+            raise CaptureError("the profile is available after the `with layerscope.profile(...)` block")
+        if self._profile is None:
+            self._profile = self._build()
+        return self._profile
+
+    def _build(self) -> Profile:
+        tp = self.torch_profiler
+        results = tp.profiler.kineto_results if tp.profiler is not None else None
+        if results is None:
+            raise CaptureError("torch.profiler recorded no results")
+        calculator = FlopCalculator() if self.flops else None
+        cpu_only = (self.activities == [ProfilerActivity.CPU] and not self.with_stack
+                    and not torch.cuda.is_available())
+        # Reading creates hundreds of thousands of short-lived containers; the cyclic GC would walk
+        # the whole heap again and again meanwhile (measured: 10x slower shape reads). None of
+        # these objects form cycles, so pausing it is safe.
+        with gc_paused():
+            table = table_from_kineto(results, calculator, shapes=self.shapes, cpu_only=cpu_only)
+            return build_profile(table, self._catalog, self._meta())
+
+    def _meta(self) -> dict[str, Any]:
+        from layerscope import __version__
+
+        model_type = type(self.model).__name__ if self.model is not None else None
+        devices: list[dict[str, Any]] = []
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(i)
+                devices.append({"index": i, "name": props.name, "total_memory": int(props.total_memory)})
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "layerscope_version": __version__,
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "source": "live",
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "model": model_type,
+            "wall_us": self._wall_ns / 1000.0,
+            "devices": devices,
+            "options": {
+                "activities": [str(a).rsplit(".", 1)[-1].lower() for a in self.activities],
+                "memory": self.memory, "shapes": self.shapes, "flops": self.flops,
+                "with_stack": self.with_stack, "paths": self.paths, "depth": self.depth,
+            },
+        }
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector inside the block (restoring its previous state)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _release(session: profile) -> None:
+    with _active_lock:
+        if session in _active:
+            _active.remove(session)

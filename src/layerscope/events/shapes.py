@@ -1,0 +1,17 @@
+"""The display form of recorded input shapes, shared by the live and the trace-file readers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+def shapes_key(dims: Any) -> str:
+    """``[[5, 3, 224, 224], [64, 3, 7, 7], []]`` (the form torch's tables print)."""
+    return str(dims)
+
+
+def shapes_key_from_json(raw: bytes) -> str:
+    """:func:`shapes_key` of shapes serialised as JSON bytes."""
+    return shapes_key(orjson.loads(raw))

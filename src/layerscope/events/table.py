@@ -1,0 +1,120 @@
+"""EventTable: the columnar, torch-free form of profiler events that attribution reads.
+
+Both sources fill it: the live path from Kineto's results (``capture/kineto.py``) and the file path
+from Chrome trace JSON (``events/chrome.py``). Columns are plain Python lists because the attribution
+sweep is a Python loop and list indexing is the fastest thing it can do; names are interned into
+``names`` so every per-event comparison is an int comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+
+class EventKind(IntEnum):
+    """What a span event is. CPU-side kinds come first; ``is_device`` marks device activity."""
+
+    CPU_OP = 0
+    USER_ANNOTATION = 1  # record_function ranges: ours (module scopes), ProfilerStep#N, user ranges
+    RUNTIME = 2  # cuda_runtime / cuda_driver / privateuse1 runtime: CPU time spent launching
+    PYTHON = 3  # with_stack python frames; not nested into CPU time
+    KERNEL = 4
+    MEMCPY = 5
+    MEMSET = 6
+    DEVICE_OTHER = 7  # gpu_user_annotation and other device-timeline markers; not device work
+
+    @property
+    def is_device(self) -> bool:
+        """Device work that counts as device time (kernels, memcpy, memset)."""
+        return EventKind.KERNEL <= self <= EventKind.MEMSET
+
+
+#: Kinds whose spans nest into CPU time (exclusive time, module scopes, op rows).
+CPU_KINDS = frozenset({EventKind.CPU_OP, EventKind.USER_ANNOTATION, EventKind.RUNTIME})
+DEVICE_WORK_KINDS = frozenset({EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET})
+
+
+@dataclass
+class EventTable:
+    """Profiler events in columns. Times are integer nanoseconds on one clock.
+
+    Span columns (``span_*``) have one entry per complete event. ``span_fwd_tid`` is 0 for forward
+    ops and, for autograd backward nodes, the thread (in this table's tid space) that ran the
+    forward op with the same ``span_seq``. ``span_corr`` links device work to the CPU op that
+    launched it: a CPU span holds its own correlation id, a device span the id of its launcher.
+    ``span_shapes`` is an index into ``names`` (the input-shapes string) or -1.
+    """
+
+    names: list[str] = field(default_factory=list)
+    span_name: list[int] = field(default_factory=list)
+    span_kind: list[int] = field(default_factory=list)
+    span_tid: list[int] = field(default_factory=list)
+    span_ts: list[int] = field(default_factory=list)
+    span_dur: list[int] = field(default_factory=list)
+    span_seq: list[int] = field(default_factory=list)
+    span_fwd_tid: list[int] = field(default_factory=list)
+    span_corr: list[int] = field(default_factory=list)
+    span_shapes: list[int] = field(default_factory=list)
+    span_flops: list[int] = field(default_factory=list)
+    mem_tid: list[int] = field(default_factory=list)
+    mem_ts: list[int] = field(default_factory=list)
+    mem_bytes: list[int] = field(default_factory=list)
+    mem_on_device: list[bool] = field(default_factory=list)
+    #: Trace-level facts: device properties, distributed info, window start/end (ns), source.
+    meta: dict[str, Any] = field(default_factory=dict)
+    _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def intern(self, name: str) -> int:
+        """The id of ``name`` in the string table, adding it if new."""
+        ids = self._name_ids
+        found = ids.get(name)
+        if found is None:
+            found = ids[name] = len(self.names)
+            self.names.append(name)
+        return found
+
+    def add_span(self, name: str, kind: EventKind, tid: int, ts: int, dur: int, seq: int = -1,
+                 fwd_tid: int = 0, corr: int = 0, shapes: str | None = None, flops: int = 0) -> int:
+        """Append one span (used by readers and hand-built test traces); returns its index."""
+        self.span_name.append(self.intern(name))
+        self.span_kind.append(int(kind))
+        self.span_tid.append(tid)
+        self.span_ts.append(ts)
+        self.span_dur.append(dur)
+        self.span_seq.append(seq)
+        self.span_fwd_tid.append(fwd_tid)
+        self.span_corr.append(corr)
+        self.span_shapes.append(-1 if shapes is None else self.intern(shapes))
+        self.span_flops.append(flops)
+        return len(self.span_ts) - 1
+
+    def add_memory(self, tid: int, ts: int, nbytes: int, on_device: bool = False) -> None:
+        """Append one allocation (positive bytes) or free (negative bytes) event."""
+        self.mem_tid.append(tid)
+        self.mem_ts.append(ts)
+        self.mem_bytes.append(nbytes)
+        self.mem_on_device.append(on_device)
+
+    @property
+    def span_count(self) -> int:
+        """Number of span events."""
+        return len(self.span_ts)
+
+    @property
+    def event_count(self) -> int:
+        """Spans plus memory events (the unit of the post-processing benchmark)."""
+        return len(self.span_ts) + len(self.mem_ts)
+
+    def check(self) -> None:
+        """Raise ValueError if the columns have different lengths (a reader bug)."""
+        n = len(self.span_ts)
+        for name in ("span_name", "span_kind", "span_tid", "span_dur", "span_seq", "span_fwd_tid",
+                     "span_corr", "span_shapes", "span_flops"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"column {name} has {len(getattr(self, name))} rows, expected {n}")
+        m = len(self.mem_ts)
+        for name in ("mem_tid", "mem_bytes", "mem_on_device"):
+            if len(getattr(self, name)) != m:
+                raise ValueError(f"column {name} has {len(getattr(self, name))} rows, expected {m}")

@@ -1,0 +1,1 @@
+"""The data model: Profile, ModuleNode, Metrics, OpStats, and their saved form."""

@@ -1,0 +1,82 @@
+"""Metrics: the numbers layerscope measures for one module in one phase, or for one op row.
+
+Units are in the names: ``_us`` microseconds, ``_bytes`` bytes, ``flops`` floating-point operations.
+Additive metrics come in pairs, ``self_X`` (work done directly in the scope) and ``X`` (the scope and
+everything nested in it). Peaks are not additive, so only the inclusive figure exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+#: (self field, total field) for every additive metric, in display order.
+ADDITIVE_PAIRS: tuple[tuple[str, str], ...] = (
+    ("self_cpu_us", "cpu_us"),
+    ("self_device_us", "device_us"),
+    ("self_flops", "flops"),
+    ("self_cpu_alloc_bytes", "cpu_alloc_bytes"),
+    ("self_device_alloc_bytes", "device_alloc_bytes"),
+    ("self_retained_bytes", "retained_bytes"),
+)
+#: Inclusive peak metrics (maximum over calls; a parent's peak covers its children's).
+PEAK_FIELDS: tuple[str, ...] = ("cpu_peak_bytes", "device_peak_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Time, FLOPs and memory of one scope (a module in one phase, an op row, an unattributed entry)."""
+
+    self_cpu_us: float = 0.0
+    cpu_us: float = 0.0
+    self_device_us: float = 0.0
+    device_us: float = 0.0
+    self_flops: int = 0
+    flops: int = 0
+    self_cpu_alloc_bytes: int = 0
+    cpu_alloc_bytes: int = 0
+    self_device_alloc_bytes: int = 0
+    device_alloc_bytes: int = 0
+    self_retained_bytes: int = 0
+    retained_bytes: int = 0
+    cpu_peak_bytes: int = 0
+    device_peak_bytes: int = 0
+
+    def merged(self, other: Metrics) -> Metrics:
+        """The metrics of two disjoint pieces of work together: sums, and the larger peak."""
+        values = [getattr(self, f) + getattr(other, f) for f in FIELD_NAMES[:-2]]
+        values += [max(self.cpu_peak_bytes, other.cpu_peak_bytes),
+                   max(self.device_peak_bytes, other.device_peak_bytes)]
+        return Metrics(*values)
+
+    def folded(self) -> Metrics:
+        """These metrics as the *self* work of a parent that absorbs this scope (self := total)."""
+        values: dict[str, Any] = {}
+        for self_name, total_name in ADDITIVE_PAIRS:
+            values[self_name] = values[total_name] = getattr(self, total_name)
+        for name in PEAK_FIELDS:
+            values[name] = getattr(self, name)
+        return Metrics(**values)
+
+    def to_list(self) -> list[float | int]:
+        """Field values in declaration order (the compact form used by saved profiles)."""
+        return [getattr(self, f) for f in FIELD_NAMES]
+
+    @classmethod
+    def from_list(cls, values: list[Any]) -> Metrics:
+        """Inverse of :meth:`to_list`."""
+        if len(values) != len(FIELD_NAMES):
+            raise ValueError(f"expected {len(FIELD_NAMES)} metric values, got {len(values)}")
+        return cls(*values)
+
+
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Metrics))
+ZERO = Metrics()
+
+
+def sum_metrics(items: list[Metrics]) -> Metrics:
+    """Merge many metrics (sums of additive fields, maximum of peaks)."""
+    total = ZERO
+    for item in items:
+        total = total.merged(item)
+    return total

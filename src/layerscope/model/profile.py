@@ -1,0 +1,183 @@
+"""The immutable result of a profiling run: a module tree, op rows and an unattributed bucket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from layerscope.model.metrics import ZERO, Metrics
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+SCHEMA_VERSION = 1
+
+
+class Phase(str, Enum):
+    """Which pass a piece of work belongs to."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OTHER = "other"  # outside every module and outside backward: loss, optimizer, data, glue
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleNode:
+    """One ``nn.Module`` instance, identified by its qualified path (``""`` is the root)."""
+
+    path: str
+    type_name: str
+    calls: int
+    params: int
+    params_total: int
+    input_shapes: str | None
+    output_shapes: str | None
+    forward: Metrics
+    backward: Metrics
+    children: tuple[ModuleNode, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The last component of the path (the attribute name in the parent)."""
+        return self.path.rsplit(".", 1)[-1] if self.path else ""
+
+    @property
+    def total(self) -> Metrics:
+        """Forward and backward together."""
+        return self.forward.merged(self.backward)
+
+    def phase(self, phase: Phase | str) -> Metrics:
+        """The metrics of one phase (``"forward"``, ``"backward"``, or ``"both"``)."""
+        if str(phase) == "both":
+            return self.total
+        return self.backward if Phase(phase) is Phase.BACKWARD else self.forward
+
+    def walk(self) -> Iterator[ModuleNode]:
+        """This node and all its descendants, depth first, parents before children."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
+
+
+@dataclass(frozen=True, slots=True)
+class OpStats:
+    """Operator statistics: one row per (name, phase, module, input shapes) in a saved profile.
+
+    ``module`` is the qualified path of the owning module, or ``None`` for work outside every module
+    (then ``scope`` names the unattributed entry it belongs to) and for aggregates over several
+    modules (then ``scope`` is empty). ``input_shapes`` is ``None`` when shapes were not recorded or
+    the row aggregates several shapes; ``phase`` is ``None`` for aggregates over several phases.
+    """
+
+    name: str
+    phase: Phase | None  # None: an aggregate over several phases
+    module: str | None
+    input_shapes: str | None
+    calls: int
+    metrics: Metrics
+    scope: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UnattributedEntry:
+    """Work that belongs to no module (loss, optimizer step, gradient accumulation...), by label."""
+
+    label: str
+    phase: Phase
+    calls: int
+    metrics: Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """One ``ProfilerStep#N`` range: its wall time and the device time launched inside it."""
+
+    step: int
+    wall_us: float
+    device_us: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The result of a profiling run or of a trace file; every view reads one.
+
+    Profiles are immutable: transformations (folding, pruning) return new objects.
+    ``totals`` holds the independently computed whole-run totals that ``validate`` reconciles against.
+    """
+
+    meta: dict[str, Any]
+    root: ModuleNode
+    op_rows: tuple[OpStats, ...]
+    unattributed: tuple[UnattributedEntry, ...]
+    totals: Metrics = ZERO
+    steps: tuple[StepStats, ...] = ()
+    _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        index = {node.path: node for node in self.root.walk()}
+        object.__setattr__(self, "_index", index)
+
+    # ----- lookup -------------------------------------------------------------------------------
+    def find(self, path: str) -> ModuleNode:
+        """The module node with this qualified path (``""`` is the root); KeyError if absent."""
+        try:
+            return self._index[path]
+        except KeyError:
+            raise KeyError(f"no module with path {path!r} in this profile") from None
+
+    def modules(self) -> Iterator[ModuleNode]:
+        """All module nodes, parents before children, in tree order."""
+        return self.root.walk()
+
+    @property
+    def has_device_time(self) -> bool:
+        """True when any device (GPU/accelerator) time was captured."""
+        return self.totals.device_us > 0
+
+    @property
+    def has_memory(self) -> bool:
+        """True when memory events were captured."""
+        return bool(self.meta.get("options", {}).get("memory")) or self.totals.cpu_alloc_bytes > 0
+
+    # ----- analysis -----------------------------------------------------------------------------
+    def ops(self, sort_by: str = "self_cpu_us", group_by: Sequence[str] = ("name",),
+            phase: Phase | str | None = None, module: str | None = None,
+            limit: int | None = None) -> list[OpStats]:
+        """Op rows aggregated by ``group_by`` (any of name, input_shapes, module, phase), sorted
+        descending by a metric field, optionally filtered by phase and module subtree."""
+        from layerscope.analysis.ops import op_table
+
+        return op_table(self, sort_by=sort_by, group_by=group_by, phase=phase, module=module,
+                        limit=limit)
+
+    def validate(self) -> None:
+        """Raise :class:`layerscope.errors.ValidationError` if any invariant is broken."""
+        from layerscope.model.validate import validate_profile
+
+        validate_profile(self)
+
+    # ----- persistence --------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as ``.json`` or ``.json.gz`` (atomically: temp file, then rename)."""
+        from layerscope.model.serialize import save_profile
+
+        return save_profile(self, Path(path))
+
+    # ----- display ------------------------------------------------------------------------------
+    def __rich__(self) -> RenderableType:
+        from layerscope.render.console import tree_table
+
+        return tree_table(self)
+
+    def __str__(self) -> str:
+        from layerscope.render.console import render_to_text
+
+        return render_to_text(self.__rich__())

@@ -1,0 +1,178 @@
+"""Saving and loading Profiles: JSON (optionally gzipped), versioned, compact.
+
+Metrics are stored as lists in ``Metrics`` field order (named once in ``metric_fields``); op rows are
+columnar with a string table, because they are the bulk of a saved profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from layerscope.errors import TraceFormatError
+from layerscope.model.metrics import FIELD_NAMES, Metrics
+from layerscope.model.profile import (
+    SCHEMA_VERSION,
+    ModuleNode,
+    OpStats,
+    Phase,
+    Profile,
+    StepStats,
+    UnattributedEntry,
+)
+
+FORMAT_TAG = "layerscope.profile"
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    """The JSON-ready dict form of a profile."""
+    strings: dict[str, int] = {}
+
+    def sid(value: str | None) -> int:
+        if value is None:
+            return -1
+        found = strings.get(value)
+        if found is None:
+            found = strings[value] = len(strings)
+        return found
+
+    rows = profile.op_rows
+    ops = {
+        "name": [sid(r.name) for r in rows],
+        "phase": [r.phase.value if r.phase is not None else None for r in rows],
+        "module": [sid(r.module) for r in rows],
+        "input_shapes": [sid(r.input_shapes) for r in rows],
+        "scope": [sid(r.scope) for r in rows],
+        "calls": [r.calls for r in rows],
+        "metrics": [r.metrics.to_list() for r in rows],
+    }
+    return {
+        "format": FORMAT_TAG,
+        "schema_version": SCHEMA_VERSION,
+        "metric_fields": list(FIELD_NAMES),
+        "meta": profile.meta,
+        "totals": profile.totals.to_list(),
+        "root": _node_to_dict(profile.root),
+        "unattributed": [[e.label, e.phase.value, e.calls, e.metrics.to_list()]
+                         for e in profile.unattributed],
+        "steps": [[s.step, s.wall_us, s.device_us] for s in profile.steps],
+        "strings": list(strings),
+        "ops": ops,
+    }
+
+
+def _node_to_dict(node: ModuleNode) -> dict[str, Any]:
+    return {
+        "path": node.path, "type": node.type_name, "calls": node.calls, "params": node.params,
+        "params_total": node.params_total, "in": node.input_shapes, "out": node.output_shapes,
+        "fwd": node.forward.to_list(), "bwd": node.backward.to_list(),
+        "children": [_node_to_dict(c) for c in node.children],
+    }
+
+
+def profile_from_dict(data: Any) -> Profile:
+    """Inverse of :func:`profile_to_dict`; TraceFormatError on anything else."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT_TAG:
+        raise TraceFormatError("not a layerscope profile (no 'format: layerscope.profile' field)")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise TraceFormatError(f"profile schema version {version!r} is not supported "
+                               f"(this layerscope reads version {SCHEMA_VERSION})")
+    if data.get("metric_fields") != list(FIELD_NAMES):
+        raise TraceFormatError("profile metric fields differ from this layerscope's")
+    try:
+        strings: list[str] = data["strings"]
+
+        def text(i: int) -> str | None:
+            return None if i < 0 else strings[i]
+
+        ops = data["ops"]
+        rows = tuple(
+            OpStats(name=strings[n], phase=Phase(ph) if ph is not None else None, module=text(m), input_shapes=text(s),
+                    calls=c, metrics=Metrics.from_list(mv), scope=text(sc) or "")
+            for n, ph, m, s, sc, c, mv in zip(ops["name"], ops["phase"], ops["module"],
+                                             ops["input_shapes"], ops["scope"], ops["calls"],
+                                             ops["metrics"], strict=True))
+        return Profile(
+            meta=data["meta"],
+            root=_node_from_dict(data["root"]),
+            op_rows=rows,
+            unattributed=tuple(UnattributedEntry(label, Phase(phase), calls, Metrics.from_list(m))
+                               for label, phase, calls, m in data["unattributed"]),
+            totals=Metrics.from_list(data["totals"]),
+            steps=tuple(StepStats(step, wall, dev) for step, wall, dev in data["steps"]),
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise TraceFormatError(f"damaged layerscope profile: {type(exc).__name__}: {exc}") from None
+
+
+def _node_from_dict(d: dict[str, Any]) -> ModuleNode:
+    return ModuleNode(
+        path=d["path"], type_name=d["type"], calls=d["calls"], params=d["params"],
+        params_total=d["params_total"], input_shapes=d["in"], output_shapes=d["out"],
+        forward=Metrics.from_list(d["fwd"]), backward=Metrics.from_list(d["bwd"]),
+        children=tuple(_node_from_dict(c) for c in d["children"]))
+
+
+def write_atomic(path: Path, payload: bytes) -> Path:
+    """Write bytes to ``path`` through a temp file in the same folder and a rename: a reader never
+    sees a half-written file, and a failure leaves no partial output."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def save_profile(profile: Profile, path: Path) -> Path:
+    """Save as JSON, gzipped when the name ends in ``.gz``."""
+    payload = orjson.dumps(profile_to_dict(profile))
+    if path.name.endswith(".gz"):
+        payload = gzip.compress(payload, compresslevel=6)
+    return write_atomic(path, payload)
+
+
+def read_json_bytes(path: Path) -> bytes:
+    """The bytes of a .json or .json.gz file (gzip detected by magic number, not by name)."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceFormatError(f"{path}: is a folder, not a file") from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read: {exc.strerror}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raise TraceFormatError(f"{path}: corrupt gzip data ({exc})") from None
+    return raw
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Load a profile saved by :meth:`Profile.save`."""
+    raw = read_json_bytes(Path(path))
+    if not raw.strip():
+        raise TraceFormatError(f"{path}: empty file")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise TraceFormatError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return profile_from_dict(data)
+    except TraceFormatError as exc:
+        raise TraceFormatError(f"{path}: {exc}") from None

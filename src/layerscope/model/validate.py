@@ -1,0 +1,113 @@
+"""Profile invariants: the numbers must add up, or the profile is not trusted."""
+
+from __future__ import annotations
+
+import math
+
+from layerscope.errors import ValidationError
+from layerscope.model.metrics import ADDITIVE_PAIRS, PEAK_FIELDS, Metrics
+from layerscope.model.profile import ModuleNode, Profile
+
+_TIME_FIELDS = {"self_cpu_us", "cpu_us", "self_device_us", "device_us"}
+
+
+def _close(a: float, b: float, scale: float) -> bool:
+    # Times are sums of integer nanoseconds divided by 1000: allow float rounding only.
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6 * max(1.0, scale) + 1e-6)
+
+
+def validate_profile(profile: Profile) -> None:
+    """Raise ValidationError naming the first broken invariant.
+
+    1. every node, both phases: total = self + sum(children totals) for each additive metric,
+       and a node's peak is at least each child's peak;
+    2. no negative time, allocation or call count;
+    3. unique paths, each child's path below its parent's;
+    4. sum of all module selves plus unattributed = the run's independently computed totals;
+    5. op rows: per (module, phase) their self CPU fits inside the module's self CPU and their FLOPs
+       equal the module's self FLOPs; over the whole run op FLOPs equal total FLOPs.
+    """
+    errors: list[str] = []
+    seen: set[str] = set()
+    sums = {total: 0.0 for _, total in ADDITIVE_PAIRS}
+    for node in profile.root.walk():
+        if node.path in seen:
+            errors.append(f"duplicate module path {node.path!r}")
+        seen.add(node.path)
+        if node.calls < 0:
+            errors.append(f"{node.path!r}: negative calls")
+        for child in node.children:
+            if node.path and not child.path.startswith(node.path + "."):
+                errors.append(f"{child.path!r} is not below its parent {node.path!r}")
+        for phase_name in ("forward", "backward"):
+            _check_node_phase(node, phase_name, errors)
+            metrics: Metrics = getattr(node, phase_name)
+            for self_name, total_name in ADDITIVE_PAIRS:
+                sums[total_name] += getattr(metrics, self_name)
+        if len(errors) > 20:
+            break
+    for entry in profile.unattributed:
+        for self_name, total_name in ADDITIVE_PAIRS:
+            if getattr(entry.metrics, self_name) != getattr(entry.metrics, total_name):
+                errors.append(f"unattributed {entry.label!r}: {self_name} != {total_name}")
+            sums[total_name] += getattr(entry.metrics, self_name)
+    totals = profile.totals
+    for _, total_name in ADDITIVE_PAIRS:
+        expected = getattr(totals, total_name)
+        if not _close(sums[total_name], expected, abs(expected)):
+            errors.append(f"{total_name}: modules + unattributed = {sums[total_name]!r}, "
+                          f"but the run's total is {expected!r}")
+    _check_op_rows(profile, errors)
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ValidationError(f"profile invariant broken: {errors[0]}{more}")
+
+
+def _check_node_phase(node: ModuleNode, phase_name: str, errors: list[str]) -> None:
+    metrics: Metrics = getattr(node, phase_name)
+    kids = [getattr(c, phase_name) for c in node.children]
+    for self_name, total_name in ADDITIVE_PAIRS:
+        total = getattr(metrics, total_name)
+        expected = getattr(metrics, self_name) + sum(getattr(k, total_name) for k in kids)
+        if not _close(total, expected, abs(total)):
+            errors.append(f"{node.path!r} {phase_name}: {total_name}={total!r} but self + children = "
+                          f"{expected!r}")
+        if total_name != "retained_bytes":
+            own = getattr(metrics, self_name)
+            tolerance = 1e-3 if self_name in _TIME_FIELDS else 0
+            if own < -tolerance:
+                errors.append(f"{node.path!r} {phase_name}: negative {self_name}={own!r}")
+    for name in PEAK_FIELDS:
+        peak = getattr(metrics, name)
+        if peak < 0 or any(getattr(k, name) > peak for k in kids):
+            errors.append(f"{node.path!r} {phase_name}: {name}={peak} below a child's or negative")
+
+
+def _check_op_rows(profile: Profile, errors: list[str]) -> None:
+    cpu: dict[tuple[str, str], float] = {}
+    flops: dict[tuple[str, str], int] = {}
+    total_flops = 0
+    for row in profile.op_rows:
+        if row.calls < 0:
+            errors.append(f"op {row.name!r}: negative calls")
+        total_flops += row.metrics.flops
+        if row.module is None:
+            continue
+        key = (row.module, str(row.phase) if row.phase is not None else "both")
+        cpu[key] = cpu.get(key, 0.0) + row.metrics.self_cpu_us
+        flops[key] = flops.get(key, 0) + row.metrics.flops
+    nodes = {node.path: node for node in profile.root.walk()}
+    for (path, phase), value in cpu.items():
+        node = nodes.get(path)
+        if node is None:
+            errors.append(f"op rows name module {path!r}, which is not in the tree")
+            continue
+        metrics = node.phase(phase)
+        if value > metrics.self_cpu_us + 1e-3 * max(1.0, value) + 1e-3:
+            errors.append(f"{path!r} {phase}: ops' self CPU {value:.3f} µs exceeds the module's "
+                          f"self CPU {metrics.self_cpu_us:.3f} µs")
+        if flops.get((path, phase), 0) != metrics.self_flops:
+            errors.append(f"{path!r} {phase}: ops' FLOPs {flops.get((path, phase), 0)} != module self "
+                          f"FLOPs {metrics.self_flops}")
+    if profile.op_rows and total_flops != profile.totals.flops:
+        errors.append(f"op FLOPs {total_flops} != total FLOPs {profile.totals.flops}")

@@ -1,0 +1,1 @@
+"""Views of a Profile (console tables for now)."""

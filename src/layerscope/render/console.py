@@ -1,0 +1,242 @@
+"""Console views: the module tree table and the op table, as rich renderables."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from collections.abc import Callable, Sequence
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from layerscope.analysis.transform import fold_depth, prune_min_share
+from layerscope.model.metrics import FIELD_NAMES, Metrics
+from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile
+from layerscope.render.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
+
+TREE_SORT_KEYS = ("execution", *FIELD_NAMES, "calls", "params")
+
+_UNICODE_GUIDES = ("├── ", "└── ", "│   ", "    ")
+_ASCII_GUIDES = ("|-- ", "`-- ", "|   ", "    ")
+
+
+def _node_sort_key(sort_by: str) -> Callable[[ModuleNode], float]:
+    if sort_by == "calls":
+        return lambda n: -n.calls
+    if sort_by == "params":
+        return lambda n: -n.params_total
+    return lambda n: -float(getattr(n.total, sort_by))
+
+
+def _rows(node: ModuleNode, sort_by: str, guides: tuple[str, str, str, str],
+          prefix: str = "", last: bool = True, is_root: bool = True) -> list[tuple[str, ModuleNode]]:
+    """(label with tree guides, node) in display order; loop-last logic gives the guide shapes."""
+    branch, corner, pipe, space = guides
+    label = (node.path or "(root)") if is_root else node.name
+    out = [(label if is_root else prefix + (corner if last else branch) + label, node)]
+    children = list(node.children)
+    if sort_by != "execution":
+        children.sort(key=_node_sort_key(sort_by))
+    child_prefix = "" if is_root else prefix + (space if last else pipe)
+    for k, child in enumerate(children):
+        out.extend(_rows(child, sort_by, guides, child_prefix, k == len(children) - 1, False))
+    return out
+
+
+def tree_table(profile: Profile, depth: int | None = None, min_share: float = 0.0,
+               sort_by: str = "execution", ascii_only: bool | None = None,
+               max_unattributed: int = 6) -> RenderableType:
+    """The module tree: one row per module with forward/backward time, device, memory, FLOPs, params.
+
+    ``depth`` and ``min_share`` (percent of the run's total) fold modules into their ancestors.
+    """
+    if ascii_only is None:
+        ascii_only = _wants_ascii()
+    folded_note = ""
+    view = profile
+    if depth is not None:
+        view = fold_depth(view, depth)
+    if min_share > 0:
+        view, count = prune_min_share(view, min_share)
+        if count:
+            folded_note = f"{count} module{'s' if count != 1 else ''} under {min_share:g}% folded into their parents"
+    device = view.has_device_time
+    memory = view.has_memory
+    flops = view.totals.flops > 0
+    share_field = "device_us" if device else "cpu_us"
+    whole = float(getattr(view.totals, share_field))
+
+    table = Table(box=box.ASCII2 if ascii_only else box.SIMPLE_HEAVY, show_edge=False, pad_edge=False,
+                  caption=folded_note or None, caption_justify="left", header_style="bold")
+    table.add_column("Module", no_wrap=True, overflow="ellipsis", max_width=60)
+    table.add_column("Type", no_wrap=True, overflow="ellipsis", max_width=24, style="cyan")
+    numeric = ["Calls", "Fwd self", "Fwd total", "Bwd self", "Bwd total"]
+    if device:
+        numeric += ["Fwd device", "Bwd device"]
+    if memory:
+        numeric += ["Alloc", "Retained", "Peak"]
+    if flops:
+        numeric.append("FLOPs")
+    numeric += ["Params", "Share"]
+    for header in numeric:
+        table.add_column(header, justify="right", no_wrap=True, style="bold" if header == "Share" else None)
+
+    def cells(label: Text | str, type_name: str, calls: str, fwd: Metrics, bwd: Metrics,
+              params: str) -> list[RenderableType]:
+        row: list[RenderableType] = [label, type_name, calls, fmt_time_us(fwd.self_cpu_us),
+                                     fmt_time_us(fwd.cpu_us), fmt_time_us(bwd.self_cpu_us),
+                                     fmt_time_us(bwd.cpu_us)]
+        if device:
+            row += [fmt_time_us(fwd.device_us), fmt_time_us(bwd.device_us)]
+        if memory:
+            both = fwd.merged(bwd)
+            row += [fmt_bytes(both.cpu_alloc_bytes + both.device_alloc_bytes),
+                    fmt_bytes(fwd.retained_bytes), fmt_bytes(max(both.cpu_peak_bytes, both.device_peak_bytes))]
+        if flops:
+            row.append(fmt_si(fwd.flops + bwd.flops))
+        row.append(params)
+        row.append(fmt_share(getattr(fwd, share_field) + getattr(bwd, share_field), whole))
+        return row
+
+    guides = _ASCII_GUIDES if ascii_only else _UNICODE_GUIDES
+    for label, node in _rows(view.root, sort_by, guides):
+        name = Text(label)
+        if not node.children:
+            name.stylize("bold")
+        table.add_row(*cells(name, node.type_name, str(node.calls), node.forward, node.backward,
+                             fmt_si(node.params_total)))
+
+    entries = sorted(_merge_unattributed(view), key=lambda e: -(e[1].cpu_us + e[2].cpu_us
+                                                                  + e[1].device_us + e[2].device_us))
+    if entries:
+        table.add_section()
+        shown = entries[:max_unattributed]
+        for label, fwd_like, bwd_like, calls in shown:
+            table.add_row(*cells(Text(f"[unattributed] {label}", style="italic"), "", str(calls) if calls else "",
+                                 fwd_like, bwd_like, ""))
+        rest = entries[max_unattributed:]
+        if rest:
+            fwd_rest = Metrics()
+            bwd_rest = Metrics()
+            for _, f, b, _calls in rest:
+                fwd_rest, bwd_rest = fwd_rest.merged(f), bwd_rest.merged(b)
+            table.add_row(*cells(Text(f"[unattributed] {len(rest)} more", style="italic"), "", "",
+                                 fwd_rest, bwd_rest, ""))
+    table.add_section()
+    total_fwd = view.root.forward
+    total_bwd = view.root.backward
+    for _, f, b, _calls in entries:
+        total_fwd, total_bwd = total_fwd.merged(f), total_bwd.merged(b)
+    table.add_row(*cells(Text("total", style="bold"), "", "", total_fwd, total_bwd, ""))
+    title = _title(view)
+    return Group(Text(title, style="bold"), table) if title else table
+
+
+def _merge_unattributed(profile: Profile) -> list[tuple[str, Metrics, Metrics, int]]:
+    """Unattributed entries by label; backward-phase work in the backward columns, the rest forward."""
+    merged: dict[str, tuple[Metrics, Metrics, int]] = {}
+    for entry in profile.unattributed:
+        f, b, calls = merged.get(entry.label, (Metrics(), Metrics(), 0))
+        if entry.phase is Phase.BACKWARD:
+            b = b.merged(entry.metrics)
+        else:
+            f = f.merged(entry.metrics)
+        merged[entry.label] = (f, b, calls + entry.calls)
+    return [(label, f, b, c) for label, (f, b, c) in merged.items()]
+
+
+def _title(profile: Profile) -> str:
+    meta = profile.meta
+    parts = []
+    if meta.get("model"):
+        parts.append(str(meta["model"]))
+    if meta.get("wall_us"):
+        parts.append(f"wall {fmt_time_us(float(meta['wall_us']))}")
+    parts.append(f"CPU {fmt_time_us(profile.totals.cpu_us) or '0'}")
+    if profile.has_device_time:
+        parts.append(f"device {fmt_time_us(profile.totals.device_us)}")
+    if profile.totals.flops:
+        parts.append(f"{fmt_si(profile.totals.flops)}FLOPs")
+    if len(profile.steps) > 1:
+        parts.append(f"{len(profile.steps)} steps")
+    return "layerscope · " + " · ".join(parts)
+
+
+def ops_table(rows: Sequence[OpStats], ascii_only: bool | None = None, title: str | None = None,
+              total_cpu_us: float | None = None) -> RenderableType:
+    """An op table like torch's ``key_averages().table()``, with layerscope's columns."""
+    if ascii_only is None:
+        ascii_only = _wants_ascii()
+    show_shapes = any(r.input_shapes for r in rows)
+    show_module = any(r.module is not None or r.scope for r in rows)
+    show_phase = any(r.phase is not None for r in rows)
+    device = any(r.metrics.device_us for r in rows)
+    memory = any(r.metrics.cpu_alloc_bytes or r.metrics.device_alloc_bytes for r in rows)
+    flops = any(r.metrics.flops for r in rows)
+    whole = total_cpu_us if total_cpu_us is not None else sum(r.metrics.self_cpu_us for r in rows)
+    table = Table(box=box.ASCII2 if ascii_only else box.SIMPLE_HEAVY, show_edge=False, pad_edge=False,
+                  title=title, title_justify="left", header_style="bold")
+    table.add_column("Op", overflow="fold", max_width=48)
+    if show_phase:
+        table.add_column("Phase")
+    if show_module:
+        table.add_column("Module", overflow="ellipsis", max_width=32, style="cyan")
+    if show_shapes:
+        table.add_column("Input shapes", overflow="fold", max_width=40)
+    numeric = ["Calls", "Self CPU", "Self %", "CPU total", "CPU avg"]
+    if device:
+        numeric += ["Self device", "Device total"]
+    if memory:
+        numeric += ["Self alloc", "Alloc"]
+    if flops:
+        numeric.append("FLOPs")
+    for header in numeric:
+        table.add_column(header, justify="right", no_wrap=True)
+    for r in rows:
+        m = r.metrics
+        cells: list[RenderableType] = [r.name]
+        if show_phase:
+            cells.append(r.phase.value if r.phase is not None else "")
+        if show_module:
+            cells.append(r.module if r.module is not None else (f"[{r.scope}]" if r.scope else ""))
+        if show_shapes:
+            cells.append(r.input_shapes or "")
+        cells += [str(r.calls), fmt_time_us(m.self_cpu_us), fmt_share(m.self_cpu_us, whole),
+                  fmt_time_us(m.cpu_us), fmt_time_us(m.cpu_us / r.calls) if r.calls else ""]
+        if device:
+            cells += [fmt_time_us(m.self_device_us), fmt_time_us(m.device_us)]
+        if memory:
+            cells += [fmt_bytes(m.self_cpu_alloc_bytes + m.self_device_alloc_bytes),
+                      fmt_bytes(m.cpu_alloc_bytes + m.device_alloc_bytes)]
+        if flops:
+            cells.append(fmt_si(m.flops))
+        table.add_row(*cells)
+    return table
+
+
+def _wants_ascii() -> bool:
+    if os.environ.get("LAYERSCOPE_ASCII"):
+        return True
+    encoding = getattr(getattr(__import__("sys"), "stdout", None), "encoding", None) or "utf-8"
+    return "utf" not in encoding.lower()
+
+
+def make_console(file: io.TextIOBase | None = None, width: int | None = None) -> Console:
+    """A console honouring NO_COLOR and the terminal width (160 columns when not a terminal)."""
+    if width is None:
+        width = shutil.get_terminal_size((160, 24)).columns
+    return Console(file=file, width=width, no_color=bool(os.environ.get("NO_COLOR")) or None,
+                   highlight=False, soft_wrap=False)
+
+
+def render_to_text(renderable: RenderableType, width: int | None = None) -> str:
+    """Render to plain text (no colour codes): what ``str(profile)`` returns."""
+    buffer = io.StringIO()
+    if width is None:
+        width = shutil.get_terminal_size((160, 24)).columns
+    console = Console(file=buffer, width=width, color_system=None, highlight=False, force_terminal=False)
+    console.print(renderable)
+    return buffer.getvalue()

@@ -54,7 +54,7 @@ def measure(prof: ls.profile, ours_first: bool) -> dict[str, float]:
         result["torch_peak_rss_mib"] = peak_mib()
         result["torch_rss_growth_mib"] = peak_mib() - base
 
-    for step in ((ours, theirs) if ours_first else (theirs, ours)):
+    for step in (ours, theirs) if ours_first else (theirs, ours):
         step()
     return result
 
@@ -72,16 +72,29 @@ def main() -> None:
     runs = []
     for ours_first in (True, False):
         runs.append({"ours_first": ours_first, **measure(capture(model, x, args.steps), ours_first)})
-    print(f"{'order':<14}{'events':>9}{'layerscope':>12}{'key_averages':>14}{'ratio':>8}{'µs/event':>10}"
-          f"{'RSS+ ours':>11}{'RSS+ torch':>12}")
+    print(
+        f"{'order':<14}{'events':>9}{'layerscope':>12}{'key_averages':>14}{'ratio':>8}{'µs/event':>10}"
+        f"{'RSS+ ours':>11}{'RSS+ torch':>12}"
+    )
     for r in runs:
         ratio = r["torch_s"] / r["ours_s"]
-        print(f"{'ours first' if r['ours_first'] else 'torch first':<14}{r['events']:>9.0f}"
-              f"{r['ours_s']:>11.3f}s{r['torch_s']:>13.3f}s{ratio:>7.1f}x"
-              f"{r['ours_s'] / r['events'] * 1e6:>10.2f}{r['ours_rss_growth_mib']:>8.0f}MiB"
-              f"{r['torch_rss_growth_mib']:>9.0f}MiB")
-    print(json.dumps({"benchmark": "postprocess", "steps": args.steps, "batch": args.batch,
-                      "torch": torch.__version__, "runs": runs}))
+        print(
+            f"{'ours first' if r['ours_first'] else 'torch first':<14}{r['events']:>9.0f}"
+            f"{r['ours_s']:>11.3f}s{r['torch_s']:>13.3f}s{ratio:>7.1f}x"
+            f"{r['ours_s'] / r['events'] * 1e6:>10.2f}{r['ours_rss_growth_mib']:>8.0f}MiB"
+            f"{r['torch_rss_growth_mib']:>9.0f}MiB"
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "postprocess",
+                "steps": args.steps,
+                "batch": args.batch,
+                "torch": torch.__version__,
+                "runs": runs,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

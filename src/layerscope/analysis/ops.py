@@ -12,9 +12,14 @@ GROUP_KEYS = ("name", "input_shapes", "module", "phase")
 SORT_KEYS = (*FIELD_NAMES, "calls", "name")
 
 
-def op_table(profile: Profile, sort_by: str = "self_cpu_us", group_by: Sequence[str] = ("name",),
-             phase: Phase | str | None = None, module: str | None = None,
-             limit: int | None = None) -> list[OpStats]:
+def op_table(
+    profile: Profile,
+    sort_by: str = "self_cpu_us",
+    group_by: Sequence[str] = ("name",),
+    phase: Phase | str | None = None,
+    module: str | None = None,
+    limit: int | None = None,
+) -> list[OpStats]:
     """Aggregate op rows. Grouping keeps totals: the sum of any additive metric over the result
     equals the sum over the rows that pass the filters. Fields that differ inside a group become None."""
     if isinstance(group_by, str):
@@ -65,8 +70,10 @@ def _merge(rows: list[OpStats], group_by: Sequence[str]) -> OpStats:
     metrics = first.metrics
     for row in rows[1:]:
         metrics = metrics.merged(row.metrics)
-    same = {field: all(getattr(r, field) == getattr(first, field) for r in rows)
-            for field in ("name", "input_shapes", "module", "phase", "scope")}
+    same = {
+        field: all(getattr(r, field) == getattr(first, field) for r in rows)
+        for field in ("name", "input_shapes", "module", "phase", "scope")
+    }
     return OpStats(
         name=first.name if same["name"] else "(several)",
         phase=first.phase if same["phase"] else None,
@@ -80,7 +87,7 @@ def _merge(rows: list[OpStats], group_by: Sequence[str]) -> OpStats:
 
 def total_of(rows: Sequence[OpStats], field: str) -> float:
     """Sum of one metric over rows (a helper for views and tests)."""
-    return sum(getattr(r.metrics, field) for r in rows)
+    return float(sum(getattr(r.metrics, field) for r in rows))
 
 
 __all__ = ["GROUP_KEYS", "SORT_KEYS", "Metrics", "op_table", "total_of"]

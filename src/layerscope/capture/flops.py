@@ -23,21 +23,35 @@ def _registry() -> dict[str, Callable[..., int]]:
 
     aten = torch.ops.aten
     wanted = {
-        "mm": aten.mm, "addmm": aten.addmm, "bmm": aten.bmm, "baddbmm": aten.baddbmm,
-        "convolution": aten.convolution, "conv_backward": aten.convolution_backward,
+        "mm": aten.mm,
+        "addmm": aten.addmm,
+        "bmm": aten.bmm,
+        "baddbmm": aten.baddbmm,
+        "convolution": aten.convolution,
+        "conv_backward": aten.convolution_backward,
         "sdpa": aten._scaled_dot_product_flash_attention,
         "sdpa_backward": aten._scaled_dot_product_flash_attention_backward,
     }
     # Registered formulas are wrapped to accept tensors (a pytree walk, ~100 µs a call); we pass
     # shapes already, so call the wrapped formula directly with ``out_shape``.
-    raw = {key: getattr(flop_registry[op], "__wrapped__", None) for key, op in wanted.items()
-           if op in flop_registry}
+    raw = {
+        key: getattr(flop_registry[op], "__wrapped__", None)
+        for key, op in wanted.items()
+        if op in flop_registry
+    }
     return {key: f for key, f in raw.items() if f is not None}
 
 
-def _conv_out_shape(x: Sequence[int], w: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-                    dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
-                    groups: int) -> list[int]:
+def _conv_out_shape(
+    x: Sequence[int],
+    w: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+) -> list[int]:
     spatial = len(x) - 2
 
     def pick(values: Sequence[int], k: int) -> int:
@@ -62,13 +76,13 @@ class FlopCalculator:
         reg = _registry()
         formulas: dict[str, _Formula] = {}
         if "mm" in reg:
-            formulas["aten::mm"] = lambda s, c: reg["mm"](s[0], s[1])
+            formulas["aten::mm"] = lambda s, c: reg["mm"](s[0], s[1], out_shape=None)
         if "addmm" in reg:
-            formulas["aten::addmm"] = lambda s, c: reg["addmm"](s[0], s[1], s[2])
+            formulas["aten::addmm"] = lambda s, c: reg["addmm"](s[0], s[1], s[2], out_shape=None)
         if "bmm" in reg:
-            formulas["aten::bmm"] = lambda s, c: reg["bmm"](s[0], s[1])
+            formulas["aten::bmm"] = lambda s, c: reg["bmm"](s[0], s[1], out_shape=None)
         if "baddbmm" in reg:
-            formulas["aten::baddbmm"] = lambda s, c: reg["baddbmm"](s[0], s[1], s[2])
+            formulas["aten::baddbmm"] = lambda s, c: reg["baddbmm"](s[0], s[1], s[2], out_shape=None)
         if "convolution" in reg:
             formulas["aten::convolution"] = self._conv(reg["convolution"])
             formulas["aten::_convolution"] = self._conv(reg["convolution"])
@@ -76,18 +90,30 @@ class FlopCalculator:
             formulas["aten::convolution_backward"] = self._conv_backward(reg["conv_backward"])
         if "sdpa" in reg:
             sdpa = reg["sdpa"]
-            for name in ("aten::_scaled_dot_product_flash_attention",
-                         "aten::_scaled_dot_product_efficient_attention",
-                         "aten::_scaled_dot_product_cudnn_attention",
-                         "aten::_scaled_dot_product_flash_attention_for_cpu"):
-                formulas[name] = lambda s, c, f=sdpa: f(s[0], s[1], s[2])
+
+            def attention(s: Shapes, c: Concrete, f: Callable[..., int] = sdpa) -> int:
+                return f(s[0], s[1], s[2], out_shape=None)
+
+            for name in (
+                "aten::_scaled_dot_product_flash_attention",
+                "aten::_scaled_dot_product_efficient_attention",
+                "aten::_scaled_dot_product_cudnn_attention",
+                "aten::_scaled_dot_product_flash_attention_for_cpu",
+            ):
+                formulas[name] = attention
         if "sdpa_backward" in reg:
             back = reg["sdpa_backward"]
-            for name in ("aten::_scaled_dot_product_flash_attention_backward",
-                         "aten::_scaled_dot_product_efficient_attention_backward",
-                         "aten::_scaled_dot_product_cudnn_attention_backward",
-                         "aten::_scaled_dot_product_flash_attention_for_cpu_backward"):
-                formulas[name] = lambda s, c, f=back: f(s[0], s[1], s[2], s[3])
+
+            def attention_backward(s: Shapes, c: Concrete, f: Callable[..., int] = back) -> int:
+                return f(s[0], s[1], s[2], s[3], out_shape=None)
+
+            for name in (
+                "aten::_scaled_dot_product_flash_attention_backward",
+                "aten::_scaled_dot_product_efficient_attention_backward",
+                "aten::_scaled_dot_product_cudnn_attention_backward",
+                "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+            ):
+                formulas[name] = attention_backward
         self.formulas = formulas
 
     @staticmethod
@@ -100,6 +126,7 @@ class FlopCalculator:
             groups = int(concrete[8]) if len(concrete) > 8 and concrete[8] is not None else 1
             out = _conv_out_shape(x, w, stride, padding, dilation, transposed, output_padding, groups)
             return int(formula(x, w, None, stride, padding, dilation, transposed, out_shape=out))
+
         return count
 
     @staticmethod
@@ -108,8 +135,23 @@ class FlopCalculator:
             grad_out, x, w = shapes[0], shapes[1], shapes[2]
             transposed = bool(concrete[7])
             output_mask = concrete[10]
-            return int(formula(grad_out, x, w, None, concrete[4], concrete[5], concrete[6], transposed,
-                               concrete[8], concrete[9], output_mask, out_shape=(list(x), list(w), None)))
+            return int(
+                formula(
+                    grad_out,
+                    x,
+                    w,
+                    None,
+                    concrete[4],
+                    concrete[5],
+                    concrete[6],
+                    transposed,
+                    concrete[8],
+                    concrete[9],
+                    output_mask,
+                    out_shape=(list(x), list(w), None),
+                )
+            )
+
         return count
 
     def needs(self, name: str) -> bool:

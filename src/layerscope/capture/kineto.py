@@ -45,8 +45,9 @@ def kind_of_activity(activity: str) -> EventKind:
     return EventKind.CPU_OP if activity.startswith("cpu") else EventKind.DEVICE_OTHER
 
 
-def table_from_kineto(kineto_results: Any, flops: FlopCalculator | None, shapes: bool,
-                      cpu_only: bool = False) -> EventTable:
+def table_from_kineto(
+    kineto_results: Any, flops: FlopCalculator | None, shapes: bool, cpu_only: bool = False
+) -> EventTable:
     """Read ``profiler.kineto_results`` (torch's ``_ProfilerResult``) into an EventTable.
 
     ``cpu_only`` (no accelerator activity, no Python stacks recorded) lets the reader skip the
@@ -94,17 +95,24 @@ def table_from_kineto(kineto_results: Any, flops: FlopCalculator | None, shapes:
     # Only autograd-recorded ops (sequence number >= 0) have a forward thread worth asking for.
     has_seq = [q >= 0 for q in seq]
     fwd_tid = [0] * len(spans)
-    for j, value in zip(compress(range(len(spans)), has_seq),
-                        map(event_type.fwd_thread_id, compress(spans, has_seq)), strict=True):
+    for j, value in zip(
+        compress(range(len(spans)), has_seq),
+        map(event_type.fwd_thread_id, compress(spans, has_seq)),
+        strict=True,
+    ):
         fwd_tid[j] = value
     table.span_fwd_tid = fwd_tid
     if any(k >= EventKind.KERNEL for k in kind_ids.values()):
         # CPU ops carry their correlation id; device work the id of the op that launched it;
         # runtime calls share their op's id, and the op, not the runtime call, owns the kernel.
         table.span_corr = [
-            (e.linked_correlation_id() if k >= EventKind.KERNEL else
-             (0 if k == EventKind.RUNTIME else e.correlation_id()))
-            for e, k in zip(spans, kinds, strict=True)]
+            (
+                e.linked_correlation_id()
+                if k >= EventKind.KERNEL
+                else (0 if k == EventKind.RUNTIME else e.correlation_id())
+            )
+            for e, k in zip(spans, kinds, strict=True)
+        ]
     else:
         table.span_corr = [0] * len(spans)
     raw_shapes: list[bytes] | None = None
@@ -112,8 +120,10 @@ def table_from_kineto(kineto_results: Any, flops: FlopCalculator | None, shapes:
         # orjson.dumps is ~10x faster than str() on nested lists; only distinct shapes are
         # formatted into their display form.
         raw_shapes = list(map(orjson.dumps, map(event_type.shapes, spans)))
-        shape_ids = {b: (table.intern(shapes_key_from_json(b)) if b != b"[]" else -1)
-                     for b in dict.fromkeys(raw_shapes)}
+        shape_ids = {
+            b: (table.intern(shapes_key_from_json(b)) if b != b"[]" else -1)
+            for b in dict.fromkeys(raw_shapes)
+        }
         table.span_shapes = list(map(shape_ids.__getitem__, raw_shapes))
     else:
         table.span_shapes = [-1] * len(spans)
@@ -132,8 +142,7 @@ def table_from_kineto(kineto_results: Any, flops: FlopCalculator | None, shapes:
                 key = (table.span_name[j], shapes_raw, orjson.dumps(concrete, default=str))
                 found = cache.get(key)
                 if found is None:
-                    found = cache[key] = flops.count(table.names[key[0]], orjson.loads(shapes_raw),
-                                                     concrete)
+                    found = cache[key] = flops.count(table.names[key[0]], orjson.loads(shapes_raw), concrete)
                 span_flops[j] = found
     table.span_flops = span_flops
     return table

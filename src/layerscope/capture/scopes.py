@@ -49,8 +49,9 @@ class ModuleScopes:
     by their attribute path under it.
     """
 
-    def __init__(self, model: nn.Module | None, paths: Iterable[str] | None = None,
-                 depth: int | None = None) -> None:
+    def __init__(
+        self, model: nn.Module | None, paths: Iterable[str] | None = None, depth: int | None = None
+    ) -> None:
         self.model = model
         self.paths = tuple(paths) if paths is not None else None
         self.depth = depth
@@ -188,23 +189,39 @@ class ModuleScopes:
             for p in kept:
                 own = totals[p] - children_total.get(p, 0)
                 shapes = self._first_shapes.get(p, (None, None))
-                infos.append(ModuleInfo(
-                    path=p, type_name=type(self._modules[p]).__name__,
-                    parent=None if p == "" else parent_of[p], params=max(own, 0),
-                    params_total=totals[p], input_shapes=shapes[0], output_shapes=shapes[1]))
+                infos.append(
+                    ModuleInfo(
+                        path=p,
+                        type_name=type(self._modules[p]).__name__,
+                        parent=None if p == "" else parent_of[p],
+                        params=max(own, 0),
+                        params_total=totals[p],
+                        input_shapes=shapes[0],
+                        output_shapes=shapes[1],
+                    )
+                )
             return infos
         # Global mode: a synthetic root "" holds the top-level modules.
         called = dict(self._modules)
         totals = {p: _param_count(m, recurse=True) for p, m in called.items()}
         root_total = sum(totals[r] for r in self._root_names if r in totals)
-        infos.append(ModuleInfo(path="", type_name=GLOBAL_ROOT_TYPE, parent=None, params=0,
-                                params_total=root_total))
+        infos.append(
+            ModuleInfo(path="", type_name=GLOBAL_ROOT_TYPE, parent=None, params=0, params_total=root_total)
+        )
         for p, m in called.items():
             parent = _nearest_kept_parent(p, called) if p not in self._root_names else ""
             shapes = self._first_shapes.get(p, (None, None))
-            infos.append(ModuleInfo(path=p, type_name=type(m).__name__, parent=parent,
-                                    params=_param_count(m, recurse=False), params_total=totals[p],
-                                    input_shapes=shapes[0], output_shapes=shapes[1]))
+            infos.append(
+                ModuleInfo(
+                    path=p,
+                    type_name=type(m).__name__,
+                    parent=parent,
+                    params=_param_count(m, recurse=False),
+                    params_total=totals[p],
+                    input_shapes=shapes[0],
+                    output_shapes=shapes[1],
+                )
+            )
         return infos
 
 

@@ -72,8 +72,9 @@ def _check_options(model: Any, paths: Any, depth: Any, profiler_kwargs: Any) -> 
     reserved = {"activities", "record_shapes", "profile_memory", "with_stack", "with_flops"}
     clash = reserved & set(profiler_kwargs or {})
     if clash:
-        raise UsageError(f"set {', '.join(sorted(clash))} through layerscope's own options, "
-                         "not profiler_kwargs")
+        raise UsageError(
+            f"set {', '.join(sorted(clash))} through layerscope's own options, not profiler_kwargs"
+        )
 
 
 class profile:
@@ -90,11 +91,19 @@ class profile:
     ``profiler_kwargs`` (passed to ``torch.profiler.profile``).
     """
 
-    def __init__(self, model: nn.Module | None = None, *,
-                 activities: Iterable[str | ProfilerActivity] | str | None = None,
-                 memory: bool = False, shapes: bool = True, flops: bool = True,
-                 with_stack: bool = False, paths: Sequence[str] | None = None,
-                 depth: int | None = None, profiler_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        *,
+        activities: Iterable[str | ProfilerActivity] | str | None = None,
+        memory: bool = False,
+        shapes: bool = True,
+        flops: bool = True,
+        with_stack: bool = False,
+        paths: Sequence[str] | None = None,
+        depth: int | None = None,
+        profiler_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         _check_options(model, paths, depth, profiler_kwargs)
         self.model = model
         self.activities = parse_activities(activities)
@@ -117,21 +126,27 @@ class profile:
     def __enter__(self) -> profile:
         with _active_lock:
             if _active:
-                raise CaptureError("layerscope.profile is already active; profiling blocks cannot be "
-                                   "nested (end the outer block first)")
+                raise CaptureError(
+                    "layerscope.profile is already active; profiling blocks cannot be "
+                    "nested (end the outer block first)"
+                )
             if self._torch_profiler is not None:
                 raise CaptureError("this layerscope.profile object was already used; create a new one")
             _active.append(self)
         try:
             self._torch_profiler = torch.profiler.profile(
-                activities=self.activities, record_shapes=self.shapes or self.flops,
-                profile_memory=self.memory, with_stack=self.with_stack, **self.profiler_kwargs)
+                activities=self.activities,
+                record_shapes=self.shapes or self.flops,
+                profile_memory=self.memory,
+                with_stack=self.with_stack,
+                **self.profiler_kwargs,
+            )
             self._scopes = ModuleScopes(self.model, self.paths, self.depth)
-            self._torch_profiler.__enter__()
+            self._torch_profiler.__enter__()  # type: ignore[no-untyped-call]
             try:
                 self._scopes.install()
             except BaseException:
-                self._torch_profiler.__exit__(None, None, None)
+                self._torch_profiler.__exit__(None, None, None)  # type: ignore[no-untyped-call]
                 raise
         except BaseException as exc:
             if self._scopes is not None:
@@ -143,15 +158,16 @@ class profile:
         self._started_ns = time.perf_counter_ns()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._wall_ns = time.perf_counter_ns() - self._started_ns
         try:
             assert self._scopes is not None and self._torch_profiler is not None
             try:
                 self._scopes.remove()
             finally:
-                self._torch_profiler.__exit__(exc_type, exc, tb)
+                self._torch_profiler.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
             self._catalog = self._scopes.catalog()
         finally:
             self._finished = True
@@ -180,8 +196,11 @@ class profile:
         if results is None:
             raise CaptureError("torch.profiler recorded no results")
         calculator = FlopCalculator() if self.flops else None
-        cpu_only = (self.activities == [ProfilerActivity.CPU] and not self.with_stack
-                    and not torch.cuda.is_available())
+        cpu_only = (
+            self.activities == [ProfilerActivity.CPU]
+            and not self.with_stack
+            and not torch.cuda.is_available()
+        )
         # Reading creates hundreds of thousands of short-lived containers; the cyclic GC would walk
         # the whole heap again and again meanwhile (measured: 10x slower shape reads). None of
         # these objects form cycles, so pausing it is safe.
@@ -210,8 +229,12 @@ class profile:
             "devices": devices,
             "options": {
                 "activities": [str(a).rsplit(".", 1)[-1].lower() for a in self.activities],
-                "memory": self.memory, "shapes": self.shapes, "flops": self.flops,
-                "with_stack": self.with_stack, "paths": self.paths, "depth": self.depth,
+                "memory": self.memory,
+                "shapes": self.shapes,
+                "flops": self.flops,
+                "with_stack": self.with_stack,
+                "paths": self.paths,
+                "depth": self.depth,
             },
         }
 

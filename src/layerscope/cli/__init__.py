@@ -1,1 +1,61 @@
-"""layerscope.cli."""
+"""The ``layerscope`` command line: ``main(argv) -> exit code``, one module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+
+from layerscope.cli import profile_cmd, show_cmd
+from layerscope.errors import LayerscopeError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered."""
+    from layerscope import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="layerscope",
+        description="Layer-by-layer PyTorch profiler: time, memory and FLOPs per module, "
+        "forward and backward.",
+    )
+    parser.add_argument("--version", action="version", version=f"layerscope {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    profile_cmd.register(sub)
+    show_cmd.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code (2 for bad input, 1 for other failures)."""
+    parser = build_parser()
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # argparse already printed its one-line usage error
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return 2
+    verbose = bool(args.verbose or getattr(args, "verbose_sub", False))
+    try:
+        return int(args.run(args))
+    except LayerscopeError as exc:
+        if verbose:
+            traceback.print_exc()
+        print(f"layerscope: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("layerscope: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if verbose:
+            traceback.print_exc()
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(
+            f"layerscope: error: {type(exc).__name__}: {message} (run with -v for the traceback)",
+            file=sys.stderr,
+        )
+        return 1

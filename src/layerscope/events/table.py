@@ -75,8 +75,19 @@ class EventTable:
             self.names.append(name)
         return found
 
-    def add_span(self, name: str, kind: EventKind, tid: int, ts: int, dur: int, seq: int = -1,
-                 fwd_tid: int = 0, corr: int = 0, shapes: str | None = None, flops: int = 0) -> int:
+    def add_span(
+        self,
+        name: str,
+        kind: EventKind,
+        tid: int,
+        ts: int,
+        dur: int,
+        seq: int = -1,
+        fwd_tid: int = 0,
+        corr: int = 0,
+        shapes: str | None = None,
+        flops: int = 0,
+    ) -> int:
         """Append one span (used by readers and hand-built test traces); returns its index."""
         self.span_name.append(self.intern(name))
         self.span_kind.append(int(kind))
@@ -110,8 +121,17 @@ class EventTable:
     def check(self) -> None:
         """Raise ValueError if the columns have different lengths (a reader bug)."""
         n = len(self.span_ts)
-        for name in ("span_name", "span_kind", "span_tid", "span_dur", "span_seq", "span_fwd_tid",
-                     "span_corr", "span_shapes", "span_flops"):
+        for name in (
+            "span_name",
+            "span_kind",
+            "span_tid",
+            "span_dur",
+            "span_seq",
+            "span_fwd_tid",
+            "span_corr",
+            "span_shapes",
+            "span_flops",
+        ):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"column {name} has {len(getattr(self, name))} rows, expected {n}")
         m = len(self.mem_ts)

@@ -45,8 +45,10 @@ class Metrics:
     def merged(self, other: Metrics) -> Metrics:
         """The metrics of two disjoint pieces of work together: sums, and the larger peak."""
         values = [getattr(self, f) + getattr(other, f) for f in FIELD_NAMES[:-2]]
-        values += [max(self.cpu_peak_bytes, other.cpu_peak_bytes),
-                   max(self.device_peak_bytes, other.device_peak_bytes)]
+        values += [
+            max(self.cpu_peak_bytes, other.cpu_peak_bytes),
+            max(self.device_peak_bytes, other.device_peak_bytes),
+        ]
         return Metrics(*values)
 
     def folded(self) -> Metrics:

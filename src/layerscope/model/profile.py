@@ -148,15 +148,19 @@ class Profile:
         return bool(self.meta.get("options", {}).get("memory")) or self.totals.cpu_alloc_bytes > 0
 
     # ----- analysis -----------------------------------------------------------------------------
-    def ops(self, sort_by: str = "self_cpu_us", group_by: Sequence[str] = ("name",),
-            phase: Phase | str | None = None, module: str | None = None,
-            limit: int | None = None) -> list[OpStats]:
+    def ops(
+        self,
+        sort_by: str = "self_cpu_us",
+        group_by: Sequence[str] = ("name",),
+        phase: Phase | str | None = None,
+        module: str | None = None,
+        limit: int | None = None,
+    ) -> list[OpStats]:
         """Op rows aggregated by ``group_by`` (any of name, input_shapes, module, phase), sorted
         descending by a metric field, optionally filtered by phase and module subtree."""
         from layerscope.analysis.ops import op_table
 
-        return op_table(self, sort_by=sort_by, group_by=group_by, phase=phase, module=module,
-                        limit=limit)
+        return op_table(self, sort_by=sort_by, group_by=group_by, phase=phase, module=module, limit=limit)
 
     def validate(self) -> None:
         """Raise :class:`layerscope.errors.ValidationError` if any invariant is broken."""

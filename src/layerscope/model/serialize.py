@@ -59,8 +59,9 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "meta": profile.meta,
         "totals": profile.totals.to_list(),
         "root": _node_to_dict(profile.root),
-        "unattributed": [[e.label, e.phase.value, e.calls, e.metrics.to_list()]
-                         for e in profile.unattributed],
+        "unattributed": [
+            [e.label, e.phase.value, e.calls, e.metrics.to_list()] for e in profile.unattributed
+        ],
         "steps": [[s.step, s.wall_us, s.device_us] for s in profile.steps],
         "strings": list(strings),
         "ops": ops,
@@ -69,9 +70,15 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
 
 def _node_to_dict(node: ModuleNode) -> dict[str, Any]:
     return {
-        "path": node.path, "type": node.type_name, "calls": node.calls, "params": node.params,
-        "params_total": node.params_total, "in": node.input_shapes, "out": node.output_shapes,
-        "fwd": node.forward.to_list(), "bwd": node.backward.to_list(),
+        "path": node.path,
+        "type": node.type_name,
+        "calls": node.calls,
+        "params": node.params,
+        "params_total": node.params_total,
+        "in": node.input_shapes,
+        "out": node.output_shapes,
+        "fwd": node.forward.to_list(),
+        "bwd": node.backward.to_list(),
         "children": [_node_to_dict(c) for c in node.children],
     }
 
@@ -82,8 +89,10 @@ def profile_from_dict(data: Any) -> Profile:
         raise TraceFormatError("not a layerscope profile (no 'format: layerscope.profile' field)")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise TraceFormatError(f"profile schema version {version!r} is not supported "
-                               f"(this layerscope reads version {SCHEMA_VERSION})")
+        raise TraceFormatError(
+            f"profile schema version {version!r} is not supported "
+            f"(this layerscope reads version {SCHEMA_VERSION})"
+        )
     if data.get("metric_fields") != list(FIELD_NAMES):
         raise TraceFormatError("profile metric fields differ from this layerscope's")
     try:
@@ -94,17 +103,34 @@ def profile_from_dict(data: Any) -> Profile:
 
         ops = data["ops"]
         rows = tuple(
-            OpStats(name=strings[n], phase=Phase(ph) if ph is not None else None, module=text(m), input_shapes=text(s),
-                    calls=c, metrics=Metrics.from_list(mv), scope=text(sc) or "")
-            for n, ph, m, s, sc, c, mv in zip(ops["name"], ops["phase"], ops["module"],
-                                             ops["input_shapes"], ops["scope"], ops["calls"],
-                                             ops["metrics"], strict=True))
+            OpStats(
+                name=strings[n],
+                phase=Phase(ph) if ph is not None else None,
+                module=text(m),
+                input_shapes=text(s),
+                calls=c,
+                metrics=Metrics.from_list(mv),
+                scope=text(sc) or "",
+            )
+            for n, ph, m, s, sc, c, mv in zip(
+                ops["name"],
+                ops["phase"],
+                ops["module"],
+                ops["input_shapes"],
+                ops["scope"],
+                ops["calls"],
+                ops["metrics"],
+                strict=True,
+            )
+        )
         return Profile(
             meta=data["meta"],
             root=_node_from_dict(data["root"]),
             op_rows=rows,
-            unattributed=tuple(UnattributedEntry(label, Phase(phase), calls, Metrics.from_list(m))
-                               for label, phase, calls, m in data["unattributed"]),
+            unattributed=tuple(
+                UnattributedEntry(label, Phase(phase), calls, Metrics.from_list(m))
+                for label, phase, calls, m in data["unattributed"]
+            ),
             totals=Metrics.from_list(data["totals"]),
             steps=tuple(StepStats(step, wall, dev) for step, wall, dev in data["steps"]),
         )
@@ -114,10 +140,17 @@ def profile_from_dict(data: Any) -> Profile:
 
 def _node_from_dict(d: dict[str, Any]) -> ModuleNode:
     return ModuleNode(
-        path=d["path"], type_name=d["type"], calls=d["calls"], params=d["params"],
-        params_total=d["params_total"], input_shapes=d["in"], output_shapes=d["out"],
-        forward=Metrics.from_list(d["fwd"]), backward=Metrics.from_list(d["bwd"]),
-        children=tuple(_node_from_dict(c) for c in d["children"]))
+        path=d["path"],
+        type_name=d["type"],
+        calls=d["calls"],
+        params=d["params"],
+        params_total=d["params_total"],
+        input_shapes=d["in"],
+        output_shapes=d["out"],
+        forward=Metrics.from_list(d["fwd"]),
+        backward=Metrics.from_list(d["bwd"]),
+        children=tuple(_node_from_dict(c) for c in d["children"]),
+    )
 
 
 def write_atomic(path: Path, payload: bytes) -> Path:

@@ -55,8 +55,10 @@ def validate_profile(profile: Profile) -> None:
     for _, total_name in ADDITIVE_PAIRS:
         expected = getattr(totals, total_name)
         if not _close(sums[total_name], expected, abs(expected)):
-            errors.append(f"{total_name}: modules + unattributed = {sums[total_name]!r}, "
-                          f"but the run's total is {expected!r}")
+            errors.append(
+                f"{total_name}: modules + unattributed = {sums[total_name]!r}, "
+                f"but the run's total is {expected!r}"
+            )
     _check_op_rows(profile, errors)
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -70,8 +72,9 @@ def _check_node_phase(node: ModuleNode, phase_name: str, errors: list[str]) -> N
         total = getattr(metrics, total_name)
         expected = getattr(metrics, self_name) + sum(getattr(k, total_name) for k in kids)
         if not _close(total, expected, abs(total)):
-            errors.append(f"{node.path!r} {phase_name}: {total_name}={total!r} but self + children = "
-                          f"{expected!r}")
+            errors.append(
+                f"{node.path!r} {phase_name}: {total_name}={total!r} but self + children = {expected!r}"
+            )
         if total_name != "retained_bytes":
             own = getattr(metrics, self_name)
             tolerance = 1e-3 if self_name in _TIME_FIELDS else 0
@@ -104,10 +107,14 @@ def _check_op_rows(profile: Profile, errors: list[str]) -> None:
             continue
         metrics = node.phase(phase)
         if value > metrics.self_cpu_us + 1e-3 * max(1.0, value) + 1e-3:
-            errors.append(f"{path!r} {phase}: ops' self CPU {value:.3f} µs exceeds the module's "
-                          f"self CPU {metrics.self_cpu_us:.3f} µs")
+            errors.append(
+                f"{path!r} {phase}: ops' self CPU {value:.3f} µs exceeds the module's "
+                f"self CPU {metrics.self_cpu_us:.3f} µs"
+            )
         if flops.get((path, phase), 0) != metrics.self_flops:
-            errors.append(f"{path!r} {phase}: ops' FLOPs {flops.get((path, phase), 0)} != module self "
-                          f"FLOPs {metrics.self_flops}")
+            errors.append(
+                f"{path!r} {phase}: ops' FLOPs {flops.get((path, phase), 0)} != module self "
+                f"FLOPs {metrics.self_flops}"
+            )
     if profile.op_rows and total_flops != profile.totals.flops:
         errors.append(f"op FLOPs {total_flops} != total FLOPs {profile.totals.flops}")

@@ -15,6 +15,8 @@ from torch import nn
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention."""
 
+    mask: torch.Tensor
+
     def __init__(self, dim: int, heads: int, max_len: int) -> None:
         super().__init__()
         if dim % heads:
@@ -68,8 +70,9 @@ class GPTBlock(nn.Module):
 class TinyGPT(nn.Module):
     """Token and position embeddings, ``layers`` blocks, final norm, a tied-free LM head."""
 
-    def __init__(self, vocab: int = 512, dim: int = 128, heads: int = 4, layers: int = 2,
-                 max_len: int = 128) -> None:
+    def __init__(
+        self, vocab: int = 512, dim: int = 128, heads: int = 4, layers: int = 2, max_len: int = 128
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(max_len, dim)

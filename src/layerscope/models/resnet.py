@@ -20,8 +20,9 @@ class BasicBlock(nn.Module):
 
     expansion = 1
 
-    def __init__(self, inplanes: int, planes: int, stride: int = 1,
-                 downsample: nn.Module | None = None) -> None:
+    def __init__(
+        self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.conv1 = _conv3x3(inplanes, planes, stride)
         self.bn1 = nn.BatchNorm2d(planes)
@@ -43,8 +44,9 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """ResNet with BasicBlocks; ``layers=(2, 2, 2, 2)`` is ResNet-18."""
 
-    def __init__(self, layers: tuple[int, int, int, int] = (2, 2, 2, 2),
-                 num_classes: int = 1000, width: int = 64) -> None:
+    def __init__(
+        self, layers: tuple[int, int, int, int] = (2, 2, 2, 2), num_classes: int = 1000, width: int = 64
+    ) -> None:
         super().__init__()
         self.inplanes = width
         self.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)

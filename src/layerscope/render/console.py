@@ -6,9 +6,10 @@ import io
 import os
 import shutil
 from collections.abc import Callable, Sequence
+from typing import IO
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -31,8 +32,14 @@ def _node_sort_key(sort_by: str) -> Callable[[ModuleNode], float]:
     return lambda n: -float(getattr(n.total, sort_by))
 
 
-def _rows(node: ModuleNode, sort_by: str, guides: tuple[str, str, str, str],
-          prefix: str = "", last: bool = True, is_root: bool = True) -> list[tuple[str, ModuleNode]]:
+def _rows(
+    node: ModuleNode,
+    sort_by: str,
+    guides: tuple[str, str, str, str],
+    prefix: str = "",
+    last: bool = True,
+    is_root: bool = True,
+) -> list[tuple[str, ModuleNode]]:
     """(label with tree guides, node) in display order; loop-last logic gives the guide shapes."""
     branch, corner, pipe, space = guides
     label = (node.path or "(root)") if is_root else node.name
@@ -46,9 +53,14 @@ def _rows(node: ModuleNode, sort_by: str, guides: tuple[str, str, str, str],
     return out
 
 
-def tree_table(profile: Profile, depth: int | None = None, min_share: float = 0.0,
-               sort_by: str = "execution", ascii_only: bool | None = None,
-               max_unattributed: int = 6) -> RenderableType:
+def tree_table(
+    profile: Profile,
+    depth: int | None = None,
+    min_share: float = 0.0,
+    sort_by: str = "execution",
+    ascii_only: bool | None = None,
+    max_unattributed: int = 6,
+) -> RenderableType:
     """The module tree: one row per module with forward/backward time, device, memory, FLOPs, params.
 
     ``depth`` and ``min_share`` (percent of the run's total) fold modules into their ancestors.
@@ -62,39 +74,42 @@ def tree_table(profile: Profile, depth: int | None = None, min_share: float = 0.
     if min_share > 0:
         view, count = prune_min_share(view, min_share)
         if count:
-            folded_note = f"{count} module{'s' if count != 1 else ''} under {min_share:g}% folded into their parents"
+            folded_note = (
+                f"{count} module{'s' if count != 1 else ''} under {min_share:g}% folded into their parents"
+            )
     device = view.has_device_time
     memory = view.has_memory
     flops = view.totals.flops > 0
     share_field = "device_us" if device else "cpu_us"
     whole = float(getattr(view.totals, share_field))
 
-    table = Table(box=box.ASCII2 if ascii_only else box.SIMPLE_HEAVY, show_edge=False, pad_edge=False,
-                  caption=folded_note or None, caption_justify="left", header_style="bold")
-    table.add_column("Module", no_wrap=True, overflow="ellipsis", max_width=60)
-    table.add_column("Type", no_wrap=True, overflow="ellipsis", max_width=24, style="cyan")
-    numeric = ["Calls", "Fwd self", "Fwd total", "Bwd self", "Bwd total"]
+    headers = ["Calls", "Fwd self", "Fwd total", "Bwd self", "Bwd total"]
     if device:
-        numeric += ["Fwd device", "Bwd device"]
+        headers += ["Fwd device", "Bwd device"]
     if memory:
-        numeric += ["Alloc", "Retained", "Peak"]
+        headers += ["Alloc", "Retained", "Peak"]
     if flops:
-        numeric.append("FLOPs")
-    numeric += ["Params", "Share"]
-    for header in numeric:
-        table.add_column(header, justify="right", no_wrap=True, style="bold" if header == "Share" else None)
+        headers.append("FLOPs")
+    headers += ["Params", "Share"]
 
-    def cells(label: Text | str, type_name: str, calls: str, fwd: Metrics, bwd: Metrics,
-              params: str) -> list[RenderableType]:
-        row: list[RenderableType] = [label, type_name, calls, fmt_time_us(fwd.self_cpu_us),
-                                     fmt_time_us(fwd.cpu_us), fmt_time_us(bwd.self_cpu_us),
-                                     fmt_time_us(bwd.cpu_us)]
+    def cells(calls: str, fwd: Metrics, bwd: Metrics, params: str) -> list[str]:
+        row = [
+            calls,
+            fmt_time_us(fwd.self_cpu_us),
+            fmt_time_us(fwd.cpu_us),
+            fmt_time_us(bwd.self_cpu_us),
+            fmt_time_us(bwd.cpu_us),
+        ]
         if device:
             row += [fmt_time_us(fwd.device_us), fmt_time_us(bwd.device_us)]
         if memory:
             both = fwd.merged(bwd)
-            row += [fmt_bytes(both.cpu_alloc_bytes + both.device_alloc_bytes),
-                    fmt_bytes(fwd.retained_bytes), fmt_bytes(max(both.cpu_peak_bytes, both.device_peak_bytes))]
+            peak = max(both.cpu_peak_bytes, both.device_peak_bytes)
+            row += [
+                fmt_bytes(both.cpu_alloc_bytes + both.device_alloc_bytes),
+                fmt_bytes(fwd.retained_bytes),
+                fmt_bytes(peak),
+            ]
         if flops:
             row.append(fmt_si(fwd.flops + bwd.flops))
         row.append(params)
@@ -102,37 +117,103 @@ def tree_table(profile: Profile, depth: int | None = None, min_share: float = 0.
         return row
 
     guides = _ASCII_GUIDES if ascii_only else _UNICODE_GUIDES
+    body: list[tuple[Text, str, list[str]]] = []
     for label, node in _rows(view.root, sort_by, guides):
-        name = Text(label)
-        if not node.children:
-            name.stylize("bold")
-        table.add_row(*cells(name, node.type_name, str(node.calls), node.forward, node.backward,
-                             fmt_si(node.params_total)))
-
-    entries = sorted(_merge_unattributed(view), key=lambda e: -(e[1].cpu_us + e[2].cpu_us
-                                                                  + e[1].device_us + e[2].device_us))
-    if entries:
-        table.add_section()
-        shown = entries[:max_unattributed]
-        for label, fwd_like, bwd_like, calls in shown:
-            table.add_row(*cells(Text(f"[unattributed] {label}", style="italic"), "", str(calls) if calls else "",
-                                 fwd_like, bwd_like, ""))
-        rest = entries[max_unattributed:]
-        if rest:
-            fwd_rest = Metrics()
-            bwd_rest = Metrics()
-            for _, f, b, _calls in rest:
-                fwd_rest, bwd_rest = fwd_rest.merged(f), bwd_rest.merged(b)
-            table.add_row(*cells(Text(f"[unattributed] {len(rest)} more", style="italic"), "", "",
-                                 fwd_rest, bwd_rest, ""))
-    table.add_section()
-    total_fwd = view.root.forward
-    total_bwd = view.root.backward
+        name = Text(label, style="bold" if not node.children else "")
+        values = cells(str(node.calls), node.forward, node.backward, fmt_si(node.params_total))
+        body.append((name, node.type_name, values))
+    entries = sorted(
+        _merge_unattributed(view),
+        key=lambda e: -(e[1].cpu_us + e[2].cpu_us + e[1].device_us + e[2].device_us),
+    )
+    extra: list[tuple[Text, str, list[str]]] = []
+    for label, fwd_like, bwd_like, calls in entries[:max_unattributed]:
+        values = cells(str(calls) if calls else "", fwd_like, bwd_like, "")
+        extra.append((Text(f"[unattributed] {label}", style="italic"), "", values))
+    rest = entries[max_unattributed:]
+    if rest:
+        fwd_rest, bwd_rest = Metrics(), Metrics()
+        for _, f, b, _calls in rest:
+            fwd_rest, bwd_rest = fwd_rest.merged(f), bwd_rest.merged(b)
+        label_rest = Text(f"[unattributed] {len(rest)} more", style="italic")
+        extra.append((label_rest, "", cells("", fwd_rest, bwd_rest, "")))
+    total_fwd, total_bwd = view.root.forward, view.root.backward
     for _, f, b, _calls in entries:
         total_fwd, total_bwd = total_fwd.merged(f), total_bwd.merged(b)
-    table.add_row(*cells(Text("total", style="bold"), "", "", total_fwd, total_bwd, ""))
-    title = _title(view)
-    return Group(Text(title, style="bold"), table) if title else table
+    total_row = (Text("total", style="bold"), "", cells("", total_fwd, total_bwd, ""))
+
+    view_table = _FittedTable(
+        headers=["Module", "Type", *headers],
+        sections=[
+            [(name, type_name, *values) for name, type_name, values in body],
+            [(name, type_name, *values) for name, type_name, values in extra],
+            [(total_row[0], total_row[1], *total_row[2])],
+        ],
+        ascii_only=ascii_only,
+        caption=folded_note,
+        drop_order=["Params", "Retained", "Fwd self", "Bwd self", "Peak", "Type", "Calls"],
+    )
+    return Group(Text(_title(view), style="bold"), view_table)
+
+
+class _FittedTable:
+    """A table whose first column (tree labels) shrinks to the console width; when even that is not
+    enough, the least important columns (``drop_order``) are left out rather than cut mid-number."""
+
+    def __init__(
+        self,
+        headers: list[str],
+        sections: list[list[tuple[Text | str, ...]]],
+        ascii_only: bool,
+        caption: str,
+        drop_order: list[str],
+    ) -> None:
+        self.headers = headers
+        self.sections = [s for s in sections if s]
+        self.ascii_only = ascii_only
+        self.caption = caption
+        self.drop_order = drop_order
+
+    def _width(self, k: int) -> int:
+        cells = [row[k] for section in self.sections for row in section]
+        return max([len(self.headers[k])] + [len(c.plain if isinstance(c, Text) else c) for c in cells])
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        widths = [self._width(k) for k in range(len(self.headers))]
+        keep = list(range(len(self.headers)))
+        label_min = min(widths[0], 24)
+
+        def needed(columns: list[int]) -> int:
+            return sum(widths[k] for k in columns[1:]) + label_min + 3 * (len(columns) - 1)
+
+        for name in self.drop_order:
+            if needed(keep) <= options.max_width:
+                break
+            if name in self.headers:
+                keep.remove(self.headers.index(name))
+        label_width = max(label_min, min(widths[0], options.max_width - needed(keep) + label_min))
+        table = Table(
+            box=box.ASCII2 if self.ascii_only else box.SIMPLE_HEAVY,
+            show_edge=False,
+            pad_edge=False,
+            caption=self.caption or None,
+            caption_justify="left",
+            header_style="bold",
+        )
+        for k in keep:
+            if k == 0:
+                table.add_column(self.headers[k], no_wrap=True, overflow="ellipsis", width=label_width)
+            elif self.headers[k] == "Type":
+                table.add_column("Type", no_wrap=True, width=widths[k], style="cyan")
+            else:
+                style = "bold" if self.headers[k] == "Share" else None
+                table.add_column(self.headers[k], justify="right", no_wrap=True, width=widths[k], style=style)
+        for n, section in enumerate(self.sections):
+            if n:
+                table.add_section()
+            for row in section:
+                table.add_row(*(row[k] for k in keep))
+        yield table
 
 
 def _merge_unattributed(profile: Profile) -> list[tuple[str, Metrics, Metrics, int]]:
@@ -165,8 +246,12 @@ def _title(profile: Profile) -> str:
     return "layerscope · " + " · ".join(parts)
 
 
-def ops_table(rows: Sequence[OpStats], ascii_only: bool | None = None, title: str | None = None,
-              total_cpu_us: float | None = None) -> RenderableType:
+def ops_table(
+    rows: Sequence[OpStats],
+    ascii_only: bool | None = None,
+    title: str | None = None,
+    total_cpu_us: float | None = None,
+) -> RenderableType:
     """An op table like torch's ``key_averages().table()``, with layerscope's columns."""
     if ascii_only is None:
         ascii_only = _wants_ascii()
@@ -177,8 +262,14 @@ def ops_table(rows: Sequence[OpStats], ascii_only: bool | None = None, title: st
     memory = any(r.metrics.cpu_alloc_bytes or r.metrics.device_alloc_bytes for r in rows)
     flops = any(r.metrics.flops for r in rows)
     whole = total_cpu_us if total_cpu_us is not None else sum(r.metrics.self_cpu_us for r in rows)
-    table = Table(box=box.ASCII2 if ascii_only else box.SIMPLE_HEAVY, show_edge=False, pad_edge=False,
-                  title=title, title_justify="left", header_style="bold")
+    table = Table(
+        box=box.ASCII2 if ascii_only else box.SIMPLE_HEAVY,
+        show_edge=False,
+        pad_edge=False,
+        title=title,
+        title_justify="left",
+        header_style="bold",
+    )
     table.add_column("Op", overflow="fold", max_width=48)
     if show_phase:
         table.add_column("Phase")
@@ -204,13 +295,20 @@ def ops_table(rows: Sequence[OpStats], ascii_only: bool | None = None, title: st
             cells.append(r.module if r.module is not None else (f"[{r.scope}]" if r.scope else ""))
         if show_shapes:
             cells.append(r.input_shapes or "")
-        cells += [str(r.calls), fmt_time_us(m.self_cpu_us), fmt_share(m.self_cpu_us, whole),
-                  fmt_time_us(m.cpu_us), fmt_time_us(m.cpu_us / r.calls) if r.calls else ""]
+        cells += [
+            str(r.calls),
+            fmt_time_us(m.self_cpu_us),
+            fmt_share(m.self_cpu_us, whole),
+            fmt_time_us(m.cpu_us),
+            fmt_time_us(m.cpu_us / r.calls) if r.calls else "",
+        ]
         if device:
             cells += [fmt_time_us(m.self_device_us), fmt_time_us(m.device_us)]
         if memory:
-            cells += [fmt_bytes(m.self_cpu_alloc_bytes + m.self_device_alloc_bytes),
-                      fmt_bytes(m.cpu_alloc_bytes + m.device_alloc_bytes)]
+            cells += [
+                fmt_bytes(m.self_cpu_alloc_bytes + m.self_device_alloc_bytes),
+                fmt_bytes(m.cpu_alloc_bytes + m.device_alloc_bytes),
+            ]
         if flops:
             cells.append(fmt_si(m.flops))
         table.add_row(*cells)
@@ -224,12 +322,17 @@ def _wants_ascii() -> bool:
     return "utf" not in encoding.lower()
 
 
-def make_console(file: io.TextIOBase | None = None, width: int | None = None) -> Console:
+def make_console(file: IO[str] | None = None, width: int | None = None) -> Console:
     """A console honouring NO_COLOR and the terminal width (160 columns when not a terminal)."""
     if width is None:
         width = shutil.get_terminal_size((160, 24)).columns
-    return Console(file=file, width=width, no_color=bool(os.environ.get("NO_COLOR")) or None,
-                   highlight=False, soft_wrap=False)
+    return Console(
+        file=file,
+        width=width,
+        no_color=bool(os.environ.get("NO_COLOR")) or None,
+        highlight=False,
+        soft_wrap=False,
+    )
 
 
 def render_to_text(renderable: RenderableType, width: int | None = None) -> str:

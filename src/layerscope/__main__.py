@@ -1,0 +1,7 @@
+"""``python -m layerscope`` runs the command-line interface."""
+
+import sys
+
+from layerscope.cli import main
+
+sys.exit(main())

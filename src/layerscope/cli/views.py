@@ -1,0 +1,91 @@
+"""View options shared by the commands that print a profile (``profile`` and ``show``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from layerscope.analysis.ops import GROUP_KEYS, SORT_KEYS
+from layerscope.errors import UsageError
+from layerscope.model.profile import Profile
+from layerscope.render.console import TREE_SORT_KEYS, make_console, ops_table, tree_table
+
+_GROUP_ALIASES = {
+    "name": ("name",),
+    "shapes": ("name", "input_shapes"),
+    "module": ("name", "module"),
+    "phase": ("name", "phase"),
+}
+
+
+def add_view_options(parser: argparse.ArgumentParser) -> None:
+    """--depth, --min-share, --sort, --top, --group-by, --ascii."""
+    group = parser.add_argument_group("view")
+    group.add_argument("--depth", type=int, metavar="N", help="fold modules deeper than N levels")
+    group.add_argument(
+        "--min-share",
+        type=float,
+        default=0.0,
+        metavar="PCT",
+        help="fold modules under PCT%% of the total into their parents",
+    )
+    group.add_argument(
+        "--sort",
+        default="execution",
+        metavar="METRIC",
+        help="order children by a metric (e.g. cpu_us, device_us, flops, "
+        "cpu_alloc_bytes) instead of execution order",
+    )
+    group.add_argument(
+        "--top", type=int, default=15, metavar="N", help="rows of the op table (0 hides it; default 15)"
+    )
+    group.add_argument(
+        "--group-by",
+        default="name",
+        choices=sorted(_GROUP_ALIASES),
+        help="op table grouping: name, shapes (name + input shapes), module, phase",
+    )
+    group.add_argument(
+        "--op-sort",
+        default="self_cpu_us",
+        metavar="METRIC",
+        help="op table sort metric (default self_cpu_us)",
+    )
+    group.add_argument("--ascii", action="store_true", help="ASCII table borders and tree guides")
+
+
+def check_view_options(args: argparse.Namespace) -> None:
+    """Reject bad view values with the valid choices, before any work is done."""
+    if args.depth is not None and args.depth < 0:
+        raise UsageError(f"--depth must be >= 0, not {args.depth}")
+    if args.min_share < 0 or args.min_share >= 100:
+        raise UsageError(f"--min-share must be in [0, 100), not {args.min_share}")
+    if args.sort not in TREE_SORT_KEYS:
+        raise UsageError(f"--sort {args.sort!r} is not a metric; choose from {', '.join(TREE_SORT_KEYS)}")
+    if args.op_sort not in SORT_KEYS:
+        raise UsageError(f"--op-sort {args.op_sort!r} is not a metric; choose from {', '.join(SORT_KEYS)}")
+    if args.top < 0:
+        raise UsageError(f"--top must be >= 0, not {args.top}")
+    assert set(_GROUP_ALIASES["shapes"]) <= set(GROUP_KEYS)
+
+
+def print_profile(profile: Profile, args: argparse.Namespace) -> None:
+    """The tree table, then the op table, on stdout."""
+    console = make_console(sys.stdout)
+    ascii_only = True if args.ascii else None
+    console.print(
+        tree_table(
+            profile, depth=args.depth, min_share=args.min_share, sort_by=args.sort, ascii_only=ascii_only
+        )
+    )
+    if args.top:
+        rows = profile.ops(sort_by=args.op_sort, group_by=_GROUP_ALIASES[args.group_by], limit=args.top)
+        console.print()
+        console.print(
+            ops_table(
+                rows,
+                ascii_only=ascii_only,
+                total_cpu_us=profile.totals.cpu_us,
+                title=f"Top {len(rows)} ops by {args.op_sort}",
+            )
+        )

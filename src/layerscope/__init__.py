@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from layerscope.errors import CaptureError, LayerscopeError, TraceFormatError, UsageError, ValidationError
+from layerscope.loading import load
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, StepStats, UnattributedEntry
-from layerscope.model.serialize import load_profile as load
 
 __version__ = "0.1.0"
 

@@ -102,10 +102,11 @@ def table_from_kineto(
     ):
         fwd_tid[j] = value
     table.span_fwd_tid = fwd_tid
+    table.span_corr = [0] * len(spans)
     if any(k >= EventKind.KERNEL for k in kind_ids.values()):
-        # CPU ops carry their correlation id; device work the id of the op that launched it;
-        # runtime calls share their op's id, and the op, not the runtime call, owns the kernel.
-        table.span_corr = [
+        # A CPU op's correlation_id() is its external id; device work's linked_correlation_id()
+        # names the op that launched it (torch's own FunctionEvent linking uses the same pair).
+        table.span_ext = [
             (
                 e.linked_correlation_id()
                 if k >= EventKind.KERNEL
@@ -114,7 +115,7 @@ def table_from_kineto(
             for e, k in zip(spans, kinds, strict=True)
         ]
     else:
-        table.span_corr = [0] * len(spans)
+        table.span_ext = [0] * len(spans)
     raw_shapes: list[bytes] | None = None
     if shapes:
         # orjson.dumps is ~10x faster than str() on nested lists; only distinct shapes are

@@ -6,17 +6,19 @@ import argparse
 from typing import Any
 
 from layerscope.cli.views import add_view_options, check_view_options, print_profile
-from layerscope.model.serialize import load_profile
+from layerscope.loading import load
 
 
 def register(sub: Any) -> None:
     """Add the ``show`` subcommand."""
     parser = sub.add_parser(
         "show",
-        help="render a saved profile (.json or .json.gz)",
+        help="render a saved profile or a torch.profiler trace (.json or .json.gz)",
         description="Render a profile saved with `layerscope profile -o` or Profile.save.",
     )
-    parser.add_argument("path", help="a saved layerscope profile (.json or .json.gz)")
+    parser.add_argument(
+        "path", help="a saved layerscope profile or a torch.profiler trace (.json or .json.gz)"
+    )
     add_view_options(parser)
     parser.set_defaults(run=run)
 
@@ -24,5 +26,5 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load and print."""
     check_view_options(args)
-    print_profile(load_profile(args.path), args)
+    print_profile(load(args.path), args)
     return 0

@@ -42,8 +42,10 @@ class EventTable:
 
     Span columns (``span_*``) have one entry per complete event. ``span_fwd_tid`` is 0 for forward
     ops and, for autograd backward nodes, the thread (in this table's tid space) that ran the
-    forward op with the same ``span_seq``. ``span_corr`` links device work to the CPU op that
-    launched it: a CPU span holds its own correlation id, a device span the id of its launcher.
+    forward op with the same ``span_seq``. Device work links to the CPU side two ways:
+    ``span_corr`` pairs it with the runtime call that launched it (a runtime span holds its own
+    correlation id), ``span_ext`` with the op (a CPU op holds its own external id). Either may be 0
+    when the source lacks it; the runtime link wins when both exist.
     ``span_shapes`` is an index into ``names`` (the input-shapes string) or -1.
     """
 
@@ -56,6 +58,7 @@ class EventTable:
     span_seq: list[int] = field(default_factory=list)
     span_fwd_tid: list[int] = field(default_factory=list)
     span_corr: list[int] = field(default_factory=list)
+    span_ext: list[int] = field(default_factory=list)
     span_shapes: list[int] = field(default_factory=list)
     span_flops: list[int] = field(default_factory=list)
     mem_tid: list[int] = field(default_factory=list)
@@ -85,6 +88,7 @@ class EventTable:
         seq: int = -1,
         fwd_tid: int = 0,
         corr: int = 0,
+        ext: int = 0,
         shapes: str | None = None,
         flops: int = 0,
     ) -> int:
@@ -97,6 +101,7 @@ class EventTable:
         self.span_seq.append(seq)
         self.span_fwd_tid.append(fwd_tid)
         self.span_corr.append(corr)
+        self.span_ext.append(ext)
         self.span_shapes.append(-1 if shapes is None else self.intern(shapes))
         self.span_flops.append(flops)
         return len(self.span_ts) - 1
@@ -129,6 +134,7 @@ class EventTable:
             "span_seq",
             "span_fwd_tid",
             "span_corr",
+            "span_ext",
             "span_shapes",
             "span_flops",
         ):

@@ -1,0 +1,202 @@
+"""File path: Chrome trace JSON written by torch.profiler / Kineto into an EventTable.
+
+Reads ``.json`` and ``.json.gz`` (gzip detected by content). Only the event kinds attribution
+needs are kept; names are interned as they are read. Timestamps (µs with ns fractions) become
+integer nanoseconds. Backward nodes name their forward thread by an internal id, not the OS thread
+id the trace uses; ``fwdbwd`` flow events pair forward and backward ops, and from those pairs the
+reader maps internal ids to trace threads (falling back to the only forward thread when unique).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from layerscope.errors import TraceFormatError
+from layerscope.events.shapes import shapes_key
+from layerscope.events.table import EventKind, EventTable
+
+_KIND_BY_CATEGORY: dict[str, EventKind] = {
+    "cpu_op": EventKind.CPU_OP,
+    "operator": EventKind.CPU_OP,  # older Kineto versions
+    "user_annotation": EventKind.USER_ANNOTATION,
+    "cuda_runtime": EventKind.RUNTIME,
+    "cuda_driver": EventKind.RUNTIME,
+    "runtime": EventKind.RUNTIME,
+    "privateuse1_runtime": EventKind.RUNTIME,
+    "xpu_runtime": EventKind.RUNTIME,
+    "python_function": EventKind.PYTHON,
+    "kernel": EventKind.KERNEL,
+    "gpu_memcpy": EventKind.MEMCPY,
+    "Memcpy": EventKind.MEMCPY,
+    "gpu_memset": EventKind.MEMSET,
+    "Memset": EventKind.MEMSET,
+    "gpu_user_annotation": EventKind.DEVICE_OTHER,
+}
+
+#: A FLOP counter for (op name, input shapes, concrete inputs); None when torch is unavailable.
+FlopCounter = Callable[[str, list[Any], list[Any]], int]
+
+
+def load_trace_json(path: Path) -> dict[str, Any]:
+    """Parse a trace file into its top-level object (TraceFormatError on anything unreadable)."""
+    from layerscope.model.serialize import read_json_bytes
+
+    raw = read_json_bytes(path)
+    if not raw.strip():
+        raise TraceFormatError(f"{path}: empty file")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise TraceFormatError(f"{path}: not valid JSON ({exc})") from None
+    if isinstance(data, list):  # the bare-array form of the Chrome trace format
+        data = {"traceEvents": data}
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise TraceFormatError(f"{path}: not a Chrome/Kineto trace (no traceEvents list)")
+    return data
+
+
+def parse_concrete(values: Any) -> list[Any]:
+    """Kineto writes concrete inputs as strings (``"[2, 2]"``, ``"1"``, ``"False"``, ``""``)."""
+    if not isinstance(values, list):
+        return []
+    out: list[Any] = []
+    for v in values:
+        if not isinstance(v, str):
+            out.append(v)
+        elif v == "":
+            out.append(None)
+        elif v in ("True", "False"):
+            out.append(v == "True")
+        else:
+            try:
+                out.append(orjson.loads(v.replace("True", "true").replace("False", "false")))
+            except orjson.JSONDecodeError:
+                out.append(v)
+    return out
+
+
+def _ns(value: Any) -> int:
+    return round(float(value) * 1000.0)
+
+
+def table_from_trace(data: dict[str, Any], flops: FlopCounter | None = None, source: str = "") -> EventTable:
+    """Build an EventTable from a parsed trace (see :func:`load_trace_json`)."""
+    table = EventTable()
+    thread_ids: dict[tuple[Any, Any], int] = {}
+    span_at: dict[tuple[int, int], int] = {}
+    flow_starts: dict[Any, tuple[int, int]] = {}
+    flow_ends: dict[Any, tuple[int, int]] = {}
+    raw_fwd_tid: list[int] = []
+    kinds = _KIND_BY_CATEGORY
+    skipped = 0
+    for ev in data["traceEvents"]:
+        if not isinstance(ev, dict):
+            skipped += 1
+            continue
+        ph = ev.get("ph")
+        try:
+            if ph == "X":
+                kind = kinds.get(ev.get("cat", ""))
+                if kind is None:
+                    continue
+                key = (ev.get("pid"), ev.get("tid"))
+                tid = thread_ids.get(key)
+                if tid is None:
+                    tid = thread_ids[key] = len(thread_ids) + 1
+                args = ev.get("args") or {}
+                ts = _ns(ev["ts"])
+                dur = max(0, _ns(ev.get("dur", 0)))
+                name = str(ev.get("name", ""))
+                seq = int(args.get("Sequence number", -1))
+                fwd = int(args.get("Fwd thread id", 0)) if seq >= 0 else 0
+                # Runtime calls and device work pair by "correlation"; ops and device work by
+                # "External id" (older Kineto writes the runtime's id there for kernels too).
+                corr = int(args.get("correlation", 0) or 0) if kind != EventKind.CPU_OP else 0
+                ext = int(args.get("External id", 0) or 0) if kind != EventKind.RUNTIME else 0
+                dims = args.get("Input Dims")
+                shapes = shapes_key(dims) if dims and kind == EventKind.CPU_OP else None
+                op_flops = 0
+                if kind == EventKind.CPU_OP:
+                    if flops is not None and dims:
+                        op_flops = flops(name, dims, parse_concrete(args.get("Concrete Inputs")))
+                    elif flops is None:
+                        op_flops = int(args.get("flops", 0) or 0)
+                i = table.add_span(
+                    name,
+                    kind,
+                    tid,
+                    ts,
+                    dur,
+                    seq=seq,
+                    fwd_tid=0,
+                    corr=corr,
+                    ext=ext,
+                    shapes=shapes,
+                    flops=op_flops,
+                )
+                raw_fwd_tid.append(fwd)
+                if kind in (EventKind.CPU_OP, EventKind.USER_ANNOTATION):
+                    span_at.setdefault((tid, ts), i)
+            elif ph == "i" and ev.get("name") == "[memory]":
+                args = ev.get("args") or {}
+                key = (ev.get("pid"), ev.get("tid"))
+                tid = thread_ids.get(key)
+                if tid is None:
+                    tid = thread_ids[key] = len(thread_ids) + 1
+                device_type = int(args.get("Device Type", 0) or 0)
+                table.add_memory(tid, _ns(ev["ts"]), int(args.get("Bytes", 0)), on_device=device_type != 0)
+            elif ph in ("s", "f") and ev.get("cat") == "fwdbwd":
+                key = (ev.get("pid"), ev.get("tid"))
+                tid = thread_ids.get(key)
+                if tid is None:
+                    tid = thread_ids[key] = len(thread_ids) + 1
+                (flow_starts if ph == "s" else flow_ends)[ev.get("id")] = (tid, _ns(ev["ts"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceFormatError(
+                f"{source or 'trace'}: malformed {ph!r} event {str(ev.get('name', ''))[:60]!r}: {exc}"
+            ) from None
+    table.span_fwd_tid = _resolve_forward_threads(table, raw_fwd_tid, span_at, flow_starts, flow_ends)
+    table.meta = {
+        "source": source,
+        "device_properties": data.get("deviceProperties") or [],
+        "distributed": data.get("distributedInfo"),
+        "skipped_events": skipped,
+        "schema_version": data.get("schemaVersion"),
+    }
+    return table
+
+
+def _resolve_forward_threads(
+    table: EventTable,
+    raw: list[int],
+    span_at: dict[tuple[int, int], int],
+    flow_starts: dict[Any, tuple[int, int]],
+    flow_ends: dict[Any, tuple[int, int]],
+) -> list[int]:
+    """Backward spans name their forward thread by Kineto's internal id; map it to our tid."""
+    mapping: dict[int, int] = {}
+    for flow_id, start in flow_starts.items():
+        end = flow_ends.get(flow_id)
+        if end is None:
+            continue
+        fwd_span, bwd_span = span_at.get(start), span_at.get(end)
+        if fwd_span is None or bwd_span is None or raw[bwd_span] == 0:
+            continue
+        mapping.setdefault(raw[bwd_span], table.span_tid[fwd_span])
+    forward_threads = {
+        table.span_tid[i]
+        for i, (seq, f) in enumerate(zip(table.span_seq, raw, strict=True))
+        if seq >= 0 and f == 0 and table.span_kind[i] == EventKind.CPU_OP
+    }
+    only = next(iter(forward_threads)) if len(forward_threads) == 1 else 0
+    return [0 if f == 0 else mapping.get(f, only or -1) for f in raw]
+
+
+def read_trace(path: str | Path, flops: FlopCounter | None = None) -> EventTable:
+    """Read a trace file into an EventTable."""
+    path = Path(path)
+    return table_from_trace(load_trace_json(path), flops=flops, source=str(path))

@@ -88,7 +88,9 @@ class profile:
     ``"cuda"``... or ``ProfilerActivity``; default CPU plus available accelerators), ``memory``,
     ``shapes``, ``flops`` (needs shapes, which it turns on), ``with_stack``, ``paths`` (only these
     module paths and their subtrees get rows), ``depth`` (deeper modules fold into their ancestor),
-    ``profiler_kwargs`` (passed to ``torch.profiler.profile``).
+    ``all_threads`` (record every thread, not only the one that entered the block; default on
+    unless ``memory``, since torch records no allocations in that mode), ``profiler_kwargs``
+    (passed to ``torch.profiler.profile``).
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class profile:
         with_stack: bool = False,
         paths: Sequence[str] | None = None,
         depth: int | None = None,
+        all_threads: bool | None = None,
         profiler_kwargs: dict[str, Any] | None = None,
     ) -> None:
         _check_options(model, paths, depth, profiler_kwargs)
@@ -114,6 +117,12 @@ class profile:
         self.paths = list(paths) if paths is not None else None
         self.depth = depth
         self.profiler_kwargs = dict(profiler_kwargs or {})
+        if all_threads and memory:
+            # Measured on torch 2.13: with profile_all_threads on, no [memory] event is recorded.
+            raise UsageError("all_threads=True and memory=True cannot be combined: torch.profiler records "
+                             "no allocations when it profiles all threads; choose one")
+        want_all = (not memory) if all_threads is None else bool(all_threads)
+        self.all_threads = want_all and _enable_all_threads(self.profiler_kwargs)
         self._torch_profiler: torch.profiler.profile | None = None
         self._scopes: ModuleScopes | None = None
         self._profile: Profile | None = None
@@ -235,8 +244,26 @@ class profile:
                 "with_stack": self.with_stack,
                 "paths": self.paths,
                 "depth": self.depth,
+                "all_threads": self.all_threads,
             },
         }
+
+
+def _enable_all_threads(profiler_kwargs: dict[str, Any]) -> bool:
+    """Ask torch to record every thread (torch.profiler records only the entering thread by default).
+
+    Sets ``experimental_config`` in ``profiler_kwargs`` unless the caller passed their own; returns
+    whether all threads will be recorded.
+    """
+    if "experimental_config" in profiler_kwargs:
+        return bool(getattr(profiler_kwargs["experimental_config"], "profile_all_threads", False))
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        profiler_kwargs["experimental_config"] = _ExperimentalConfig(profile_all_threads=True)
+    except (ImportError, TypeError):  # older torch: the option does not exist
+        return False
+    return True
 
 
 @contextmanager

@@ -1,0 +1,47 @@
+# The two commands of the README: `make demo` and `make test`. Both work on a machine with nothing
+# installed by hand: they create .venv, install the pinned CPU torch FIRST (an unpinned torch would
+# resolve to a multi-GB CUDA build), then layerscope itself.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.13.0
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: demo test lint typecheck unit bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.torch: | $(BIN)/python
+	$(PIP) install "torch==$(TORCH_VERSION)"
+	touch $@
+
+$(VENV)/.base: pyproject.toml $(VENV)/.torch
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml $(VENV)/.base
+	$(PIP) install -e ".[test]"
+	touch $@
+
+demo: $(VENV)/.base
+	$(BIN)/layerscope profile --memory
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check src tests benchmarks
+
+typecheck: $(VENV)/.test
+	$(BIN)/mypy
+
+unit: $(VENV)/.test
+	$(BIN)/python -m pytest
+
+test: lint typecheck unit
+
+bench: $(VENV)/.base
+	$(BIN)/python benchmarks/postprocess.py --steps 20
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 
@@ -14,10 +15,8 @@ def _status_kib(field: str) -> int:
 
 def reset_peak() -> int:
     """Reset the process's peak RSS to its current RSS (Linux >= 4.0); returns the current RSS in MiB."""
-    try:
+    with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
     return _status_kib("VmRSS") // 1024
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from _memory import peak_mib, reset_peak  # noqa: E402
+import torch
 
-import layerscope as ls  # noqa: E402
-from layerscope.models import resnet18  # noqa: E402
+import layerscope as ls
+from _memory import peak_mib, reset_peak
+from layerscope.models import resnet18
 
 
 def capture(model: torch.nn.Module, x: torch.Tensor, steps: int) -> ls.profile:

@@ -15,7 +15,7 @@ CATALOG = [
 ]
 
 
-def forward_backward_table() -> EventTable:
+def forward_backward_table(with_kernel: bool = True) -> EventTable:
     """Thread 1 runs: Net[ fc[ addmm(seq 7) -> kernel ] relu(seq 8) ] ; sum(seq 9) ; then backward:
     evaluate_function SumBackward0 (seq 9), ReluBackward0 (seq 8), AddmmBackward0 (seq 7) -> mm,
     AccumulateGrad. Memory: 400 B alloc in addmm, 100 B alloc + 100 B free in relu's backward."""
@@ -23,22 +23,42 @@ def forward_backward_table() -> EventTable:
     k = EventKind
     t.add_span(module_range_name("", "Net"), k.CPU_OP, 1, 0, 100 * US)
     t.add_span(module_range_name("fc", "Linear"), k.CPU_OP, 1, 10 * US, 50 * US)
-    t.add_span("aten::addmm", k.CPU_OP, 1, 20 * US, 30 * US, seq=7, ext=101, shapes="[[4], [2, 8], [8, 4]]",
-               flops=128)
+    t.add_span(
+        "aten::addmm",
+        k.CPU_OP,
+        1,
+        20 * US,
+        30 * US,
+        seq=7,
+        ext=101,
+        shapes="[[4], [2, 8], [8, 4]]",
+        flops=128,
+    )
     t.add_span("cudaLaunchKernel", k.RUNTIME, 1, 25 * US, 5 * US, corr=9001)
-    t.add_span("gemm_kernel", k.KERNEL, 99, 40 * US, 12 * US, corr=9001, ext=101)
+    if with_kernel:
+        t.add_span("gemm_kernel", k.KERNEL, 99, 40 * US, 12 * US, corr=9001, ext=101)
     t.add_span("aten::relu", k.CPU_OP, 1, 70 * US, 20 * US, seq=8, shapes="[[2, 4]]")
     t.add_span("aten::sum", k.CPU_OP, 1, 110 * US, 10 * US, seq=9)
-    t.add_span("autograd::engine::evaluate_function: SumBackward0", k.CPU_OP, 1, 200 * US, 10 * US, seq=9,
-               fwd_tid=1)
-    t.add_span("autograd::engine::evaluate_function: ReluBackward0", k.CPU_OP, 1, 220 * US, 20 * US, seq=8,
-               fwd_tid=1)
+    t.add_span(
+        "autograd::engine::evaluate_function: SumBackward0", k.CPU_OP, 1, 200 * US, 10 * US, seq=9, fwd_tid=1
+    )
+    t.add_span(
+        "autograd::engine::evaluate_function: ReluBackward0", k.CPU_OP, 1, 220 * US, 20 * US, seq=8, fwd_tid=1
+    )
     t.add_span("aten::threshold_backward", k.CPU_OP, 1, 225 * US, 10 * US)
-    t.add_span("autograd::engine::evaluate_function: AddmmBackward0", k.CPU_OP, 1, 250 * US, 40 * US, seq=7,
-               fwd_tid=1)
+    t.add_span(
+        "autograd::engine::evaluate_function: AddmmBackward0",
+        k.CPU_OP,
+        1,
+        250 * US,
+        40 * US,
+        seq=7,
+        fwd_tid=1,
+    )
     t.add_span("aten::mm", k.CPU_OP, 1, 255 * US, 30 * US, flops=256)
-    t.add_span("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", k.CPU_OP, 1,
-               300 * US, 5 * US)
+    t.add_span(
+        "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", k.CPU_OP, 1, 300 * US, 5 * US
+    )
     t.add_memory(1, 30 * US, 400)
     t.add_memory(1, 228 * US, 100)
     t.add_memory(1, 232 * US, -100)

@@ -251,7 +251,7 @@ def test_invalid_options_fail_at_once(options: dict[str, object], message: str) 
 
 
 def test_model_must_be_a_module() -> None:
-    with pytest.raises(UsageError, match="torch.nn.Module"):
+    with pytest.raises(UsageError, match=r"torch\.nn\.Module"):
         ls.profile("resnet")  # type: ignore[arg-type]
 
 

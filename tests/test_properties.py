@@ -37,8 +37,9 @@ class Node:
 
 nodes = st.recursive(
     st.builds(Node, st.sampled_from(NAMES), st.integers(0, 5), st.integers(0, 20)),
-    lambda kids: st.builds(Node, st.sampled_from(NAMES), st.integers(0, 5), st.integers(0, 20),
-                           st.lists(kids, max_size=4)),
+    lambda kids: st.builds(
+        Node, st.sampled_from(NAMES), st.integers(0, 5), st.integers(0, 20), st.lists(kids, max_size=4)
+    ),
     max_leaves=25,
 )
 
@@ -58,10 +59,18 @@ def lay_out(table: EventTable, node: Node, tid: int, start: int, seq: list[int],
         seq.append(len(seq) + 1)
         sequence = seq[-1]
     ext.append(len(ext) + 1)
-    table.add_span(node.name, EventKind.CPU_OP, tid, start, end - start, seq=sequence,
-                   fwd_tid=tid if is_backward else 0, ext=ext[-1],
-                   flops=7 if node.name == "aten::mm" else 0,
-                   shapes="[[2, 2]]" if node.name.startswith("aten") else None)
+    table.add_span(
+        node.name,
+        EventKind.CPU_OP,
+        tid,
+        start,
+        end - start,
+        seq=sequence,
+        fwd_tid=tid if is_backward else 0,
+        ext=ext[-1],
+        flops=7 if node.name == "aten::mm" else 0,
+        shapes="[[2, 2]]" if node.name.startswith("aten") else None,
+    )
     return end
 
 
@@ -76,11 +85,21 @@ def tables(draw: st.DrawFn) -> EventTable:
             cursor = lay_out(table, root, tid, cursor, seq, ext) + draw(st.integers(1, 10))
     end = max([ts + d for ts, d in zip(table.span_ts, table.span_dur, strict=True)] + [1])
     for _ in range(draw(st.integers(0, 12))):
-        table.add_memory(draw(st.sampled_from([1, 2, 3])), draw(st.integers(0, end)),
-                         draw(st.integers(-512, 512)), on_device=draw(st.booleans()))
+        table.add_memory(
+            draw(st.sampled_from([1, 2, 3])),
+            draw(st.integers(0, end)),
+            draw(st.integers(-512, 512)),
+            on_device=draw(st.booleans()),
+        )
     for _ in range(draw(st.integers(0, 5))):
-        table.add_span("kernel", EventKind.KERNEL, 50, draw(st.integers(0, end)), draw(st.integers(0, 9)),
-                       ext=draw(st.integers(0, len(ext) + 2)))
+        table.add_span(
+            "kernel",
+            EventKind.KERNEL,
+            50,
+            draw(st.integers(0, end)),
+            draw(st.integers(0, 9)),
+            ext=draw(st.integers(0, len(ext) + 2)),
+        )
     return table
 
 
@@ -92,8 +111,11 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 def test_any_nested_trace_validates(table: EventTable) -> None:
     profile = build_profile(table, None, {})
     profile.validate()
-    assert profile.totals.device_us == sum(
-        d for d, k in zip(table.span_dur, table.span_kind, strict=True) if k == EventKind.KERNEL) / 1000
+    assert (
+        profile.totals.device_us
+        == sum(d for d, k in zip(table.span_dur, table.span_kind, strict=True) if k == EventKind.KERNEL)
+        / 1000
+    )
 
 
 @SETTINGS

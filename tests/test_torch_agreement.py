@@ -15,8 +15,10 @@ MODELS = {
     "mlp": (TinyMLP, lambda: torch.randn(8, 8)),
     "containers": (Containers, lambda: torch.randn(4, 8)),
     "resnet": (tiny_resnet, lambda: torch.randn(2, 3, 32, 32)),
-    "gpt": (lambda: TinyGPT(vocab=64, dim=32, heads=2, layers=2, max_len=16),
-            lambda: torch.randint(0, 64, (2, 16))),
+    "gpt": (
+        lambda: TinyGPT(vocab=64, dim=32, heads=2, layers=2, max_len=16),
+        lambda: torch.randint(0, 64, (2, 16)),
+    ),
 }
 
 

@@ -123,11 +123,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps must be >= 1, not {args.steps}")
     if args.warmup < 0:
         raise UsageError(f"--warmup must be >= 0, not {args.warmup}")
+    factory = resolve_factory(args.factory)
     shapes = args.input or (BUILTIN_MODELS[args.factory][1] if args.factory in BUILTIN_MODELS else None)
     if not shapes:
         raise UsageError("give the model's input shape(s) with --input, e.g. --input 8x3x224x224")
     parsed = [parse_shape(s, args.dtype) for s in shapes]
-    factory = resolve_factory(args.factory)
 
     import torch
 

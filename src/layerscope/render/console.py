@@ -6,7 +6,7 @@ import io
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from typing import IO
+from typing import IO, Literal
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
@@ -151,14 +151,22 @@ def tree_table(
         ],
         ascii_only=ascii_only,
         caption=folded_note,
-        drop_order=["Params", "Retained", "Fwd self", "Bwd self", "Peak", "Type", "Calls"],
+        drop_order=["Params", "Retained", "Fwd self", "Bwd self", "Peak", "Type", "Calls", "FLOPs", "Alloc",
+                    "Bwd device", "Fwd device"],
     )
-    return Group(Text(_title(view), style="bold"), view_table)
+    title = _title(view)
+    if ascii_only:
+        title = title.replace("·", "|").replace("µ", "u")
+    return Group(Text(title, style="bold"), view_table)
 
 
 class _FittedTable:
-    """A table whose first column (tree labels) shrinks to the console width; when even that is not
-    enough, the least important columns (``drop_order``) are left out rather than cut mid-number."""
+    """A table fitted to the console width at render time.
+
+    The first column (tree labels, op names) shrinks with an ellipsis down to 24 characters; when
+    even that is not enough, whole columns are left out in ``drop_order`` rather than numbers being
+    cut in the middle.
+    """
 
     def __init__(
         self,
@@ -167,12 +175,16 @@ class _FittedTable:
         ascii_only: bool,
         caption: str,
         drop_order: list[str],
+        title: str = "",
+        text_columns: frozenset[str] | set[str] = frozenset({"Type"}),
     ) -> None:
         self.headers = headers
         self.sections = [s for s in sections if s]
         self.ascii_only = ascii_only
         self.caption = caption
+        self.title = title
         self.drop_order = drop_order
+        self.text_columns = text_columns
 
     def _width(self, k: int) -> int:
         cells = [row[k] for section in self.sections for row in section]
@@ -182,38 +194,55 @@ class _FittedTable:
         widths = [self._width(k) for k in range(len(self.headers))]
         keep = list(range(len(self.headers)))
         label_min = min(widths[0], 24)
+        gutter = 3  # " | " between columns (padding 1 + rule 1 + padding 1), no outer edge
 
         def needed(columns: list[int]) -> int:
-            return sum(widths[k] for k in columns[1:]) + label_min + 3 * (len(columns) - 1)
+            return sum(widths[k] for k in columns[1:]) + label_min + gutter * (len(columns) - 1)
 
         for name in self.drop_order:
             if needed(keep) <= options.max_width:
                 break
-            if name in self.headers:
+            if name in self.headers and self.headers.index(name) in keep:
                 keep.remove(self.headers.index(name))
         label_width = max(label_min, min(widths[0], options.max_width - needed(keep) + label_min))
+        overflow: Literal["ellipsis", "crop"] = "crop" if self.ascii_only else "ellipsis"
         table = Table(
             box=box.ASCII2 if self.ascii_only else box.SIMPLE_HEAVY,
             show_edge=False,
             pad_edge=False,
             caption=self.caption or None,
             caption_justify="left",
+            title=self.title or None,
+            title_justify="left",
             header_style="bold",
         )
         for k in keep:
+            header = self.headers[k]
             if k == 0:
-                table.add_column(self.headers[k], no_wrap=True, overflow="ellipsis", width=label_width)
-            elif self.headers[k] == "Type":
-                table.add_column("Type", no_wrap=True, width=widths[k], style="cyan")
+                table.add_column(header, no_wrap=True, overflow=overflow, width=label_width)
+            elif header in self.text_columns:
+                style = "cyan" if header in ("Type", "Module") else None
+                table.add_column(header, no_wrap=True, overflow=overflow, width=widths[k], style=style)
             else:
-                style = "bold" if self.headers[k] == "Share" else None
-                table.add_column(self.headers[k], justify="right", no_wrap=True, width=widths[k], style=style)
+                style = "bold" if header == "Share" else None
+                table.add_column(header, justify="right", no_wrap=True, width=widths[k], style=style)
+        limits = {k: (label_width if k == 0 else widths[k]) for k in keep}
         for n, section in enumerate(self.sections):
             if n:
                 table.add_section()
             for row in section:
-                table.add_row(*(row[k] for k in keep))
+                table.add_row(*(self._cell(row[k], limits[k]) for k in keep))
         yield table
+
+    def _cell(self, value: Text | str, width: int) -> Text | str:
+        """In ASCII mode, spell units and ellipses in ASCII and clip long text ourselves."""
+        if not self.ascii_only:
+            return value
+        plain = value.plain if isinstance(value, Text) else value
+        plain = plain.replace("µ", "u").replace("…", "...")
+        if len(plain) > width:
+            plain = plain[: max(0, width - 3)] + "..."
+        return Text(plain, style=value.style) if isinstance(value, Text) else plain
 
 
 def _merge_unattributed(profile: Profile) -> list[tuple[str, Metrics, Metrics, int]]:
@@ -262,39 +291,24 @@ def ops_table(
     memory = any(r.metrics.cpu_alloc_bytes or r.metrics.device_alloc_bytes for r in rows)
     flops = any(r.metrics.flops for r in rows)
     whole = total_cpu_us if total_cpu_us is not None else sum(r.metrics.self_cpu_us for r in rows)
-    table = Table(
-        box=box.ASCII2 if ascii_only else box.SIMPLE_HEAVY,
-        show_edge=False,
-        pad_edge=False,
-        title=title,
-        title_justify="left",
-        header_style="bold",
-    )
-    table.add_column("Op", overflow="fold", max_width=48)
-    if show_phase:
-        table.add_column("Phase")
-    if show_module:
-        table.add_column("Module", overflow="ellipsis", max_width=32, style="cyan")
-    if show_shapes:
-        table.add_column("Input shapes", overflow="fold", max_width=40)
-    numeric = ["Calls", "Self CPU", "Self %", "CPU total", "CPU avg"]
-    if device:
-        numeric += ["Self device", "Device total"]
-    if memory:
-        numeric += ["Self alloc", "Alloc"]
-    if flops:
-        numeric.append("FLOPs")
-    for header in numeric:
-        table.add_column(header, justify="right", no_wrap=True)
+    headers = ["Op"]
+    headers += ["Phase"] if show_phase else []
+    headers += ["Module"] if show_module else []
+    headers += ["Input shapes"] if show_shapes else []
+    headers += ["Calls", "Self CPU", "Self %", "CPU total", "CPU avg"]
+    headers += ["Self device", "Device total"] if device else []
+    headers += ["Self alloc", "Alloc"] if memory else []
+    headers += ["FLOPs"] if flops else []
+    body: list[tuple[Text | str, ...]] = []
     for r in rows:
         m = r.metrics
-        cells: list[RenderableType] = [r.name]
+        cells: list[str] = [r.name]
         if show_phase:
             cells.append(r.phase.value if r.phase is not None else "")
         if show_module:
-            cells.append(r.module if r.module is not None else (f"[{r.scope}]" if r.scope else ""))
+            cells.append(_clip(r.module if r.module is not None else (f"[{r.scope}]" if r.scope else ""), 32))
         if show_shapes:
-            cells.append(r.input_shapes or "")
+            cells.append(_clip(r.input_shapes or "", 40))
         cells += [
             str(r.calls),
             fmt_time_us(m.self_cpu_us),
@@ -311,8 +325,21 @@ def ops_table(
             ]
         if flops:
             cells.append(fmt_si(m.flops))
-        table.add_row(*cells)
-    return table
+        body.append(tuple(cells))
+    return _FittedTable(
+        headers=headers,
+        sections=[body],
+        ascii_only=ascii_only,
+        caption="",
+        title=title or "",
+        text_columns={"Phase", "Module", "Input shapes"},
+        drop_order=["CPU avg", "Self alloc", "Self %", "Self device", "Input shapes", "Phase", "Module",
+                    "CPU total", "Alloc", "FLOPs", "Device total"],
+    )
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _wants_ascii() -> bool:

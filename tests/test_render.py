@@ -1,0 +1,84 @@
+"""Console views: golden outputs from a hand-built profile (never from live timings)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from layerscope.build import build_profile
+from layerscope.render.console import make_console, ops_table, render_to_text, tree_table
+from layerscope.render.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
+from tests.test_build_synthetic import CATALOG, forward_backward_table
+
+
+@pytest.fixture
+def profile():  # type: ignore[no-untyped-def]
+    p = build_profile(forward_backward_table(), CATALOG, {"model": "Net", "options": {"memory": True}})
+    p.validate()
+    return p
+
+
+def test_tree_table_golden_unicode(profile, golden) -> None:  # type: ignore[no-untyped-def]
+    text = render_to_text(tree_table(profile, ascii_only=False), width=150)
+    golden("tree_unicode.txt", text)
+    # semantic invariants beside the golden: every module once, the total row, the guides
+    assert text.count("fc ") == 1 and "└── fc" in text and "total" in text
+    assert "[unattributed] aten::sum" in text and "100.0%" in text
+
+
+def test_tree_table_golden_ascii_narrow(profile, golden) -> None:  # type: ignore[no-untyped-def]
+    text = render_to_text(tree_table(profile, ascii_only=True), width=80)
+    golden("tree_ascii_80.txt", text)
+    assert all(ord(ch) < 128 for ch in text)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "`-- fc" in text
+
+
+def test_min_share_folds_with_a_note() -> None:
+    # CPU-only (no kernel): fc is 90 of 185 µs = 48.6% of the run
+    cpu_only = build_profile(forward_backward_table(with_kernel=False), CATALOG, {})
+    text = render_to_text(tree_table(cpu_only, min_share=40, ascii_only=True), width=150)
+    assert "`-- fc" in text and "folded" not in text
+    text = render_to_text(tree_table(cpu_only, min_share=50, ascii_only=True), width=150)
+    assert "1 module under 50% folded into their parents" in text
+    assert "`-- fc" not in text
+    root_line = next(line for line in text.splitlines() if line.startswith("(root)"))
+    assert root_line.split("|")[4].strip() == "100.0us"  # forward self now holds fc's forward too
+    assert root_line.split("|")[6].strip() == "60.0us"  # and backward self fc's backward
+
+
+def test_op_table_golden(profile, golden) -> None:  # type: ignore[no-untyped-def]
+    rows = profile.ops(group_by=("name", "module", "phase"), limit=5)
+    text = render_to_text(ops_table(rows, ascii_only=True, total_cpu_us=profile.totals.cpu_us), width=150)
+    golden("ops_ascii.txt", text)
+    assert text.splitlines()[2].lstrip().startswith("aten::mm")  # sorted by self CPU: mm (30 µs) first
+
+
+def test_no_color(monkeypatch, profile) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("NO_COLOR", "1")
+    buffer = io.StringIO()
+    console = make_console(buffer, width=150)
+    console.print(tree_table(profile))
+    assert "\x1b[" not in buffer.getvalue()
+
+
+def test_str_of_profile_is_the_tree(profile) -> None:  # type: ignore[no-untyped-def]
+    assert "fc" in str(profile) and "Linear" in str(profile)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.5, "0.5µs"), (999.9, "999.9µs"), (1500, "1.50ms"), (2_500_000, "2.500s"), (0, "")],
+)
+def test_time_units(value: float, text: str) -> None:
+    assert fmt_time_us(value) == text
+
+
+def test_other_units() -> None:
+    assert (
+        fmt_bytes(512) == "512 B" and fmt_bytes(1536) == "1.50 KiB" and fmt_bytes(-(3 << 20)) == "-3.00 MiB"
+    )
+    assert fmt_bytes(25 << 30) == "25.0 GiB"
+    assert fmt_si(1_230) == "1.23K" and fmt_si(4.5e12) == "4.50T" and fmt_si(12) == "12"
+    assert fmt_share(1, 3) == "33.3%" and fmt_share(1, 0) == ""

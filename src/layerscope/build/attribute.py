@@ -1,0 +1,631 @@
+"""Attribution: every piece of work in an EventTable goes to exactly one bucket.
+
+A *bucket* is a (module, phase) pair, or a labelled unattributed entry (work outside every module).
+The rules (see docs/architecture.md):
+
+* CPU spans nest per thread by time (torch's own rule: a child starts inside its parent and ends
+  no later). A span's *exclusive* time is its duration minus its direct children's.
+* Forward: a span inside a layerscope module range belongs to the innermost such range.
+* Backward: an ``autograd::engine::evaluate_function: X`` span carries the sequence number and
+  forward thread of the op that created its autograd node; it belongs to that op's module, in the
+  backward phase. Its children inherit it. Nodes without a forward owner (gradient accumulation,
+  the loss's backward) become unattributed backward entries named after the node.
+* Device work (kernels, memcpy, memset) goes where its launching CPU op went (correlation id).
+* Memory events go to the innermost CPU span on their thread that contains their timestamp.
+* FLOPs: a span's FLOPs count only if no enclosing span already counted FLOPs (``aten::convolution``
+  counts, the ``aten::_convolution`` inside it does not), which is what FlopCounterMode does.
+
+The loops are written for speed (post-processing is a hot path): one Python sweep over CPU spans
+for nesting and bucket assignment, then numpy ``bincount`` for all the sums.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from layerscope.build.catalog import ModuleInfo, catalog_from_ranges, parse_module_range
+from layerscope.build.tree import assemble_tree
+from layerscope.events.table import CPU_KINDS, DEVICE_WORK_KINDS, EventKind, EventTable
+from layerscope.model.metrics import Metrics
+from layerscope.model.profile import OpStats, Phase, Profile, StepStats, UnattributedEntry
+
+BACKWARD_NODE_PREFIX = "autograd::engine::evaluate_function: "
+STEP_PREFIX = "ProfilerStep#"
+LABEL_STEP_GAPS = "ProfilerStep (between ops)"
+LABEL_MEMORY_OUTSIDE_OPS = "(memory outside ops)"
+LABEL_UNLINKED_DEVICE = "(device work without a launching op)"
+
+# Per-name roles, precomputed once per distinct name.
+_ROLE_PLAIN, _ROLE_MODULE, _ROLE_BACKWARD_NODE, _ROLE_STEP = 0, 1, 2, 3
+
+
+@dataclass
+class _Buckets:
+    """Bucket ids: module m has 2m (forward) and 2m+1 (backward); labels follow from 2M on."""
+
+    module_count: int
+    labels: list[tuple[str, Phase]]
+    ids: dict[tuple[str, Phase], int]
+
+    def unattributed(self, label: str, phase: Phase) -> int:
+        key = (label, phase)
+        found = self.ids.get(key)
+        if found is None:
+            found = self.ids[key] = 2 * self.module_count + len(self.labels)
+            self.labels.append(key)
+        return found
+
+    @property
+    def count(self) -> int:
+        return 2 * self.module_count + len(self.labels)
+
+    def phase_of(self, bucket: int) -> Phase:
+        if bucket < 2 * self.module_count:
+            return Phase.BACKWARD if bucket & 1 else Phase.FORWARD
+        return self.labels[bucket - 2 * self.module_count][1]
+
+
+def build_profile(table: EventTable, catalog: list[ModuleInfo] | None = None,
+                  meta: dict[str, Any] | None = None) -> Profile:
+    """Attribute every event of ``table`` and return the Profile.
+
+    ``catalog`` lists the modules (from a live capture); without one, modules are discovered from
+    the layerscope ranges found in the trace.
+    """
+    table.check()
+    names = table.names
+    n_spans = table.span_count
+
+    # ---- modules and per-name roles ---------------------------------------------------------------
+    found_ranges: dict[int, tuple[str, str]] = {}
+    for name_id, name in enumerate(names):
+        parsed = parse_module_range(name)
+        if parsed is not None:
+            found_ranges[name_id] = parsed
+    if catalog is None:
+        catalog = catalog_from_ranges(found_ranges.values())
+    module_index = {info.path: i for i, info in enumerate(catalog)}
+    extra = [pair for pair in found_ranges.values() if pair[0] not in module_index]
+    if extra:  # ranges of modules the catalog does not know (e.g. a foreign root): add them
+        catalog = _extend_catalog(catalog, extra)
+        module_index = {info.path: i for i, info in enumerate(catalog)}
+    roles = [_ROLE_PLAIN] * len(names)
+    role_module = [-1] * len(names)
+    for name_id, name in enumerate(names):
+        if name_id in found_ranges:
+            roles[name_id] = _ROLE_MODULE
+            role_module[name_id] = module_index[found_ranges[name_id][0]]
+        elif name.startswith(BACKWARD_NODE_PREFIX):
+            roles[name_id] = _ROLE_BACKWARD_NODE
+        elif name.startswith(STEP_PREFIX):
+            roles[name_id] = _ROLE_STEP
+    buckets = _Buckets(len(catalog), [], {})
+
+    # ---- the sweep: nesting, exclusive time, buckets, FLOPs ---------------------------------------
+    kinds = table.span_kind
+    ts_arr = np.asarray(table.span_ts, dtype=np.int64)
+    dur_arr = np.asarray(table.span_dur, dtype=np.int64)
+    kind_arr = np.asarray(kinds, dtype=np.int64)
+    cpu_mask = np.isin(kind_arr, [int(k) for k in CPU_KINDS])
+    cpu_idx = np.flatnonzero(cpu_mask)
+    order_arr_pre = cpu_idx[np.lexsort((-dur_arr[cpu_idx], ts_arr[cpu_idx]))]
+    order: list[int] = order_arr_pre.tolist()
+
+    span_name, span_tid, span_ts, span_dur = table.span_name, table.span_tid, table.span_ts, table.span_dur
+    span_seq, span_fwd_tid = table.span_seq, table.span_fwd_tid
+    parent = [-1] * n_spans
+    excl = list(span_dur)
+    bucket = [-1] * n_spans
+    stacks: dict[int, tuple[list[int], list[int]]] = {}
+    # Forward ops by (thread, sequence number). Sequence numbers never repeat on a thread, and a
+    # backward node always starts after its forward op, so the sweep below finds the forward op's
+    # bucket already set. Where several ops share a number (aten::linear and the aten::t inside),
+    # the innermost, which ran last, wins; both sit in the same module.
+    seq_arr = np.asarray(span_seq, dtype=np.int64)
+    is_forward_op = (seq_arr >= 0) & (np.asarray(span_fwd_tid, dtype=np.int64) == 0)
+    forward_ops = order_arr_pre[is_forward_op[order_arr_pre]]
+    forward_op_of: dict[tuple[int, int], int] = dict(zip(
+        zip(np.asarray(span_tid, dtype=np.int64)[forward_ops].tolist(), seq_arr[forward_ops].tolist(),
+            strict=True), forward_ops.tolist(), strict=True))
+    module_calls = [0] * len(catalog)
+    module_windows: list[int] = []  # module-range spans (for peaks)
+    backward_windows: list[int] = []  # backward-node spans (for peaks)
+    step_spans: list[int] = []
+    top_level_ns = 0
+    two_m = 2 * len(catalog)
+    current_tid = None
+    open_idx: list[int] = []
+    open_end: list[int] = []
+
+    # The hot loop (one iteration per CPU span): keep it to list indexing and local names.
+    for i in order:
+        tid = span_tid[i]
+        if tid != current_tid:
+            frames = stacks.get(tid)
+            if frames is None:
+                frames = stacks[tid] = ([], [])
+            open_idx, open_end = frames
+            current_tid = tid
+        start = span_ts[i]
+        end = start + span_dur[i]
+        while open_end:
+            top = open_end[-1]
+            if start < top and end <= top:
+                break
+            open_idx.pop()
+            open_end.pop()
+        if open_idx:
+            p = open_idx[-1]
+            parent[i] = p
+            excl[p] -= span_dur[i]
+        else:
+            p = -1
+            top_level_ns += span_dur[i]
+        open_idx.append(i)
+        open_end.append(end)
+
+        name_id = span_name[i]
+        role = roles[name_id]
+        if role == _ROLE_PLAIN and p >= 0 and roles[span_name[p]] != _ROLE_STEP:
+            b = bucket[p]
+        elif role == _ROLE_MODULE:
+            m = role_module[name_id]
+            b = 2 * m
+            module_calls[m] += 1
+            module_windows.append(i)
+        elif role == _ROLE_BACKWARD_NODE:
+            owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
+            fb = bucket[owner] if owner >= 0 else -1
+            if 0 <= fb < two_m and not fb & 1:
+                b = fb + 1
+            else:
+                b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX):], Phase.BACKWARD)
+            backward_windows.append(i)
+        elif role == _ROLE_STEP:
+            b = buckets.unattributed(LABEL_STEP_GAPS, Phase.OTHER)
+            step_spans.append(i)
+        else:
+            b = buckets.unattributed(names[name_id], Phase.OTHER)
+        bucket[i] = b
+
+    order_arr = order_arr_pre
+    parent_arr = np.asarray(parent, dtype=np.int64)
+    levels = _levels(order_arr, _depths(parent_arr))
+    counted_flops = _outermost_flops(table.span_flops, parent_arr, levels)
+
+    # ---- device work: to the launching op -------------------------------------------------------------
+    device_spans = np.flatnonzero(np.isin(kind_arr, [int(k) for k in DEVICE_WORK_KINDS])).tolist()
+    owner_of_device = _device_launchers(table, order, parent, roles, device_spans)
+    device_self_arr = np.zeros(n_spans, dtype=np.int64)
+    unlinked_device: list[int] = []
+    for k, op in zip(device_spans, owner_of_device, strict=True):
+        if op >= 0:
+            device_self_arr[op] += span_dur[k]
+        else:
+            unlinked_device.append(k)
+
+    # ---- memory: to the innermost CPU span containing the event ----------------------------------------
+    n_mem = len(table.mem_ts)
+    mem_span = _memory_owners(table, order_arr, ts_arr, dur_arr, parent_arr) if n_mem else []
+
+    outside_bucket = buckets.unattributed(LABEL_MEMORY_OUTSIDE_OPS, Phase.OTHER) if -1 in mem_span else -1
+    unlinked_bucket = buckets.unattributed(LABEL_UNLINKED_DEVICE, Phase.OTHER) if unlinked_device else -1
+
+    # ---- sums per bucket (numpy) ------------------------------------------------------------------------
+    nb = buckets.count
+    bucket_arr = np.asarray(bucket, dtype=np.int64)
+    excl_arr = np.asarray(excl, dtype=np.int64)
+    b_order = bucket_arr[order_arr]
+    self_cpu_ns = np.bincount(b_order, weights=excl_arr[order_arr], minlength=nb)
+    self_dev_ns = np.bincount(b_order, weights=device_self_arr[order_arr], minlength=nb)
+    for k in unlinked_device:
+        self_dev_ns[unlinked_bucket] += span_dur[k]
+    self_flops = [0] * nb
+    for i in np.flatnonzero(counted_flops).tolist():
+        self_flops[bucket[i]] += int(counted_flops[i])
+
+    mem_bytes = np.asarray(table.mem_bytes, dtype=np.int64)
+    mem_dev = np.asarray(table.mem_on_device, dtype=bool)
+    mem_span_arr = np.asarray(mem_span, dtype=np.int64)
+    cpu_alloc: np.ndarray
+    dev_alloc: np.ndarray
+    retained: np.ndarray
+    if n_mem:
+        mem_bucket = np.full(n_mem, outside_bucket, dtype=np.int64)
+        inside_op = mem_span_arr >= 0
+        mem_bucket[inside_op] = bucket_arr[mem_span_arr[inside_op]]
+        positive = np.where(mem_bytes > 0, mem_bytes, 0)
+        cpu_alloc = np.bincount(mem_bucket, weights=np.where(mem_dev, 0, positive), minlength=nb)
+        dev_alloc = np.bincount(mem_bucket, weights=np.where(mem_dev, positive, 0), minlength=nb)
+        retained = np.bincount(mem_bucket, weights=mem_bytes, minlength=nb)
+    else:
+        cpu_alloc = dev_alloc = retained = np.zeros(nb)
+
+    # ---- per-span inclusive sums for op rows and steps (bottom-up, one numpy step per depth) ---------
+    self_cpu_alloc_span: np.ndarray = np.zeros(n_spans)
+    self_dev_alloc_span: np.ndarray = np.zeros(n_spans)
+    self_net_span: np.ndarray = np.zeros(n_spans)
+    if n_mem:
+        owned = mem_span_arr >= 0
+        owners = mem_span_arr[owned]
+        owned_bytes = mem_bytes[owned]
+        owned_dev = mem_dev[owned]
+        pos = np.maximum(owned_bytes, 0)
+        self_cpu_alloc_span = np.bincount(owners, weights=np.where(owned_dev, 0, pos), minlength=n_spans)
+        self_dev_alloc_span = np.bincount(owners, weights=np.where(owned_dev, pos, 0), minlength=n_spans)
+        self_net_span = np.bincount(owners, weights=owned_bytes, minlength=n_spans)
+    span_cpu_alloc = _inclusive(self_cpu_alloc_span, parent_arr, levels)
+    span_dev_alloc = _inclusive(self_dev_alloc_span, parent_arr, levels)
+    span_net = _inclusive(self_net_span, parent_arr, levels)
+    dev_total = _inclusive(device_self_arr.astype(np.float64), parent_arr, levels)
+
+    # ---- peaks per module call / backward node ----------------------------------------------------------
+    module_peaks = [[0, 0] for _ in range(nb)]  # per bucket: [cpu, device]
+    if n_mem:
+        _window_peaks(table, module_windows + backward_windows, bucket, module_peaks)
+
+    # ---- op rows ------------------------------------------------------------------------------------------
+    op_rows = _op_rows(table, order_arr, bucket_arr, buckets, found_ranges, excl_arr, device_self_arr,
+                       dev_total,
+                       counted_flops, self_cpu_alloc_span, span_cpu_alloc, self_dev_alloc_span,
+                       span_dev_alloc, self_net_span, span_net, unlinked_device, unlinked_bucket,
+                       catalog, parent_arr)
+
+    # ---- assemble ---------------------------------------------------------------------------------------
+    def bucket_metrics(b: int) -> Metrics:
+        return Metrics(
+            self_cpu_us=float(self_cpu_ns[b]) / 1000.0, cpu_us=float(self_cpu_ns[b]) / 1000.0,
+            self_device_us=float(self_dev_ns[b]) / 1000.0, device_us=float(self_dev_ns[b]) / 1000.0,
+            self_flops=self_flops[b], flops=self_flops[b],
+            self_cpu_alloc_bytes=int(cpu_alloc[b]), cpu_alloc_bytes=int(cpu_alloc[b]),
+            self_device_alloc_bytes=int(dev_alloc[b]), device_alloc_bytes=int(dev_alloc[b]),
+            self_retained_bytes=int(retained[b]), retained_bytes=int(retained[b]),
+            cpu_peak_bytes=module_peaks[b][0], device_peak_bytes=module_peaks[b][1])
+
+    own = [(bucket_metrics(2 * m), bucket_metrics(2 * m + 1)) for m in range(len(catalog))]
+    first_call: dict[int, int] = {}
+    for i in module_windows:
+        first_call.setdefault(role_module[span_name[i]], len(first_call))
+    root = assemble_tree(catalog, own, module_calls, first_call)
+    unattributed = tuple(
+        UnattributedEntry(label=label, phase=phase, calls=0, metrics=bucket_metrics(two_m + k))
+        for k, (label, phase) in enumerate(buckets.labels))
+    unattributed = _with_calls(unattributed, op_rows)
+
+    totals = Metrics(
+        self_cpu_us=top_level_ns / 1000.0, cpu_us=top_level_ns / 1000.0,
+        self_device_us=sum(span_dur[k] for k in device_spans) / 1000.0,
+        device_us=sum(span_dur[k] for k in device_spans) / 1000.0,
+        self_flops=int(counted_flops.sum()), flops=int(counted_flops.sum()),
+        self_cpu_alloc_bytes=int(np.where(mem_dev, 0, np.maximum(mem_bytes, 0)).sum()) if n_mem else 0,
+        cpu_alloc_bytes=int(np.where(mem_dev, 0, np.maximum(mem_bytes, 0)).sum()) if n_mem else 0,
+        self_device_alloc_bytes=int(np.where(mem_dev, np.maximum(mem_bytes, 0), 0).sum()) if n_mem else 0,
+        device_alloc_bytes=int(np.where(mem_dev, np.maximum(mem_bytes, 0), 0).sum()) if n_mem else 0,
+        self_retained_bytes=int(mem_bytes.sum()) if n_mem else 0,
+        retained_bytes=int(mem_bytes.sum()) if n_mem else 0,
+        cpu_peak_bytes=root.forward.cpu_peak_bytes, device_peak_bytes=root.forward.device_peak_bytes)
+
+    steps = tuple(sorted(
+        (StepStats(step=_step_number(names[span_name[i]]), wall_us=span_dur[i] / 1000.0,
+                   device_us=float(dev_total[i]) / 1000.0) for i in step_spans),
+        key=lambda s: s.step))
+    full_meta: dict[str, Any] = dict(meta or {})
+    full_meta.setdefault("event_count", table.event_count)
+    full_meta.setdefault("trace", {k: v for k, v in table.meta.items() if _is_json_scalar_tree(v)})
+    return Profile(meta=full_meta, root=root, op_rows=op_rows, unattributed=unattributed, totals=totals,
+                   steps=steps)
+
+
+def _extend_catalog(catalog: list[ModuleInfo], extra: list[tuple[str, str]]) -> list[ModuleInfo]:
+    known = {info.path for info in catalog}
+    added = [info for info in catalog_from_ranges(extra) if info.path not in known]
+    return list(catalog) + added
+
+
+def _window_peaks(table: EventTable, windows: list[int], bucket: list[int],
+                  peaks: list[list[int]]) -> None:
+    """Peak net allocation within each window (module call / backward node), per device class:
+    the highest running total inside the window minus the running total just before it. Range
+    maxima come from a sparse table, so all windows of a thread are answered in a few numpy steps."""
+    mem_tid = np.asarray(table.mem_tid, dtype=np.int64)
+    mem_ts = np.asarray(table.mem_ts, dtype=np.int64)
+    mem_bytes = np.asarray(table.mem_bytes, dtype=np.int64)
+    on_dev = np.asarray(table.mem_on_device, dtype=bool)
+    classes = [0, 1] if on_dev.any() else [0]
+    win = np.asarray(windows, dtype=np.int64)
+    win_tid = np.asarray(table.span_tid, dtype=np.int64)[win]
+    win_start = np.asarray(table.span_ts, dtype=np.int64)[win]
+    win_end = win_start + np.asarray(table.span_dur, dtype=np.int64)[win]
+    win_bucket = np.asarray(bucket, dtype=np.int64)[win]
+    for tid in sorted(set(win_tid.tolist())):
+        sel = np.flatnonzero(mem_tid == tid)
+        if sel.size == 0:
+            continue
+        sel = sel[np.argsort(mem_ts[sel], kind="stable")]
+        times = mem_ts[sel]
+        here = win_tid == tid
+        lo = np.searchsorted(times, win_start[here], side="left")
+        hi = np.searchsorted(times, win_end[here], side="right")
+        nonempty = hi > lo
+        lo, hi, owners = lo[nonempty], hi[nonempty], win_bucket[here][nonempty]
+        if not lo.size:
+            continue
+        for cls in classes:
+            values = np.where(on_dev[sel] if cls else ~on_dev[sel], mem_bytes[sel], 0)
+            cum = np.cumsum(values)
+            base = np.where(lo > 0, cum[np.maximum(lo - 1, 0)], 0)
+            window_peak = _range_max(cum, lo, hi) - base
+            best = np.zeros(len(peaks), dtype=np.int64)
+            np.maximum.at(best, owners, window_peak)
+            for b in np.flatnonzero(best > 0).tolist():
+                if best[b] > peaks[b][cls]:
+                    peaks[b][cls] = int(best[b])
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo[k]:hi[k]]) for every k (all ranges non-empty), with a sparse table."""
+    table = [values]
+    span = 1
+    while 2 * span <= values.size:
+        prev = table[-1]
+        table.append(np.maximum(prev[:-span], prev[span:]))
+        span *= 2
+    length = hi - lo
+    level = np.floor(np.log2(length)).astype(np.int64)
+    result = np.empty(lo.size, dtype=values.dtype)
+    for k in np.unique(level).tolist():
+        pick = level == k
+        rows = table[k]
+        width = 1 << k
+        result[pick] = np.maximum(rows[lo[pick]], rows[hi[pick] - width])
+    return result
+
+
+def _op_rows(table: EventTable, order: np.ndarray, bucket: np.ndarray, buckets: _Buckets,
+             module_ranges: dict[int, tuple[str, str]], excl: np.ndarray, device_self: np.ndarray,
+             dev_total: np.ndarray, flops: np.ndarray, self_cpu_alloc: np.ndarray,
+             cpu_alloc: np.ndarray, self_dev_alloc: np.ndarray, dev_alloc: np.ndarray,
+             self_net: np.ndarray, net: np.ndarray, unlinked_device: list[int], unlinked_bucket: int,
+             catalog: list[ModuleInfo], parent: np.ndarray) -> tuple[OpStats, ...]:
+    """One row per (name, bucket, input shapes), summed with numpy over the spans in each group.
+
+    Like torch's tables, an op whose only child is an op of the same name (a dispatch to an
+    overload) counts as one call: the child's self figures join the parent's.
+    """
+    names = table.names
+    is_module_name = np.zeros(len(names) + 1, dtype=bool)
+    is_module_name[list(module_ranges)] = True
+    all_names = np.asarray(table.span_name, dtype=np.int64)
+    merged = _same_name_only_children(all_names, parent, order)
+    if merged.size:
+        target = parent[merged]
+        while True:  # chains a -> a -> a fold into the outermost
+            again = np.isin(target, merged)
+            if not again.any():
+                break
+            target = np.where(again, parent[target], target)
+        excl, device_self, self_cpu_alloc, self_dev_alloc, self_net = (
+            _fold_into(values, merged, target)
+            for values in (excl, device_self, self_cpu_alloc, self_dev_alloc, self_net))
+        flops = np.asarray(flops, dtype=np.int64).copy()
+        np.add.at(flops, target, flops[merged])
+        flops[merged] = 0
+        keep = np.ones(parent.size, dtype=bool)
+        keep[merged] = False
+        order = order[keep[order]]
+    idx = order[~is_module_name[all_names[order]]] if order.size else order
+    if not idx.size and not unlinked_device:
+        return ()
+    name_col = all_names[idx]
+    bucket_col = bucket[idx]
+    shape_col = np.asarray(table.span_shapes, dtype=np.int64)[idx] + 1
+    nb, ns = buckets.count + 1, len(names) + 1
+    keys = (name_col * nb + bucket_col) * ns + shape_col
+    uniq, row_of = np.unique(keys, return_inverse=True)
+    row_of = row_of.reshape(-1)
+    rows = len(uniq)
+
+    def summed(values: np.ndarray | list[int]) -> np.ndarray:
+        return np.bincount(row_of, weights=np.asarray(values)[idx], minlength=rows)
+
+    calls = np.bincount(row_of, minlength=rows)
+    cols = {
+        "self_cpu_us": summed(excl) / 1000.0, "cpu_us": summed(table.span_dur) / 1000.0,
+        "self_device_us": summed(device_self) / 1000.0, "device_us": summed(dev_total) / 1000.0,
+        "flops": summed(flops),
+        "self_cpu_alloc_bytes": summed(self_cpu_alloc), "cpu_alloc_bytes": summed(cpu_alloc),
+        "self_device_alloc_bytes": summed(self_dev_alloc), "device_alloc_bytes": summed(dev_alloc),
+        "self_retained_bytes": summed(self_net), "retained_bytes": summed(net),
+    }
+    # FLOPs can exceed 2**53 over a long run: sum them exactly, as Python ints.
+    exact_flops = [0] * rows
+    for j in np.flatnonzero(flops[idx]).tolist():
+        exact_flops[int(row_of[j])] += int(flops[idx[j]])
+    paths = [info.path for info in catalog]
+    two_m = 2 * buckets.module_count
+    result: list[OpStats] = []
+    for r, key in enumerate(uniq.tolist()):
+        shape_id = key % ns - 1
+        rest = key // ns
+        b = rest % nb
+        name_id = rest // nb
+        module = paths[b // 2] if b < two_m else None
+        scope = "" if b < two_m else buckets.labels[b - two_m][0]
+        fl = exact_flops[r]
+        result.append(OpStats(
+            name=names[name_id], phase=buckets.phase_of(b), module=module,
+            input_shapes=names[shape_id] if shape_id >= 0 else None, calls=int(calls[r]),
+            metrics=Metrics(
+                self_cpu_us=float(cols["self_cpu_us"][r]), cpu_us=float(cols["cpu_us"][r]),
+                self_device_us=float(cols["self_device_us"][r]), device_us=float(cols["device_us"][r]),
+                self_flops=fl, flops=fl,
+                self_cpu_alloc_bytes=int(cols["self_cpu_alloc_bytes"][r]),
+                cpu_alloc_bytes=int(cols["cpu_alloc_bytes"][r]),
+                self_device_alloc_bytes=int(cols["self_device_alloc_bytes"][r]),
+                device_alloc_bytes=int(cols["device_alloc_bytes"][r]),
+                self_retained_bytes=int(cols["self_retained_bytes"][r]),
+                retained_bytes=int(cols["retained_bytes"][r])),
+            scope=scope))
+    # Device work no CPU op launched gets rows of its own so device totals reconcile.
+    unlinked: dict[int, list[int]] = {}
+    for k in unlinked_device:
+        unlinked.setdefault(table.span_name[k], []).append(table.span_dur[k])
+    for name_id, durs in unlinked.items():
+        us = sum(durs) / 1000.0
+        result.append(OpStats(name=names[name_id], phase=Phase.OTHER, module=None, input_shapes=None,
+                              calls=len(durs), metrics=Metrics(self_device_us=us, device_us=us),
+                              scope=LABEL_UNLINKED_DEVICE))
+    return tuple(result)
+
+
+def _with_calls(entries: tuple[UnattributedEntry, ...],
+                op_rows: tuple[OpStats, ...]) -> tuple[UnattributedEntry, ...]:
+    """Calls of an unattributed entry: the op calls filed under its label (0 for pure gaps)."""
+    calls: dict[tuple[str, Phase], int] = {}
+    for row in op_rows:
+        if row.module is None and row.phase is not None:
+            key = (row.scope, row.phase)
+            calls[key] = calls.get(key, 0) + row.calls
+    return tuple(UnattributedEntry(e.label, e.phase, calls.get((e.label, e.phase), 0), e.metrics)
+                 for e in entries)
+
+
+def _step_number(name: str) -> int:
+    try:
+        return int(name[len(STEP_PREFIX):])
+    except ValueError:
+        return -1
+
+
+def _is_json_scalar_tree(value: Any) -> bool:
+    if value is None or isinstance(value, str | int | float | bool):
+        return True
+    if isinstance(value, list):
+        return all(_is_json_scalar_tree(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json_scalar_tree(v) for k, v in value.items())
+    return False
+
+
+def _same_name_only_children(names: np.ndarray, parent: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Spans that are the only child of a span with the same name (torch folds them away)."""
+    if not order.size:
+        return order
+    nested = order[parent[order] >= 0]
+    child_count = np.bincount(parent[nested], minlength=parent.size)
+    p = parent[nested]
+    merged: np.ndarray = nested[(names[nested] == names[p]) & (child_count[p] == 1)]
+    return merged
+
+
+def _fold_into(values: np.ndarray, merged: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``values`` with each merged span's value added to its target and zeroed."""
+    out = np.asarray(values, dtype=np.float64).copy()
+    np.add.at(out, target, out[merged])
+    out[merged] = 0
+    return out
+
+
+def _device_launchers(table: EventTable, order: list[int], parent: list[int], roles: list[int],
+                      device_spans: list[int]) -> list[int]:
+    """For each device span, the CPU op that launched it (-1 if none): through the runtime call
+    with the same correlation id (then its nearest enclosing non-runtime span), else the op with
+    the same external id."""
+    if not device_spans:
+        return []
+    kinds = table.span_kind
+    runtime_by_corr: dict[int, int] = {}
+    op_by_ext: dict[int, int] = {}
+    for i in order:
+        if kinds[i] == EventKind.RUNTIME:
+            if table.span_corr[i] > 0:
+                runtime_by_corr[table.span_corr[i]] = i
+        elif table.span_ext[i] > 0:
+            op_by_ext[table.span_ext[i]] = i
+    owners: list[int] = []
+    for k in device_spans:
+        runtime = runtime_by_corr.get(table.span_corr[k], -1) if table.span_corr[k] > 0 else -1
+        if runtime >= 0:
+            op = parent[runtime]
+            while op >= 0 and kinds[op] == EventKind.RUNTIME:
+                op = parent[op]
+            # A launch outside any op: the runtime call itself is the owner.
+            owners.append(op if op >= 0 else runtime)
+        else:
+            owners.append(op_by_ext.get(table.span_ext[k], -1) if table.span_ext[k] > 0 else -1)
+    return owners
+
+
+def _depths(parent: np.ndarray) -> np.ndarray:
+    """Nesting depth of every span (0 = top level), one numpy step per level."""
+    depth = np.zeros(parent.size, dtype=np.int64)
+    up = parent.copy()
+    while True:
+        has = up >= 0
+        if not has.any():
+            return depth
+        depth += has
+        up = np.where(has, parent[np.maximum(up, 0)], -1)
+
+
+def _levels(order: np.ndarray, depth: np.ndarray) -> list[np.ndarray]:
+    """Span indices grouped by nesting depth (level 0 = top-level spans)."""
+    if not order.size:
+        return []
+    d = depth[order]
+    return [order[d == k] for k in range(int(d.max()) + 1)]
+
+
+def _inclusive(own: np.ndarray, parent: np.ndarray, levels: list[np.ndarray]) -> np.ndarray:
+    """Per-span totals including all nested spans: children added to parents, deepest level first."""
+    total = np.asarray(own, dtype=np.float64).copy()
+    if not total.any():
+        return total
+    for level in reversed(levels[1:]):
+        total += np.bincount(parent[level], weights=total[level], minlength=total.size)
+    return total
+
+
+def _outermost_flops(flops: list[int], parent: np.ndarray, levels: list[np.ndarray]) -> np.ndarray:
+    """FLOPs that count: a span's own FLOPs unless an enclosing span already counted FLOPs."""
+    values = np.asarray(flops, dtype=np.int64)
+    if not values.any():
+        return values
+    covered = np.zeros(values.size, dtype=bool)  # some ancestor has FLOPs
+    for level in levels[1:]:
+        p = parent[level]
+        covered[level] = covered[p] | (values[p] > 0)
+    return np.where(covered, 0, values)
+
+
+def _memory_owners(table: EventTable, order: np.ndarray, ts: np.ndarray, dur: np.ndarray,
+                   parent_arr: np.ndarray) -> list[int]:
+    """For each memory event, the innermost CPU span on its thread containing its timestamp (-1 if
+    none): the last span starting at or before it, or the nearest ancestor still open then."""
+    mem_tid = np.asarray(table.mem_tid, dtype=np.int64)
+    mem_ts = np.asarray(table.mem_ts, dtype=np.int64)
+    owners = np.full(mem_ts.size, -1, dtype=np.int64)
+    span_tid = np.asarray(table.span_tid, dtype=np.int64)[order] if order.size else order
+    end = ts + dur
+    for tid in sorted(set(table.mem_tid)):
+        spans = order[span_tid == tid]
+        sel = np.flatnonzero(mem_tid == tid)
+        if not spans.size:
+            continue
+        t = mem_ts[sel]
+        k = np.searchsorted(ts[spans], t, side="right") - 1
+        cand = np.where(k >= 0, spans[np.maximum(k, 0)], -1)
+        inside = (cand >= 0) & (end[np.maximum(cand, 0)] >= t)
+        # Events after their candidate ended belong to the nearest ancestor still open: walk up
+        # the ones still outside, all at once, one nesting level per step.
+        todo = np.flatnonzero((cand >= 0) & (end[np.maximum(cand, 0)] < t))
+        while todo.size:
+            cand[todo] = parent_arr[cand[todo]]
+            c = cand[todo]
+            todo = todo[(c >= 0) & (end[np.maximum(c, 0)] < t[todo])]
+        owners[sel] = cand
+    return owners.tolist()

@@ -21,7 +21,6 @@ for nesting and bucket assignment, then numpy ``bincount`` for all the sums.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,8 +68,9 @@ class _Buckets:
         return self.labels[bucket - 2 * self.module_count][1]
 
 
-def build_profile(table: EventTable, catalog: list[ModuleInfo] | None = None,
-                  meta: dict[str, Any] | None = None) -> Profile:
+def build_profile(
+    table: EventTable, catalog: list[ModuleInfo] | None = None, meta: dict[str, Any] | None = None
+) -> Profile:
     """Attribute every event of ``table`` and return the Profile.
 
     ``catalog`` lists the modules (from a live capture); without one, modules are discovered from
@@ -128,9 +128,17 @@ def build_profile(table: EventTable, catalog: list[ModuleInfo] | None = None,
     seq_arr = np.asarray(span_seq, dtype=np.int64)
     is_forward_op = (seq_arr >= 0) & (np.asarray(span_fwd_tid, dtype=np.int64) == 0)
     forward_ops = order_arr_pre[is_forward_op[order_arr_pre]]
-    forward_op_of: dict[tuple[int, int], int] = dict(zip(
-        zip(np.asarray(span_tid, dtype=np.int64)[forward_ops].tolist(), seq_arr[forward_ops].tolist(),
-            strict=True), forward_ops.tolist(), strict=True))
+    forward_op_of: dict[tuple[int, int], int] = dict(
+        zip(
+            zip(
+                np.asarray(span_tid, dtype=np.int64)[forward_ops].tolist(),
+                seq_arr[forward_ops].tolist(),
+                strict=True,
+            ),
+            forward_ops.tolist(),
+            strict=True,
+        )
+    )
     module_calls = [0] * len(catalog)
     module_windows: list[int] = []  # module-range spans (for peaks)
     backward_windows: list[int] = []  # backward-node spans (for peaks)
@@ -183,7 +191,7 @@ def build_profile(table: EventTable, catalog: list[ModuleInfo] | None = None,
             if 0 <= fb < two_m and not fb & 1:
                 b = fb + 1
             else:
-                b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX):], Phase.BACKWARD)
+                b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX) :], Phase.BACKWARD)
             backward_windows.append(i)
         elif role == _ROLE_STEP:
             b = buckets.unattributed(LABEL_STEP_GAPS, Phase.OTHER)
@@ -269,22 +277,46 @@ def build_profile(table: EventTable, catalog: list[ModuleInfo] | None = None,
         _window_peaks(table, module_windows + backward_windows, bucket, module_peaks)
 
     # ---- op rows ------------------------------------------------------------------------------------------
-    op_rows = _op_rows(table, order_arr, bucket_arr, buckets, found_ranges, excl_arr, device_self_arr,
-                       dev_total,
-                       counted_flops, self_cpu_alloc_span, span_cpu_alloc, self_dev_alloc_span,
-                       span_dev_alloc, self_net_span, span_net, unlinked_device, unlinked_bucket,
-                       catalog, parent_arr)
+    op_rows = _op_rows(
+        table,
+        order_arr,
+        bucket_arr,
+        buckets,
+        found_ranges,
+        excl_arr,
+        device_self_arr,
+        dev_total,
+        counted_flops,
+        self_cpu_alloc_span,
+        span_cpu_alloc,
+        self_dev_alloc_span,
+        span_dev_alloc,
+        self_net_span,
+        span_net,
+        unlinked_device,
+        unlinked_bucket,
+        catalog,
+        parent_arr,
+    )
 
     # ---- assemble ---------------------------------------------------------------------------------------
     def bucket_metrics(b: int) -> Metrics:
         return Metrics(
-            self_cpu_us=float(self_cpu_ns[b]) / 1000.0, cpu_us=float(self_cpu_ns[b]) / 1000.0,
-            self_device_us=float(self_dev_ns[b]) / 1000.0, device_us=float(self_dev_ns[b]) / 1000.0,
-            self_flops=self_flops[b], flops=self_flops[b],
-            self_cpu_alloc_bytes=int(cpu_alloc[b]), cpu_alloc_bytes=int(cpu_alloc[b]),
-            self_device_alloc_bytes=int(dev_alloc[b]), device_alloc_bytes=int(dev_alloc[b]),
-            self_retained_bytes=int(retained[b]), retained_bytes=int(retained[b]),
-            cpu_peak_bytes=module_peaks[b][0], device_peak_bytes=module_peaks[b][1])
+            self_cpu_us=float(self_cpu_ns[b]) / 1000.0,
+            cpu_us=float(self_cpu_ns[b]) / 1000.0,
+            self_device_us=float(self_dev_ns[b]) / 1000.0,
+            device_us=float(self_dev_ns[b]) / 1000.0,
+            self_flops=self_flops[b],
+            flops=self_flops[b],
+            self_cpu_alloc_bytes=int(cpu_alloc[b]),
+            cpu_alloc_bytes=int(cpu_alloc[b]),
+            self_device_alloc_bytes=int(dev_alloc[b]),
+            device_alloc_bytes=int(dev_alloc[b]),
+            self_retained_bytes=int(retained[b]),
+            retained_bytes=int(retained[b]),
+            cpu_peak_bytes=module_peaks[b][0],
+            device_peak_bytes=module_peaks[b][1],
+        )
 
     own = [(bucket_metrics(2 * m), bucket_metrics(2 * m + 1)) for m in range(len(catalog))]
     first_call: dict[int, int] = {}
@@ -293,31 +325,46 @@ def build_profile(table: EventTable, catalog: list[ModuleInfo] | None = None,
     root = assemble_tree(catalog, own, module_calls, first_call)
     unattributed = tuple(
         UnattributedEntry(label=label, phase=phase, calls=0, metrics=bucket_metrics(two_m + k))
-        for k, (label, phase) in enumerate(buckets.labels))
+        for k, (label, phase) in enumerate(buckets.labels)
+    )
     unattributed = _with_calls(unattributed, op_rows)
 
     totals = Metrics(
-        self_cpu_us=top_level_ns / 1000.0, cpu_us=top_level_ns / 1000.0,
+        self_cpu_us=top_level_ns / 1000.0,
+        cpu_us=top_level_ns / 1000.0,
         self_device_us=sum(span_dur[k] for k in device_spans) / 1000.0,
         device_us=sum(span_dur[k] for k in device_spans) / 1000.0,
-        self_flops=int(counted_flops.sum()), flops=int(counted_flops.sum()),
+        self_flops=int(counted_flops.sum()),
+        flops=int(counted_flops.sum()),
         self_cpu_alloc_bytes=int(np.where(mem_dev, 0, np.maximum(mem_bytes, 0)).sum()) if n_mem else 0,
         cpu_alloc_bytes=int(np.where(mem_dev, 0, np.maximum(mem_bytes, 0)).sum()) if n_mem else 0,
         self_device_alloc_bytes=int(np.where(mem_dev, np.maximum(mem_bytes, 0), 0).sum()) if n_mem else 0,
         device_alloc_bytes=int(np.where(mem_dev, np.maximum(mem_bytes, 0), 0).sum()) if n_mem else 0,
         self_retained_bytes=int(mem_bytes.sum()) if n_mem else 0,
         retained_bytes=int(mem_bytes.sum()) if n_mem else 0,
-        cpu_peak_bytes=root.forward.cpu_peak_bytes, device_peak_bytes=root.forward.device_peak_bytes)
+        cpu_peak_bytes=root.forward.cpu_peak_bytes,
+        device_peak_bytes=root.forward.device_peak_bytes,
+    )
 
-    steps = tuple(sorted(
-        (StepStats(step=_step_number(names[span_name[i]]), wall_us=span_dur[i] / 1000.0,
-                   device_us=float(dev_total[i]) / 1000.0) for i in step_spans),
-        key=lambda s: s.step))
+    steps = tuple(
+        sorted(
+            (
+                StepStats(
+                    step=_step_number(names[span_name[i]]),
+                    wall_us=span_dur[i] / 1000.0,
+                    device_us=float(dev_total[i]) / 1000.0,
+                )
+                for i in step_spans
+            ),
+            key=lambda s: s.step,
+        )
+    )
     full_meta: dict[str, Any] = dict(meta or {})
     full_meta.setdefault("event_count", table.event_count)
     full_meta.setdefault("trace", {k: v for k, v in table.meta.items() if _is_json_scalar_tree(v)})
-    return Profile(meta=full_meta, root=root, op_rows=op_rows, unattributed=unattributed, totals=totals,
-                   steps=steps)
+    return Profile(
+        meta=full_meta, root=root, op_rows=op_rows, unattributed=unattributed, totals=totals, steps=steps
+    )
 
 
 def _extend_catalog(catalog: list[ModuleInfo], extra: list[tuple[str, str]]) -> list[ModuleInfo]:
@@ -326,8 +373,7 @@ def _extend_catalog(catalog: list[ModuleInfo], extra: list[tuple[str, str]]) -> 
     return list(catalog) + added
 
 
-def _window_peaks(table: EventTable, windows: list[int], bucket: list[int],
-                  peaks: list[list[int]]) -> None:
+def _window_peaks(table: EventTable, windows: list[int], bucket: list[int], peaks: list[list[int]]) -> None:
     """Peak net allocation within each window (module call / backward node), per device class:
     the highest running total inside the window minus the running total just before it. Range
     maxima come from a sparse table, so all windows of a thread are answered in a few numpy steps."""
@@ -385,12 +431,27 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
     return result
 
 
-def _op_rows(table: EventTable, order: np.ndarray, bucket: np.ndarray, buckets: _Buckets,
-             module_ranges: dict[int, tuple[str, str]], excl: np.ndarray, device_self: np.ndarray,
-             dev_total: np.ndarray, flops: np.ndarray, self_cpu_alloc: np.ndarray,
-             cpu_alloc: np.ndarray, self_dev_alloc: np.ndarray, dev_alloc: np.ndarray,
-             self_net: np.ndarray, net: np.ndarray, unlinked_device: list[int], unlinked_bucket: int,
-             catalog: list[ModuleInfo], parent: np.ndarray) -> tuple[OpStats, ...]:
+def _op_rows(
+    table: EventTable,
+    order: np.ndarray,
+    bucket: np.ndarray,
+    buckets: _Buckets,
+    module_ranges: dict[int, tuple[str, str]],
+    excl: np.ndarray,
+    device_self: np.ndarray,
+    dev_total: np.ndarray,
+    flops: np.ndarray,
+    self_cpu_alloc: np.ndarray,
+    cpu_alloc: np.ndarray,
+    self_dev_alloc: np.ndarray,
+    dev_alloc: np.ndarray,
+    self_net: np.ndarray,
+    net: np.ndarray,
+    unlinked_device: list[int],
+    unlinked_bucket: int,
+    catalog: list[ModuleInfo],
+    parent: np.ndarray,
+) -> tuple[OpStats, ...]:
     """One row per (name, bucket, input shapes), summed with numpy over the spans in each group.
 
     Like torch's tables, an op whose only child is an op of the same name (a dispatch to an
@@ -410,7 +471,8 @@ def _op_rows(table: EventTable, order: np.ndarray, bucket: np.ndarray, buckets: 
             target = np.where(again, parent[target], target)
         excl, device_self, self_cpu_alloc, self_dev_alloc, self_net = (
             _fold_into(values, merged, target)
-            for values in (excl, device_self, self_cpu_alloc, self_dev_alloc, self_net))
+            for values in (excl, device_self, self_cpu_alloc, self_dev_alloc, self_net)
+        )
         flops = np.asarray(flops, dtype=np.int64).copy()
         np.add.at(flops, target, flops[merged])
         flops[merged] = 0
@@ -434,12 +496,17 @@ def _op_rows(table: EventTable, order: np.ndarray, bucket: np.ndarray, buckets: 
 
     calls = np.bincount(row_of, minlength=rows)
     cols = {
-        "self_cpu_us": summed(excl) / 1000.0, "cpu_us": summed(table.span_dur) / 1000.0,
-        "self_device_us": summed(device_self) / 1000.0, "device_us": summed(dev_total) / 1000.0,
+        "self_cpu_us": summed(excl) / 1000.0,
+        "cpu_us": summed(table.span_dur) / 1000.0,
+        "self_device_us": summed(device_self) / 1000.0,
+        "device_us": summed(dev_total) / 1000.0,
         "flops": summed(flops),
-        "self_cpu_alloc_bytes": summed(self_cpu_alloc), "cpu_alloc_bytes": summed(cpu_alloc),
-        "self_device_alloc_bytes": summed(self_dev_alloc), "device_alloc_bytes": summed(dev_alloc),
-        "self_retained_bytes": summed(self_net), "retained_bytes": summed(net),
+        "self_cpu_alloc_bytes": summed(self_cpu_alloc),
+        "cpu_alloc_bytes": summed(cpu_alloc),
+        "self_device_alloc_bytes": summed(self_dev_alloc),
+        "device_alloc_bytes": summed(dev_alloc),
+        "self_retained_bytes": summed(self_net),
+        "retained_bytes": summed(net),
     }
     # FLOPs can exceed 2**53 over a long run: sum them exactly, as Python ints.
     exact_flops = [0] * rows
@@ -456,47 +523,67 @@ def _op_rows(table: EventTable, order: np.ndarray, bucket: np.ndarray, buckets: 
         module = paths[b // 2] if b < two_m else None
         scope = "" if b < two_m else buckets.labels[b - two_m][0]
         fl = exact_flops[r]
-        result.append(OpStats(
-            name=names[name_id], phase=buckets.phase_of(b), module=module,
-            input_shapes=names[shape_id] if shape_id >= 0 else None, calls=int(calls[r]),
-            metrics=Metrics(
-                self_cpu_us=float(cols["self_cpu_us"][r]), cpu_us=float(cols["cpu_us"][r]),
-                self_device_us=float(cols["self_device_us"][r]), device_us=float(cols["device_us"][r]),
-                self_flops=fl, flops=fl,
-                self_cpu_alloc_bytes=int(cols["self_cpu_alloc_bytes"][r]),
-                cpu_alloc_bytes=int(cols["cpu_alloc_bytes"][r]),
-                self_device_alloc_bytes=int(cols["self_device_alloc_bytes"][r]),
-                device_alloc_bytes=int(cols["device_alloc_bytes"][r]),
-                self_retained_bytes=int(cols["self_retained_bytes"][r]),
-                retained_bytes=int(cols["retained_bytes"][r])),
-            scope=scope))
+        result.append(
+            OpStats(
+                name=names[name_id],
+                phase=buckets.phase_of(b),
+                module=module,
+                input_shapes=names[shape_id] if shape_id >= 0 else None,
+                calls=int(calls[r]),
+                metrics=Metrics(
+                    self_cpu_us=float(cols["self_cpu_us"][r]),
+                    cpu_us=float(cols["cpu_us"][r]),
+                    self_device_us=float(cols["self_device_us"][r]),
+                    device_us=float(cols["device_us"][r]),
+                    self_flops=fl,
+                    flops=fl,
+                    self_cpu_alloc_bytes=int(cols["self_cpu_alloc_bytes"][r]),
+                    cpu_alloc_bytes=int(cols["cpu_alloc_bytes"][r]),
+                    self_device_alloc_bytes=int(cols["self_device_alloc_bytes"][r]),
+                    device_alloc_bytes=int(cols["device_alloc_bytes"][r]),
+                    self_retained_bytes=int(cols["self_retained_bytes"][r]),
+                    retained_bytes=int(cols["retained_bytes"][r]),
+                ),
+                scope=scope,
+            )
+        )
     # Device work no CPU op launched gets rows of its own so device totals reconcile.
     unlinked: dict[int, list[int]] = {}
     for k in unlinked_device:
         unlinked.setdefault(table.span_name[k], []).append(table.span_dur[k])
     for name_id, durs in unlinked.items():
         us = sum(durs) / 1000.0
-        result.append(OpStats(name=names[name_id], phase=Phase.OTHER, module=None, input_shapes=None,
-                              calls=len(durs), metrics=Metrics(self_device_us=us, device_us=us),
-                              scope=LABEL_UNLINKED_DEVICE))
+        result.append(
+            OpStats(
+                name=names[name_id],
+                phase=Phase.OTHER,
+                module=None,
+                input_shapes=None,
+                calls=len(durs),
+                metrics=Metrics(self_device_us=us, device_us=us),
+                scope=LABEL_UNLINKED_DEVICE,
+            )
+        )
     return tuple(result)
 
 
-def _with_calls(entries: tuple[UnattributedEntry, ...],
-                op_rows: tuple[OpStats, ...]) -> tuple[UnattributedEntry, ...]:
+def _with_calls(
+    entries: tuple[UnattributedEntry, ...], op_rows: tuple[OpStats, ...]
+) -> tuple[UnattributedEntry, ...]:
     """Calls of an unattributed entry: the op calls filed under its label (0 for pure gaps)."""
     calls: dict[tuple[str, Phase], int] = {}
     for row in op_rows:
         if row.module is None and row.phase is not None:
             key = (row.scope, row.phase)
             calls[key] = calls.get(key, 0) + row.calls
-    return tuple(UnattributedEntry(e.label, e.phase, calls.get((e.label, e.phase), 0), e.metrics)
-                 for e in entries)
+    return tuple(
+        UnattributedEntry(e.label, e.phase, calls.get((e.label, e.phase), 0), e.metrics) for e in entries
+    )
 
 
 def _step_number(name: str) -> int:
     try:
-        return int(name[len(STEP_PREFIX):])
+        return int(name[len(STEP_PREFIX) :])
     except ValueError:
         return -1
 
@@ -530,8 +617,9 @@ def _fold_into(values: np.ndarray, merged: np.ndarray, target: np.ndarray) -> np
     return out
 
 
-def _device_launchers(table: EventTable, order: list[int], parent: list[int], roles: list[int],
-                      device_spans: list[int]) -> list[int]:
+def _device_launchers(
+    table: EventTable, order: list[int], parent: list[int], roles: list[int], device_spans: list[int]
+) -> list[int]:
     """For each device span, the CPU op that launched it (-1 if none): through the runtime call
     with the same correlation id (then its nearest enclosing non-runtime span), else the op with
     the same external id."""
@@ -602,8 +690,9 @@ def _outermost_flops(flops: list[int], parent: np.ndarray, levels: list[np.ndarr
     return np.where(covered, 0, values)
 
 
-def _memory_owners(table: EventTable, order: np.ndarray, ts: np.ndarray, dur: np.ndarray,
-                   parent_arr: np.ndarray) -> list[int]:
+def _memory_owners(
+    table: EventTable, order: np.ndarray, ts: np.ndarray, dur: np.ndarray, parent_arr: np.ndarray
+) -> list[int]:
     """For each memory event, the innermost CPU span on its thread containing its timestamp (-1 if
     none): the last span starting at or before it, or the nearest ancestor still open then."""
     mem_tid = np.asarray(table.mem_tid, dtype=np.int64)
@@ -619,7 +708,6 @@ def _memory_owners(table: EventTable, order: np.ndarray, ts: np.ndarray, dur: np
         t = mem_ts[sel]
         k = np.searchsorted(ts[spans], t, side="right") - 1
         cand = np.where(k >= 0, spans[np.maximum(k, 0)], -1)
-        inside = (cand >= 0) & (end[np.maximum(cand, 0)] >= t)
         # Events after their candidate ended belong to the nearest ancestor still open: walk up
         # the ones still outside, all at once, one nesting level per step.
         todo = np.flatnonzero((cand >= 0) & (end[np.maximum(cand, 0)] < t))

@@ -31,7 +31,7 @@ def parse_module_range(name: str) -> tuple[str, str] | None:
     """``(path, type_name)`` of a layerscope module range name, or None for any other name."""
     if not name.startswith(MODULE_RANGE_PREFIX):
         return None
-    body, sep, type_name = name[len(MODULE_RANGE_PREFIX):].rpartition(":")
+    body, sep, type_name = name[len(MODULE_RANGE_PREFIX) :].rpartition(":")
     if not sep or not type_name:
         return None
     return body, type_name
@@ -58,5 +58,4 @@ def catalog_from_ranges(found: Iterable[tuple[str, str]]) -> list[ModuleInfo]:
             types.setdefault(p, "(root)" if not p else "?")
     types.setdefault("", "(root)")
     ordered = sorted(types)
-    return [ModuleInfo(path=p, type_name=types[p], parent=None if not p else parent_path(p))
-            for p in ordered]
+    return [ModuleInfo(path=p, type_name=types[p], parent=None if not p else parent_path(p)) for p in ordered]

@@ -19,8 +19,12 @@ def with_children_totals(own: Metrics, children: list[Metrics]) -> Metrics:
     return Metrics(**values)  # type: ignore[arg-type]
 
 
-def assemble_tree(catalog: list[ModuleInfo], own: list[tuple[Metrics, Metrics]], calls: list[int],
-                  first_call: dict[int, int]) -> ModuleNode:
+def assemble_tree(
+    catalog: list[ModuleInfo],
+    own: list[tuple[Metrics, Metrics]],
+    calls: list[int],
+    first_call: dict[int, int],
+) -> ModuleNode:
     """Build the tree bottom-up. Children are ordered by their first call (execution order); modules
     never called and with no work below them are left out (the root always stays)."""
     children_of: dict[int, list[int]] = {}
@@ -38,20 +42,29 @@ def assemble_tree(catalog: list[ModuleInfo], own: list[tuple[Metrics, Metrics]],
     never = len(catalog)
 
     def build(i: int) -> ModuleNode | None:
-        kids = [k for k in (build(c) for c in sorted(children_of.get(i, []),
-                                                     key=lambda c: (first_call.get(c, never), c)))
-                if k is not None]
+        kids = [
+            k
+            for k in (
+                build(c) for c in sorted(children_of.get(i, []), key=lambda c: (first_call.get(c, never), c))
+            )
+            if k is not None
+        ]
         fwd, bwd = own[i]
         if i != root and calls[i] == 0 and not kids and fwd == Metrics() and bwd == Metrics():
             return None
         info = catalog[i]
         return ModuleNode(
-            path=info.path, type_name=info.type_name, calls=calls[i], params=info.params,
-            params_total=info.params_total, input_shapes=info.input_shapes,
+            path=info.path,
+            type_name=info.type_name,
+            calls=calls[i],
+            params=info.params,
+            params_total=info.params_total,
+            input_shapes=info.input_shapes,
             output_shapes=info.output_shapes,
             forward=with_children_totals(fwd, [k.forward for k in kids]),
             backward=with_children_totals(bwd, [k.backward for k in kids]),
-            children=tuple(kids))
+            children=tuple(kids),
+        )
 
     node = build(root)
     assert node is not None

@@ -119,8 +119,10 @@ class profile:
         self.profiler_kwargs = dict(profiler_kwargs or {})
         if all_threads and memory:
             # Measured on torch 2.13: with profile_all_threads on, no [memory] event is recorded.
-            raise UsageError("all_threads=True and memory=True cannot be combined: torch.profiler records "
-                             "no allocations when it profiles all threads; choose one")
+            raise UsageError(
+                "all_threads=True and memory=True cannot be combined: torch.profiler records "
+                "no allocations when it profiles all threads; choose one"
+            )
         want_all = (not memory) if all_threads is None else bool(all_threads)
         self.all_threads = want_all and _enable_all_threads(self.profiler_kwargs)
         self._torch_profiler: torch.profiler.profile | None = None

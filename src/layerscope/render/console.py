@@ -151,8 +151,19 @@ def tree_table(
         ],
         ascii_only=ascii_only,
         caption=folded_note,
-        drop_order=["Params", "Retained", "Fwd self", "Bwd self", "Peak", "Type", "Calls", "FLOPs", "Alloc",
-                    "Bwd device", "Fwd device"],
+        drop_order=[
+            "Params",
+            "Retained",
+            "Fwd self",
+            "Bwd self",
+            "Peak",
+            "Type",
+            "Calls",
+            "FLOPs",
+            "Alloc",
+            "Bwd device",
+            "Fwd device",
+        ],
     )
     title = _title(view)
     if ascii_only:
@@ -333,8 +344,19 @@ def ops_table(
         caption="",
         title=title or "",
         text_columns={"Phase", "Module", "Input shapes"},
-        drop_order=["CPU avg", "Self alloc", "Self %", "Self device", "Input shapes", "Phase", "Module",
-                    "CPU total", "Alloc", "FLOPs", "Device total"],
+        drop_order=[
+            "CPU avg",
+            "Self alloc",
+            "Self %",
+            "Self device",
+            "Input shapes",
+            "Phase",
+            "Module",
+            "CPU total",
+            "Alloc",
+            "FLOPs",
+            "Device total",
+        ],
     )
 
 

@@ -1,7 +1,7 @@
 """Collection overhead: plain model vs torch.profiler (same flags) vs layerscope, as ratios.
 
 For each model, runs rounds of K training steps (forward + backward of a sum loss) in three
-configurations, interleaved so drift hits all three alike, and reports median step times and the
+configurations, interleaved in a shuffled order so drift hits all three alike, and reports median step times and the
 ratios. Only the steps inside the profiling window are timed; entering/leaving the profiler and
 post-processing are not (post-processing is benchmarks/postprocess.py's job).
 
@@ -11,7 +11,9 @@ post-processing are not (post-processing is benchmarks/postprocess.py's job).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -62,9 +64,13 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: in
     for make in configs.values():  # warm-up every path once
         timed_steps(model, x, 1, make)
     samples: dict[str, list[float]] = {k: [] for k in configs}
+    order = list(configs)
+    shuffle = random.Random(0)
     for _ in range(rounds):
-        for key, make in configs.items():
-            samples[key].append(timed_steps(model, x, steps, make))
+        shuffle.shuffle(order)  # no configuration always runs right after another
+        for key in order:
+            gc.collect()  # the previous run's profiler results are freed before the clock starts
+            samples[key].append(timed_steps(model, x, steps, configs[key]))
     median = {k: statistics.median(v) for k, v in samples.items()}
     return {
         "model": name,

@@ -61,6 +61,8 @@ class ModuleScopes:
         self._paths: dict[int, str] = {}  # id(module) -> qualified path
         self._modules: dict[str, nn.Module] = {}  # path -> module (kept for params at the end)
         self._first_shapes: dict[str, tuple[str | None, str | None]] = {}
+        self._seen: set[int] = set()  # modules whose first call's input shapes are recorded
+        self._awaiting_output: set[int] = set()  # ... and whose output shapes are still to come
         self._lock = threading.Lock()
         self._root_names: set[str] = set()
 
@@ -125,25 +127,29 @@ class ModuleScopes:
         record = _RecordFunctionFast(name)
         record.__enter__()
         self._stack().append((key, record))
-        path = self._paths[key]
-        if path not in self._first_shapes:
-            self._first_shapes[path] = (shapes_of(args), None)
+        if key not in self._seen:
+            self._seen.add(key)
+            self._awaiting_output.add(key)
+            self._first_shapes[self._paths[key]] = (shapes_of(args), None)
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
         key = id(module)
         stack = self._stack()
-        if self._names.get(key) is None or not any(k == key for k, _ in stack):
-            return
-        # Pop down to this module's range: a child whose hook never ran must not stay open.
-        while stack:
-            top_key, record = stack.pop()
-            record.__exit__(None, None, None)
-            if top_key == key:
-                break
-        path = self._paths[key]
-        first = self._first_shapes.get(path)
-        if first is not None and first[1] is None and output is not None:
-            self._first_shapes[path] = (first[0], shapes_of(output))
+        if stack and stack[-1][0] == key:  # the common case: this module's range is on top
+            stack.pop()[1].__exit__(None, None, None)
+        elif self._names.get(key) is None or not any(k == key for k, _ in stack):
+            return  # a folded module, or hooks installed while this call was already running
+        else:
+            # Pop down to this module's range: a child whose hook never ran must not stay open.
+            while stack:
+                top_key, record = stack.pop()
+                record.__exit__(None, None, None)
+                if top_key == key:
+                    break
+        if key in self._awaiting_output:
+            self._awaiting_output.discard(key)
+            path = self._paths[key]
+            self._first_shapes[path] = (self._first_shapes[path][0], shapes_of(output))
 
     def _global_pre(self, module: nn.Module, args: Any) -> None:
         if id(module) not in self._names:

@@ -44,18 +44,25 @@ _ROLE_PLAIN, _ROLE_MODULE, _ROLE_BACKWARD_NODE, _ROLE_STEP = 0, 1, 2, 3
 
 @dataclass
 class _Buckets:
-    """Bucket ids: module m has 2m (forward) and 2m+1 (backward); labels follow from 2M on."""
+    """Bucket ids: module m has 2m (forward) and 2m+1 (backward); labels follow from 2M on.
+
+    ``occurrences`` counts, per label, how often work started under it (a top-level op, a backward
+    node, an allocation outside ops): the "calls" of an unattributed entry.
+    """
 
     module_count: int
     labels: list[tuple[str, Phase]]
     ids: dict[tuple[str, Phase], int]
+    occurrences: list[int]
 
-    def unattributed(self, label: str, phase: Phase) -> int:
+    def unattributed(self, label: str, phase: Phase, count: int = 1) -> int:
         key = (label, phase)
         found = self.ids.get(key)
         if found is None:
             found = self.ids[key] = 2 * self.module_count + len(self.labels)
             self.labels.append(key)
+            self.occurrences.append(0)
+        self.occurrences[found - 2 * self.module_count] += count
         return found
 
     @property
@@ -103,7 +110,7 @@ def build_profile(
             roles[name_id] = _ROLE_BACKWARD_NODE
         elif name.startswith(STEP_PREFIX):
             roles[name_id] = _ROLE_STEP
-    buckets = _Buckets(len(catalog), [], {})
+    buckets = _Buckets(len(catalog), [], {}, [])
 
     # ---- the sweep: nesting, exclusive time, buckets, FLOPs ---------------------------------------
     kinds = table.span_kind
@@ -220,8 +227,13 @@ def build_profile(
     n_mem = len(table.mem_ts)
     mem_span = _memory_owners(table, order_arr, ts_arr, dur_arr, parent_arr) if n_mem else []
 
-    outside_bucket = buckets.unattributed(LABEL_MEMORY_OUTSIDE_OPS, Phase.OTHER) if -1 in mem_span else -1
-    unlinked_bucket = buckets.unattributed(LABEL_UNLINKED_DEVICE, Phase.OTHER) if unlinked_device else -1
+    outside = mem_span.count(-1)
+    outside_bucket = buckets.unattributed(LABEL_MEMORY_OUTSIDE_OPS, Phase.OTHER, outside) if outside else -1
+    unlinked_bucket = (
+        buckets.unattributed(LABEL_UNLINKED_DEVICE, Phase.OTHER, len(unlinked_device))
+        if unlinked_device
+        else -1
+    )
 
     # ---- sums per bucket (numpy) ------------------------------------------------------------------------
     nb = buckets.count
@@ -324,10 +336,11 @@ def build_profile(
         first_call.setdefault(role_module[span_name[i]], len(first_call))
     root = assemble_tree(catalog, own, module_calls, first_call)
     unattributed = tuple(
-        UnattributedEntry(label=label, phase=phase, calls=0, metrics=bucket_metrics(two_m + k))
+        UnattributedEntry(
+            label=label, phase=phase, calls=buckets.occurrences[k], metrics=bucket_metrics(two_m + k)
+        )
         for k, (label, phase) in enumerate(buckets.labels)
     )
-    unattributed = _with_calls(unattributed, op_rows)
 
     totals = Metrics(
         self_cpu_us=top_level_ns / 1000.0,
@@ -565,20 +578,6 @@ def _op_rows(
             )
         )
     return tuple(result)
-
-
-def _with_calls(
-    entries: tuple[UnattributedEntry, ...], op_rows: tuple[OpStats, ...]
-) -> tuple[UnattributedEntry, ...]:
-    """Calls of an unattributed entry: the op calls filed under its label (0 for pure gaps)."""
-    calls: dict[tuple[str, Phase], int] = {}
-    for row in op_rows:
-        if row.module is None and row.phase is not None:
-            key = (row.scope, row.phase)
-            calls[key] = calls.get(key, 0) + row.calls
-    return tuple(
-        UnattributedEntry(e.label, e.phase, calls.get((e.label, e.phase), 0), e.metrics) for e in entries
-    )
 
 
 def _step_number(name: str) -> int:

@@ -1,9 +1,9 @@
 """Collection overhead: plain model vs torch.profiler (same flags) vs layerscope, as ratios.
 
 For each model, runs rounds of K training steps (forward + backward of a sum loss) in three
-configurations, interleaved in a shuffled order so drift hits all three alike, and reports median step times and the
-ratios. Only the steps inside the profiling window are timed; entering/leaving the profiler and
-post-processing are not (post-processing is benchmarks/postprocess.py's job).
+configurations, interleaved in a shuffled order so drift hits all three alike, and reports median
+step times and the ratios. Only the steps inside the profiling window are timed; entering and
+leaving the profiler and post-processing are not (post-processing is benchmarks/postprocess.py's job).
 
     python benchmarks/overhead.py [--rounds 7] [--steps 3]
 """

@@ -14,7 +14,8 @@ def register(sub: Any) -> None:
     parser = sub.add_parser(
         "show",
         help="render a saved profile or a torch.profiler trace (.json or .json.gz)",
-        description="Render a profile saved with `layerscope profile -o` or Profile.save.",
+        description="Render a profile saved with `layerscope profile -o` or Profile.save, or a Chrome "
+        "trace written by torch.profiler (export_chrome_trace, tensorboard_trace_handler).",
     )
     parser.add_argument(
         "path", help="a saved layerscope profile or a torch.profiler trace (.json or .json.gz)"

@@ -114,9 +114,9 @@ def build_profile(
 
     # ---- the sweep: nesting, exclusive time, buckets, FLOPs ---------------------------------------
     kinds = table.span_kind
-    ts_arr = np.asarray(table.span_ts, dtype=np.int64)
-    dur_arr = np.asarray(table.span_dur, dtype=np.int64)
-    kind_arr = np.asarray(kinds, dtype=np.int64)
+    ts_arr = table.array("span_ts")
+    dur_arr = table.array("span_dur")
+    kind_arr = table.array("span_kind")
     cpu_mask = np.isin(kind_arr, [int(k) for k in CPU_KINDS])
     cpu_idx = np.flatnonzero(cpu_mask)
     order_arr_pre = cpu_idx[np.lexsort((-dur_arr[cpu_idx], ts_arr[cpu_idx]))]
@@ -132,13 +132,13 @@ def build_profile(
     # backward node always starts after its forward op, so the sweep below finds the forward op's
     # bucket already set. Where several ops share a number (aten::linear and the aten::t inside),
     # the innermost, which ran last, wins; both sit in the same module.
-    seq_arr = np.asarray(span_seq, dtype=np.int64)
-    is_forward_op = (seq_arr >= 0) & (np.asarray(span_fwd_tid, dtype=np.int64) == 0)
+    seq_arr = table.array("span_seq")
+    is_forward_op = (seq_arr >= 0) & (table.array("span_fwd_tid") == 0)
     forward_ops = order_arr_pre[is_forward_op[order_arr_pre]]
     forward_op_of: dict[tuple[int, int], int] = dict(
         zip(
             zip(
-                np.asarray(span_tid, dtype=np.int64)[forward_ops].tolist(),
+                table.array("span_tid")[forward_ops].tolist(),
                 seq_arr[forward_ops].tolist(),
                 strict=True,
             ),
@@ -248,8 +248,8 @@ def build_profile(
     for i in np.flatnonzero(counted_flops).tolist():
         self_flops[bucket[i]] += int(counted_flops[i])
 
-    mem_bytes = np.asarray(table.mem_bytes, dtype=np.int64)
-    mem_dev = np.asarray(table.mem_on_device, dtype=bool)
+    mem_bytes = table.array("mem_bytes")
+    mem_dev = table.array("mem_on_device")
     mem_span_arr = np.asarray(mem_span, dtype=np.int64)
     cpu_alloc: np.ndarray
     dev_alloc: np.ndarray
@@ -390,15 +390,15 @@ def _window_peaks(table: EventTable, windows: list[int], bucket: list[int], peak
     """Peak net allocation within each window (module call / backward node), per device class:
     the highest running total inside the window minus the running total just before it. Range
     maxima come from a sparse table, so all windows of a thread are answered in a few numpy steps."""
-    mem_tid = np.asarray(table.mem_tid, dtype=np.int64)
-    mem_ts = np.asarray(table.mem_ts, dtype=np.int64)
-    mem_bytes = np.asarray(table.mem_bytes, dtype=np.int64)
-    on_dev = np.asarray(table.mem_on_device, dtype=bool)
+    mem_tid = table.array("mem_tid")
+    mem_ts = table.array("mem_ts")
+    mem_bytes = table.array("mem_bytes")
+    on_dev = table.array("mem_on_device")
     classes = [0, 1] if on_dev.any() else [0]
     win = np.asarray(windows, dtype=np.int64)
-    win_tid = np.asarray(table.span_tid, dtype=np.int64)[win]
-    win_start = np.asarray(table.span_ts, dtype=np.int64)[win]
-    win_end = win_start + np.asarray(table.span_dur, dtype=np.int64)[win]
+    win_tid = table.array("span_tid")[win]
+    win_start = table.array("span_ts")[win]
+    win_end = win_start + table.array("span_dur")[win]
     win_bucket = np.asarray(bucket, dtype=np.int64)[win]
     for tid in sorted(set(win_tid.tolist())):
         sel = np.flatnonzero(mem_tid == tid)
@@ -418,11 +418,13 @@ def _window_peaks(table: EventTable, windows: list[int], bucket: list[int], peak
             cum = np.cumsum(values)
             base = np.where(lo > 0, cum[np.maximum(lo - 1, 0)], 0)
             window_peak = _range_max(cum, lo, hi) - base
-            best = np.zeros(len(peaks), dtype=np.int64)
-            np.maximum.at(best, owners, window_peak)
-            for b in np.flatnonzero(best > 0).tolist():
-                if best[b] > peaks[b][cls]:
-                    peaks[b][cls] = int(best[b])
+            # Largest window per bucket: sort by (bucket, peak) and keep each bucket's last entry
+            # (np.maximum.at is an order of magnitude slower).
+            by = np.lexsort((window_peak, owners))
+            last = np.flatnonzero(np.diff(owners[by], append=-1) != 0)
+            for b, peak in zip(owners[by][last].tolist(), window_peak[by][last].tolist(), strict=True):
+                if peak > peaks[b][cls]:
+                    peaks[b][cls] = peak
 
 
 def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -473,7 +475,7 @@ def _op_rows(
     names = table.names
     is_module_name = np.zeros(len(names) + 1, dtype=bool)
     is_module_name[list(module_ranges)] = True
-    all_names = np.asarray(table.span_name, dtype=np.int64)
+    all_names = table.array("span_name")
     merged = _same_name_only_children(all_names, parent, order)
     if merged.size:
         target = parent[merged]
@@ -497,7 +499,7 @@ def _op_rows(
         return ()
     name_col = all_names[idx]
     bucket_col = bucket[idx]
-    shape_col = np.asarray(table.span_shapes, dtype=np.int64)[idx] + 1
+    shape_col = table.array("span_shapes")[idx] + 1
     nb, ns = buckets.count + 1, len(names) + 1
     keys = (name_col * nb + bucket_col) * ns + shape_col
     uniq, row_of = np.unique(keys, return_inverse=True)
@@ -510,7 +512,7 @@ def _op_rows(
     calls = np.bincount(row_of, minlength=rows)
     cols = {
         "self_cpu_us": summed(excl) / 1000.0,
-        "cpu_us": summed(table.span_dur) / 1000.0,
+        "cpu_us": summed(table.array("span_dur")) / 1000.0,
         "self_device_us": summed(device_self) / 1000.0,
         "device_us": summed(dev_total) / 1000.0,
         "flops": summed(flops),
@@ -528,6 +530,10 @@ def _op_rows(
     paths = [info.path for info in catalog]
     two_m = 2 * buckets.module_count
     result: list[OpStats] = []
+    # Plain Python lists: indexing numpy arrays element by element is ~10x slower.
+    col = {k: v.tolist() for k, v in cols.items()}
+    calls_list = calls.tolist()
+    phases = [buckets.phase_of(b) for b in range(buckets.count)]
     for r, key in enumerate(uniq.tolist()):
         shape_id = key % ns - 1
         rest = key // ns
@@ -539,23 +545,23 @@ def _op_rows(
         result.append(
             OpStats(
                 name=names[name_id],
-                phase=buckets.phase_of(b),
+                phase=phases[b],
                 module=module,
                 input_shapes=names[shape_id] if shape_id >= 0 else None,
-                calls=int(calls[r]),
+                calls=calls_list[r],
                 metrics=Metrics(
-                    self_cpu_us=float(cols["self_cpu_us"][r]),
-                    cpu_us=float(cols["cpu_us"][r]),
-                    self_device_us=float(cols["self_device_us"][r]),
-                    device_us=float(cols["device_us"][r]),
-                    self_flops=fl,
-                    flops=fl,
-                    self_cpu_alloc_bytes=int(cols["self_cpu_alloc_bytes"][r]),
-                    cpu_alloc_bytes=int(cols["cpu_alloc_bytes"][r]),
-                    self_device_alloc_bytes=int(cols["self_device_alloc_bytes"][r]),
-                    device_alloc_bytes=int(cols["device_alloc_bytes"][r]),
-                    self_retained_bytes=int(cols["self_retained_bytes"][r]),
-                    retained_bytes=int(cols["retained_bytes"][r]),
+                    col["self_cpu_us"][r],
+                    col["cpu_us"][r],
+                    col["self_device_us"][r],
+                    col["device_us"][r],
+                    fl,
+                    fl,
+                    int(col["self_cpu_alloc_bytes"][r]),
+                    int(col["cpu_alloc_bytes"][r]),
+                    int(col["self_device_alloc_bytes"][r]),
+                    int(col["device_alloc_bytes"][r]),
+                    int(col["self_retained_bytes"][r]),
+                    int(col["retained_bytes"][r]),
                 ),
                 scope=scope,
             )
@@ -694,10 +700,10 @@ def _memory_owners(
 ) -> list[int]:
     """For each memory event, the innermost CPU span on its thread containing its timestamp (-1 if
     none): the last span starting at or before it, or the nearest ancestor still open then."""
-    mem_tid = np.asarray(table.mem_tid, dtype=np.int64)
-    mem_ts = np.asarray(table.mem_ts, dtype=np.int64)
+    mem_tid = table.array("mem_tid")
+    mem_ts = table.array("mem_ts")
     owners = np.full(mem_ts.size, -1, dtype=np.int64)
-    span_tid = np.asarray(table.span_tid, dtype=np.int64)[order] if order.size else order
+    span_tid = table.array("span_tid")[order] if order.size else order
     end = ts + dur
     for tid in sorted(set(table.mem_tid)):
         spans = order[span_tid == tid]

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+import numpy as np
+
 
 class EventKind(IntEnum):
     """What a span event is. CPU-side kinds come first; ``is_device`` marks device activity."""
@@ -68,6 +70,18 @@ class EventTable:
     #: Trace-level facts: device properties, distributed info, window start/end (ns), source.
     meta: dict[str, Any] = field(default_factory=dict)
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
+    _arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    def array(self, column: str) -> np.ndarray:
+        """A column as a numpy array (int64, or bool for ``mem_on_device``), converted once.
+
+        Call only once the table is complete: later appends are not seen by a cached array.
+        """
+        found = self._arrays.get(column)
+        if found is None:
+            dtype = bool if column == "mem_on_device" else np.int64
+            found = self._arrays[column] = np.asarray(getattr(self, column), dtype=dtype)
+        return found
 
     def intern(self, name: str) -> int:
         """The id of ``name`` in the string table, adding it if new."""

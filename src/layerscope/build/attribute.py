@@ -113,7 +113,6 @@ def build_profile(
     buckets = _Buckets(len(catalog), [], {}, [])
 
     # ---- the sweep: nesting, exclusive time, buckets, FLOPs ---------------------------------------
-    kinds = table.span_kind
     ts_arr = table.array("span_ts")
     dur_arr = table.array("span_dur")
     kind_arr = table.array("span_kind")

@@ -5,13 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from layerscope.build.attribute import build_profile
 from layerscope.errors import TraceFormatError
 from layerscope.events.chrome import FlopCounter, table_from_trace
 from layerscope.model.profile import SCHEMA_VERSION, Profile
-from layerscope.model.serialize import FORMAT_TAG, profile_from_dict, read_json_bytes
+from layerscope.model.serialize import FORMAT_TAG, profile_from_dict, read_json
 
 
 def _flop_counter() -> FlopCounter | None:
@@ -32,13 +30,7 @@ def load(path: str | Path) -> Profile:
     """Load a profile saved by :meth:`Profile.save`, or build one from a Chrome trace written by
     torch.profiler (``export_chrome_trace``, ``tensorboard_trace_handler``; .json or .json.gz)."""
     path = Path(path)
-    raw = read_json_bytes(path)
-    if not raw.strip():
-        raise TraceFormatError(f"{path}: empty file")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise TraceFormatError(f"{path}: not valid JSON ({exc})") from None
+    data = read_json(path)
     if isinstance(data, dict) and data.get("format") == FORMAT_TAG:
         try:
             return profile_from_dict(data)

@@ -43,15 +43,9 @@ FlopCounter = Callable[[str, list[Any], list[Any]], int]
 
 def load_trace_json(path: Path) -> dict[str, Any]:
     """Parse a trace file into its top-level object (TraceFormatError on anything unreadable)."""
-    from layerscope.model.serialize import read_json_bytes
+    from layerscope.model.serialize import read_json
 
-    raw = read_json_bytes(path)
-    if not raw.strip():
-        raise TraceFormatError(f"{path}: empty file")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise TraceFormatError(f"{path}: not valid JSON ({exc})") from None
+    data = read_json(path)
     if isinstance(data, list):  # the bare-array form of the Chrome trace format
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):

@@ -196,16 +196,12 @@ def read_json_bytes(path: Path) -> bytes:
     return raw
 
 
-def load_profile(path: str | Path) -> Profile:
-    """Load a profile saved by :meth:`Profile.save`."""
+def read_json(path: str | Path) -> Any:
+    """Parse a .json or .json.gz file; TraceFormatError (with the path) for empty or invalid files."""
     raw = read_json_bytes(Path(path))
     if not raw.strip():
         raise TraceFormatError(f"{path}: empty file")
     try:
-        data = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise TraceFormatError(f"{path}: not valid JSON ({exc})") from None
-    try:
-        return profile_from_dict(data)
-    except TraceFormatError as exc:
-        raise TraceFormatError(f"{path}: {exc}") from None

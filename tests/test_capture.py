@@ -158,6 +158,16 @@ def test_nesting_gives_a_clear_error() -> None:
     profile_step(model, torch.randn(2, 8))  # state not corrupted
 
 
+def test_running_torch_profiler_gives_a_clear_error() -> None:
+    model = TinyMLP()
+    with torch.profiler.profile() as outer:
+        with pytest.raises(CaptureError, match="already running"), ls.profile(model):
+            pass
+        model(torch.randn(2, 8))
+    assert hook_count(model) == 0
+    assert any(e.name == "aten::addmm" for e in outer.events())  # the outer session was not disturbed
+
+
 def test_profile_object_is_single_use_and_result_waits_for_exit() -> None:
     model = TinyMLP()
     session = ls.profile(model)

@@ -143,6 +143,12 @@ class profile:
                 )
             if self._torch_profiler is not None:
                 raise CaptureError("this layerscope.profile object was already used; create a new one")
+            if torch._C._autograd._profiler_enabled():
+                # torch would start no second session and, on exit, stop the running one.
+                raise CaptureError(
+                    "another torch.profiler session is already running; end it before "
+                    "layerscope.profile (or use layerscope's own torch_profiler)"
+                )
             _active.append(self)
         try:
             self._torch_profiler = torch.profiler.profile(

@@ -1,0 +1,46 @@
+"""The live device path on a real accelerator (skipped where torch sees no CUDA device).
+
+CI has no GPU; these run on a lent GPU machine. They check what the CPU-only suite cannot: kernels
+captured live are linked to their launching op, module and phase, and the totals match torch's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import layerscope as ls
+from tests.fixtures.models import tiny_resnet
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def capture(memory: bool) -> tuple[ls.profile, ls.Profile]:
+    model = tiny_resnet().cuda()
+    x = torch.randn(4, 3, 64, 64, device="cuda")
+    model(x).sum().backward()
+    torch.cuda.synchronize()
+    with ls.profile(model, memory=memory) as prof:
+        model(x).sum().backward()
+        torch.cuda.synchronize()
+    p = prof.profile
+    p.validate()
+    return prof, p
+
+
+@pytest.mark.parametrize("memory", [False, True])
+def test_kernels_go_to_modules_forward_and_backward(memory: bool) -> None:
+    _, p = capture(memory)
+    conv = p.find("layer1.0.conv1")
+    assert conv.forward.device_us > 0 and conv.backward.device_us > 0
+    linked = p.root.forward.device_us + p.root.backward.device_us
+    assert linked >= 0.8 * p.totals.device_us  # nearly all device time has a module
+    if memory:
+        assert conv.forward.device_alloc_bytes > 0 and conv.forward.device_peak_bytes > 0
+
+
+def test_device_totals_match_key_averages() -> None:
+    prof, p = capture(False)
+    averages = prof.torch_profiler.key_averages()
+    theirs = sum(getattr(e, "self_device_time_total", 0.0) for e in averages)
+    assert p.totals.device_us == pytest.approx(theirs, rel=0.02)

@@ -118,102 +118,19 @@ def build_profile(
     kind_arr = table.array("span_kind")
     cpu_mask = np.isin(kind_arr, [int(k) for k in CPU_KINDS])
     cpu_idx = np.flatnonzero(cpu_mask)
-    order_arr_pre = cpu_idx[np.lexsort((-dur_arr[cpu_idx], ts_arr[cpu_idx]))]
-    order: list[int] = order_arr_pre.tolist()
+    order_arr = cpu_idx[np.lexsort((-dur_arr[cpu_idx], ts_arr[cpu_idx]))]  # by start, longest first
 
-    span_name, span_tid, span_ts, span_dur = table.span_name, table.span_tid, table.span_ts, table.span_dur
-    span_seq, span_fwd_tid = table.span_seq, table.span_fwd_tid
-    parent = [-1] * n_spans
-    excl = list(span_dur)
-    bucket = [-1] * n_spans
-    stacks: dict[int, tuple[list[int], list[int]]] = {}
-    # Forward ops by (thread, sequence number). Sequence numbers never repeat on a thread, and a
-    # backward node always starts after its forward op, so the sweep below finds the forward op's
-    # bucket already set. Where several ops share a number (aten::linear and the aten::t inside),
-    # the innermost, which ran last, wins; both sit in the same module.
-    seq_arr = table.array("span_seq")
-    is_forward_op = (seq_arr >= 0) & (table.array("span_fwd_tid") == 0)
-    forward_ops = order_arr_pre[is_forward_op[order_arr_pre]]
-    forward_op_of: dict[tuple[int, int], int] = dict(
-        zip(
-            zip(
-                table.array("span_tid")[forward_ops].tolist(),
-                seq_arr[forward_ops].tolist(),
-                strict=True,
-            ),
-            forward_ops.tolist(),
-            strict=True,
-        )
-    )
-    module_calls = [0] * len(catalog)
-    module_windows: list[int] = []  # module-range spans (for peaks)
-    backward_windows: list[int] = []  # backward-node spans (for peaks)
-    step_spans: list[int] = []
-    top_level_ns = 0
+    sweep = _sweep(table, order_arr, roles, role_module, buckets)
+    parent, excl, bucket = sweep.parent, sweep.excl, sweep.bucket
+    span_name, span_dur = table.span_name, table.span_dur
     two_m = 2 * len(catalog)
-    current_tid = None
-    open_idx: list[int] = []
-    open_end: list[int] = []
-
-    # The hot loop (one iteration per CPU span): keep it to list indexing and local names.
-    for i in order:
-        tid = span_tid[i]
-        if tid != current_tid:
-            frames = stacks.get(tid)
-            if frames is None:
-                frames = stacks[tid] = ([], [])
-            open_idx, open_end = frames
-            current_tid = tid
-        start = span_ts[i]
-        end = start + span_dur[i]
-        while open_end:
-            top = open_end[-1]
-            if start < top and end <= top:
-                break
-            open_idx.pop()
-            open_end.pop()
-        if open_idx:
-            p = open_idx[-1]
-            parent[i] = p
-            excl[p] -= span_dur[i]
-        else:
-            p = -1
-            top_level_ns += span_dur[i]
-        open_idx.append(i)
-        open_end.append(end)
-
-        name_id = span_name[i]
-        role = roles[name_id]
-        if role == _ROLE_PLAIN and p >= 0 and roles[span_name[p]] != _ROLE_STEP:
-            b = bucket[p]
-        elif role == _ROLE_MODULE:
-            m = role_module[name_id]
-            b = 2 * m
-            module_calls[m] += 1
-            module_windows.append(i)
-        elif role == _ROLE_BACKWARD_NODE:
-            owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
-            fb = bucket[owner] if owner >= 0 else -1
-            if 0 <= fb < two_m and not fb & 1:
-                b = fb + 1
-            else:
-                b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX) :], Phase.BACKWARD)
-            backward_windows.append(i)
-        elif role == _ROLE_STEP:
-            b = buckets.unattributed(LABEL_STEP_GAPS, Phase.OTHER)
-            step_spans.append(i)
-        else:
-            b = buckets.unattributed(names[name_id], Phase.OTHER)
-        bucket[i] = b
-
-    order_arr = order_arr_pre
     parent_arr = np.asarray(parent, dtype=np.int64)
     levels = _levels(order_arr, _depths(parent_arr))
     counted_flops = _outermost_flops(table.span_flops, parent_arr, levels)
 
     # ---- device work: to the launching op -------------------------------------------------------------
     device_spans = np.flatnonzero(np.isin(kind_arr, [int(k) for k in DEVICE_WORK_KINDS])).tolist()
-    owner_of_device = _device_launchers(table, order, parent, roles, device_spans)
+    owner_of_device = _device_launchers(table, order_arr, parent, device_spans)
     device_self_arr = np.zeros(n_spans, dtype=np.int64)
     unlinked_device: list[int] = []
     for k, op in zip(device_spans, owner_of_device, strict=True):
@@ -285,7 +202,7 @@ def build_profile(
     # ---- peaks per module call / backward node ----------------------------------------------------------
     module_peaks = [[0, 0] for _ in range(nb)]  # per bucket: [cpu, device]
     if n_mem:
-        _window_peaks(table, module_windows + backward_windows, bucket, module_peaks)
+        _window_peaks(table, sweep.module_windows + sweep.backward_windows, bucket, module_peaks)
 
     # ---- op rows ------------------------------------------------------------------------------------------
     op_rows = _op_rows(
@@ -331,9 +248,9 @@ def build_profile(
 
     own = [(bucket_metrics(2 * m), bucket_metrics(2 * m + 1)) for m in range(len(catalog))]
     first_call: dict[int, int] = {}
-    for i in module_windows:
+    for i in sweep.module_windows:
         first_call.setdefault(role_module[span_name[i]], len(first_call))
-    root = assemble_tree(catalog, own, module_calls, first_call)
+    root = assemble_tree(catalog, own, sweep.module_calls, first_call)
     unattributed = tuple(
         UnattributedEntry(
             label=label, phase=phase, calls=buckets.occurrences[k], metrics=bucket_metrics(two_m + k)
@@ -342,8 +259,8 @@ def build_profile(
     )
 
     totals = Metrics(
-        self_cpu_us=top_level_ns / 1000.0,
-        cpu_us=top_level_ns / 1000.0,
+        self_cpu_us=sweep.top_level_ns / 1000.0,
+        cpu_us=sweep.top_level_ns / 1000.0,
         self_device_us=sum(span_dur[k] for k in device_spans) / 1000.0,
         device_us=sum(span_dur[k] for k in device_spans) / 1000.0,
         self_flops=int(counted_flops.sum()),
@@ -354,8 +271,8 @@ def build_profile(
         device_alloc_bytes=int(np.where(mem_dev, np.maximum(mem_bytes, 0), 0).sum()) if n_mem else 0,
         self_retained_bytes=int(mem_bytes.sum()) if n_mem else 0,
         retained_bytes=int(mem_bytes.sum()) if n_mem else 0,
-        cpu_peak_bytes=root.forward.cpu_peak_bytes,
-        device_peak_bytes=root.forward.device_peak_bytes,
+        cpu_peak_bytes=root.total.cpu_peak_bytes,
+        device_peak_bytes=root.total.device_peak_bytes,
     )
 
     steps = tuple(
@@ -366,7 +283,7 @@ def build_profile(
                     wall_us=span_dur[i] / 1000.0,
                     device_us=float(dev_total[i]) / 1000.0,
                 )
-                for i in step_spans
+                for i in sweep.step_spans
             ),
             key=lambda s: s.step,
         )
@@ -376,6 +293,117 @@ def build_profile(
     full_meta.setdefault("trace", {k: v for k, v in table.meta.items() if _is_json_scalar_tree(v)})
     return Profile(
         meta=full_meta, root=root, op_rows=op_rows, unattributed=unattributed, totals=totals, steps=steps
+    )
+
+
+@dataclass
+class _Sweep:
+    """What the sweep over CPU spans finds: nesting, exclusive time, buckets, module calls."""
+
+    parent: list[int]  # enclosing span, -1 at top level
+    excl: list[int]  # duration minus direct children's, ns
+    bucket: list[int]  # -1 for spans that are not CPU spans
+    module_calls: list[int]
+    module_windows: list[int]  # module-range spans, in time order
+    backward_windows: list[int]  # backward-node spans
+    step_spans: list[int]  # ProfilerStep#N spans
+    top_level_ns: int  # total duration of top-level spans: the run's CPU total
+
+
+def _sweep(
+    table: EventTable, order: np.ndarray, roles: list[int], role_module: list[int], buckets: _Buckets
+) -> _Sweep:
+    """One pass over CPU spans in time order: nesting by torch's rule with a stack per thread,
+    exclusive time, and each span's bucket (module range, backward node, inherited, or a label)."""
+    span_name, span_tid, span_ts, span_dur = table.span_name, table.span_tid, table.span_ts, table.span_dur
+    span_seq, span_fwd_tid = table.span_seq, table.span_fwd_tid
+    n_spans = table.span_count
+    parent = [-1] * n_spans
+    excl = list(span_dur)
+    bucket = [-1] * n_spans
+    stacks: dict[int, tuple[list[int], list[int]]] = {}
+    # Forward ops by (thread, sequence number). Sequence numbers never repeat on a thread, and a
+    # backward node always starts after its forward op, so the sweep below finds the forward op's
+    # bucket already set. Where several ops share a number (aten::linear and the aten::t inside),
+    # the innermost, which ran last, wins; both sit in the same module.
+    seq_arr = table.array("span_seq")
+    is_forward_op = (seq_arr >= 0) & (table.array("span_fwd_tid") == 0)
+    forward_ops = order[is_forward_op[order]]
+    forward_op_of: dict[tuple[int, int], int] = dict(
+        zip(
+            zip(
+                table.array("span_tid")[forward_ops].tolist(),
+                seq_arr[forward_ops].tolist(),
+                strict=True,
+            ),
+            forward_ops.tolist(),
+            strict=True,
+        )
+    )
+    module_calls = [0] * buckets.module_count
+    module_windows: list[int] = []  # module-range spans (for peaks)
+    backward_windows: list[int] = []  # backward-node spans (for peaks)
+    step_spans: list[int] = []
+    top_level_ns = 0
+    two_m = 2 * buckets.module_count
+    names = table.names
+    current_tid = None
+    open_idx: list[int] = []
+    open_end: list[int] = []
+
+    # The hot loop (one iteration per CPU span): keep it to list indexing and local names.
+    for i in order.tolist():
+        tid = span_tid[i]
+        if tid != current_tid:
+            frames = stacks.get(tid)
+            if frames is None:
+                frames = stacks[tid] = ([], [])
+            open_idx, open_end = frames
+            current_tid = tid
+        start = span_ts[i]
+        end = start + span_dur[i]
+        while open_end:
+            top = open_end[-1]
+            if start < top and end <= top:
+                break
+            open_idx.pop()
+            open_end.pop()
+        if open_idx:
+            p = open_idx[-1]
+            parent[i] = p
+            excl[p] -= span_dur[i]
+        else:
+            p = -1
+            top_level_ns += span_dur[i]
+        open_idx.append(i)
+        open_end.append(end)
+
+        name_id = span_name[i]
+        role = roles[name_id]
+        if role == _ROLE_PLAIN and p >= 0 and roles[span_name[p]] != _ROLE_STEP:
+            b = bucket[p]
+        elif role == _ROLE_MODULE:
+            m = role_module[name_id]
+            b = 2 * m
+            module_calls[m] += 1
+            module_windows.append(i)
+        elif role == _ROLE_BACKWARD_NODE:
+            owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
+            fb = bucket[owner] if owner >= 0 else -1
+            if 0 <= fb < two_m and not fb & 1:
+                b = fb + 1
+            else:
+                b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX) :], Phase.BACKWARD)
+            backward_windows.append(i)
+        elif role == _ROLE_STEP:
+            b = buckets.unattributed(LABEL_STEP_GAPS, Phase.OTHER)
+            step_spans.append(i)
+        else:
+            b = buckets.unattributed(names[name_id], Phase.OTHER)
+        bucket[i] = b
+
+    return _Sweep(
+        parent, excl, bucket, module_calls, module_windows, backward_windows, step_spans, top_level_ns
     )
 
 
@@ -622,7 +650,7 @@ def _fold_into(values: np.ndarray, merged: np.ndarray, target: np.ndarray) -> np
 
 
 def _device_launchers(
-    table: EventTable, order: list[int], parent: list[int], roles: list[int], device_spans: list[int]
+    table: EventTable, order: np.ndarray, parent: list[int], device_spans: list[int]
 ) -> list[int]:
     """For each device span, the CPU op that launched it (-1 if none): through the runtime call
     with the same correlation id (then its nearest enclosing non-runtime span), else the op with
@@ -632,7 +660,7 @@ def _device_launchers(
     kinds = table.span_kind
     runtime_by_corr: dict[int, int] = {}
     op_by_ext: dict[int, int] = {}
-    for i in order:
+    for i in order.tolist():
         if kinds[i] == EventKind.RUNTIME:
             if table.span_corr[i] > 0:
                 runtime_by_corr[table.span_corr[i]] = i

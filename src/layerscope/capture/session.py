@@ -75,6 +75,13 @@ def _check_options(model: Any, paths: Any, depth: Any, profiler_kwargs: Any) -> 
         raise UsageError(
             f"set {', '.join(sorted(clash))} through layerscope's own options, not profiler_kwargs"
         )
+    unsupported = {"schedule", "on_trace_ready"} & set(profiler_kwargs or {})
+    if unsupported:
+        # A schedule hands results to on_trace_ready per cycle; one Profile per block cannot follow.
+        raise UsageError(
+            f"{', '.join(sorted(unsupported))} is not supported yet: layerscope.profile covers the whole "
+            "block (profile a few steps instead)"
+        )
 
 
 class profile:

@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 
 from layerscope.build.catalog import ModuleInfo, catalog_from_ranges, parse_module_range
+from layerscope.build.steps import STEP_PREFIX, step_stats
 from layerscope.build.tree import assemble_tree
 from layerscope.events.table import CPU_KINDS, DEVICE_WORK_KINDS, EventKind, EventTable
 from layerscope.model.metrics import Metrics
-from layerscope.model.profile import OpStats, Phase, Profile, StepStats, UnattributedEntry
+from layerscope.model.profile import OpStats, Phase, Profile, UnattributedEntry
 
 BACKWARD_NODE_PREFIX = "autograd::engine::evaluate_function: "
-STEP_PREFIX = "ProfilerStep#"
 LABEL_STEP_GAPS = "ProfilerStep (between ops)"
 LABEL_MEMORY_OUTSIDE_OPS = "(memory outside ops)"
 LABEL_UNLINKED_DEVICE = "(device work without a launching op)"
@@ -275,18 +275,16 @@ def build_profile(
         device_peak_bytes=root.total.device_peak_bytes,
     )
 
-    steps = tuple(
-        sorted(
-            (
-                StepStats(
-                    step=_step_number(names[span_name[i]]),
-                    wall_us=span_dur[i] / 1000.0,
-                    device_us=float(dev_total[i]) / 1000.0,
-                )
-                for i in sweep.step_spans
-            ),
-            key=lambda s: s.step,
-        )
+    steps = step_stats(
+        table,
+        sweep.step_spans,
+        order_arr,
+        bucket_arr,
+        excl_arr,
+        dev_total,
+        catalog,
+        [label for label, _ in buckets.labels],
+        {node.path for node in root.walk()},
     )
     full_meta: dict[str, Any] = dict(meta or {})
     full_meta.setdefault("event_count", table.event_count)
@@ -611,13 +609,6 @@ def _op_rows(
             )
         )
     return tuple(result)
-
-
-def _step_number(name: str) -> int:
-    try:
-        return int(name[len(STEP_PREFIX) :])
-    except ValueError:
-        return -1
 
 
 def _is_json_scalar_tree(value: Any) -> bool:

@@ -98,11 +98,30 @@ class UnattributedEntry:
 
 @dataclass(frozen=True, slots=True)
 class StepStats:
-    """One ``ProfilerStep#N`` range: its wall time and the device time launched inside it."""
+    """One ``ProfilerStep#N`` range (a training step marked by ``prof.step()``).
+
+    ``wall_us`` is the range's duration and ``device_us`` the device time its ops launched.
+    ``cpu_us`` is the CPU time of all work that started inside the step's time window (any thread),
+    split into ``modules`` (path -> (forward µs, backward µs), inclusive of children) and
+    ``unattributed`` (label -> µs, e.g. the optimizer step or the data loader).
+    """
 
     step: int
     wall_us: float
     device_us: float
+    cpu_us: float = 0.0
+    modules: dict[str, tuple[float, float]] = field(default_factory=dict)
+    unattributed: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def forward_us(self) -> float:
+        """CPU time of the root module's forward in this step."""
+        return self.modules.get("", (0.0, 0.0))[0]
+
+    @property
+    def backward_us(self) -> float:
+        """CPU time of the root module's backward in this step."""
+        return self.modules.get("", (0.0, 0.0))[1]
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,17 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "unattributed": [
             [e.label, e.phase.value, e.calls, e.metrics.to_list()] for e in profile.unattributed
         ],
-        "steps": [[s.step, s.wall_us, s.device_us] for s in profile.steps],
+        "steps": [
+            {
+                "step": s.step,
+                "wall_us": s.wall_us,
+                "device_us": s.device_us,
+                "cpu_us": s.cpu_us,
+                "modules": {k: list(v) for k, v in s.modules.items()},
+                "unattributed": s.unattributed,
+            }
+            for s in profile.steps
+        ],
         "strings": list(strings),
         "ops": ops,
     }
@@ -132,7 +142,17 @@ def profile_from_dict(data: Any) -> Profile:
                 for label, phase, calls, m in data["unattributed"]
             ),
             totals=Metrics.from_list(data["totals"]),
-            steps=tuple(StepStats(step, wall, dev) for step, wall, dev in data["steps"]),
+            steps=tuple(
+                StepStats(
+                    step=s["step"],
+                    wall_us=s["wall_us"],
+                    device_us=s["device_us"],
+                    cpu_us=s["cpu_us"],
+                    modules={k: (v[0], v[1]) for k, v in s["modules"].items()},
+                    unattributed=s["unattributed"],
+                )
+                for s in data["steps"]
+            ),
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise TraceFormatError(f"damaged layerscope profile: {type(exc).__name__}: {exc}") from None

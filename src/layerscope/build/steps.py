@@ -1,0 +1,86 @@
+"""Per-step statistics: each ``ProfilerStep#N`` range with its CPU time split by module and label."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from layerscope.build.catalog import ModuleInfo
+from layerscope.events.table import EventTable
+from layerscope.model.profile import StepStats
+
+STEP_PREFIX = "ProfilerStep#"
+
+
+def step_number(name: str) -> int:
+    """``"ProfilerStep#12"`` -> 12 (-1 when the suffix is not a number)."""
+    try:
+        return int(name[len(STEP_PREFIX) :])
+    except ValueError:
+        return -1
+
+
+def step_stats(
+    table: EventTable,
+    step_spans: list[int],
+    order: np.ndarray,
+    bucket: np.ndarray,
+    excl: np.ndarray,
+    device_total: np.ndarray,
+    catalog: list[ModuleInfo],
+    labels: list[str],
+    kept_paths: set[str],
+) -> tuple[StepStats, ...]:
+    """One StepStats per step span, in step order.
+
+    A CPU span belongs to the step whose time window contains its start, whatever its thread (the
+    backward of a GPU run executes on autograd's own thread, outside the step's nesting). Bucket ids
+    follow attribution: module m has 2m (forward) and 2m+1 (backward); label k has 2M+k.
+    """
+    if not step_spans:
+        return ()
+    ts = table.array("span_ts")
+    dur = table.array("span_dur")
+    steps = sorted(step_spans, key=lambda i: int(ts[i]))
+    starts = ts[steps]
+    ends = starts + dur[steps]
+    span_start = ts[order]
+    which = np.searchsorted(starts, span_start, side="right") - 1
+    inside = (which >= 0) & (span_start < ends[np.maximum(which, 0)])
+    n_modules = len(catalog)
+    n_buckets = 2 * n_modules + len(labels)
+    key = which[inside] * n_buckets + bucket[order][inside]
+    flat = np.bincount(key, weights=excl[order][inside], minlength=len(steps) * n_buckets)
+    sums: np.ndarray = flat.reshape(len(steps), n_buckets) / 1000.0
+    forward = sums[:, 0 : 2 * n_modules : 2].copy()
+    backward = sums[:, 1 : 2 * n_modules : 2].copy()
+    # Inclusive times: children into parents, deepest first (the catalog lists parents first).
+    index = {info.path: m for m, info in enumerate(catalog)}
+    for m in range(n_modules - 1, -1, -1):
+        parent = catalog[m].parent
+        if parent is not None:
+            forward[:, index[parent]] += forward[:, m]
+            backward[:, index[parent]] += backward[:, m]
+    names = table.names
+    result = []
+    for row, i in enumerate(steps):
+        modules = {
+            info.path: (float(forward[row, m]), float(backward[row, m]))
+            for m, info in enumerate(catalog)
+            if info.path in kept_paths
+        }
+        unattributed: dict[str, float] = {}
+        for k, label in enumerate(labels):
+            value = float(sums[row, 2 * n_modules + k])
+            if value:
+                unattributed[label] = unattributed.get(label, 0.0) + value
+        result.append(
+            StepStats(
+                step=step_number(names[table.span_name[i]]),
+                wall_us=int(dur[i]) / 1000.0,
+                device_us=float(device_total[i]) / 1000.0,
+                cpu_us=float(sums[row].sum()),
+                modules=modules,
+                unattributed=unattributed,
+            )
+        )
+    return tuple(sorted(result, key=lambda s: s.step))

@@ -253,7 +253,8 @@ def test_memory_metrics() -> None:
         ({"depth": -1}, "depth must be"),
         ({"paths": "layer1"}, "paths must be a list"),
         ({"profiler_kwargs": {"record_shapes": True}}, "through layerscope's own options"),
-        ({"profiler_kwargs": {"schedule": object()}}, "schedule is not supported yet"),
+        ({"profiler_kwargs": {"schedule": object()}}, "pass schedule to layerscope.profile itself"),
+        ({"schedule": 3}, "schedule must be"),
     ],
 )
 def test_invalid_options_fail_at_once(options: dict[str, object], message: str) -> None:

@@ -17,21 +17,29 @@ from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, StepSt
 
 __version__ = "0.1.0"
 
+from layerscope.handlers import print_summary, save_to
+
 if TYPE_CHECKING:
-    from layerscope.capture.session import profile
+    from layerscope.capture.schedule import schedule
+    from layerscope.capture.session import Cycle, profile
 
 
 def __getattr__(name: str) -> Any:
     # torch is imported only when capture is used: analysis and rendering work without it.
-    if name == "profile":
-        from layerscope.capture.session import profile
+    if name in ("profile", "Cycle"):
+        from layerscope.capture import session
 
-        return profile
+        return getattr(session, name)
+    if name == "schedule":
+        from layerscope.capture.schedule import schedule
+
+        return schedule
     raise AttributeError(f"module 'layerscope' has no attribute {name!r}")
 
 
 __all__ = [
     "CaptureError",
+    "Cycle",
     "LayerscopeError",
     "Metrics",
     "ModuleNode",
@@ -45,5 +53,8 @@ __all__ = [
     "ValidationError",
     "__version__",
     "load",
+    "print_summary",
     "profile",
+    "save_to",
+    "schedule",
 ]

@@ -9,7 +9,7 @@ per-thread stack, so two threads can run the model at once.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -65,6 +65,9 @@ class ModuleScopes:
         self._awaiting_output: set[int] = set()  # ... and whose output shapes are still to come
         self._lock = threading.Lock()
         self._root_names: set[str] = set()
+        #: Called before a top-level module call (no layerscope scope open on the thread), in global
+        #: mode; ``layerscope run`` ends deferred training steps there.
+        self.before_top_level_call: Callable[[], None] | None = None
 
     # ----- selection --------------------------------------------------------------------------------
     def keeps(self, path: str) -> bool:
@@ -152,6 +155,8 @@ class ModuleScopes:
             self._first_shapes[path] = (self._first_shapes[path][0], shapes_of(output))
 
     def _global_pre(self, module: nn.Module, args: Any) -> None:
+        if self.before_top_level_call is not None and not self._stack():
+            self.before_top_level_call()
         if id(module) not in self._names:
             with self._lock:
                 if id(module) not in self._names:

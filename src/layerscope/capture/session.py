@@ -6,8 +6,11 @@ import gc
 import platform
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -75,12 +78,11 @@ def _check_options(model: Any, paths: Any, depth: Any, profiler_kwargs: Any) -> 
         raise UsageError(
             f"set {', '.join(sorted(clash))} through layerscope's own options, not profiler_kwargs"
         )
-    unsupported = {"schedule", "on_trace_ready"} & set(profiler_kwargs or {})
-    if unsupported:
-        # A schedule hands results to on_trace_ready per cycle; one Profile per block cannot follow.
+    own = {"schedule", "on_trace_ready"} & set(profiler_kwargs or {})
+    if own:
         raise UsageError(
-            f"{', '.join(sorted(unsupported))} is not supported yet: layerscope.profile covers the whole "
-            "block (profile a few steps instead)"
+            f"pass {', '.join(sorted(own))} to layerscope.profile itself, not in profiler_kwargs "
+            "(layerscope's handler receives a Cycle with its Profile)"
         )
 
 
@@ -96,7 +98,9 @@ class profile:
     ``shapes``, ``flops`` (needs shapes, which it turns on), ``with_stack``, ``paths`` (only these
     module paths and their subtrees get rows), ``depth`` (deeper modules fold into their ancestor),
     ``all_threads`` (record every thread, not only the one that entered the block; default on
-    unless ``memory``, since torch records no allocations in that mode), ``profiler_kwargs``
+    unless ``memory``, since torch records no allocations in that mode), ``schedule``
+    (``layerscope.schedule(...)`` or torch's; call ``prof.step()`` after each training step) with
+    ``on_trace_ready`` (called with each finished :class:`Cycle`), ``profiler_kwargs``
     (passed to ``torch.profiler.profile``).
     """
 
@@ -112,9 +116,19 @@ class profile:
         paths: Sequence[str] | None = None,
         depth: int | None = None,
         all_threads: bool | None = None,
+        schedule: Callable[[int], Any] | None = None,
+        on_trace_ready: Callable[[Cycle], Any] | None = None,
         profiler_kwargs: dict[str, Any] | None = None,
     ) -> None:
         _check_options(model, paths, depth, profiler_kwargs)
+        if schedule is not None and not callable(schedule):
+            raise UsageError("schedule must be layerscope.schedule(...) or a torch.profiler.schedule")
+        if on_trace_ready is not None and not callable(on_trace_ready):
+            raise UsageError("on_trace_ready must be a callable taking a layerscope Cycle")
+        self.schedule = schedule
+        self.on_trace_ready = on_trace_ready
+        self.cycles: list[Cycle] = []
+        self.step_count = 0
         self.model = model
         self.activities = parse_activities(activities)
         self.memory = bool(memory)
@@ -158,7 +172,13 @@ class profile:
                 )
             _active.append(self)
         try:
+            cycle_kwargs: dict[str, Any] = {}
+            if self.schedule is not None or self.on_trace_ready is not None:
+                cycle_kwargs["on_trace_ready"] = self._cycle_ready
+            if self.schedule is not None:
+                cycle_kwargs["schedule"] = self.schedule
             self._torch_profiler = torch.profiler.profile(
+                **cycle_kwargs,
                 activities=self.activities,
                 record_shapes=self.shapes or self.flops,
                 profile_memory=self.memory,
@@ -166,7 +186,8 @@ class profile:
                 **self.profiler_kwargs,
             )
             self._scopes = ModuleScopes(self.model, self.paths, self.depth)
-            self._torch_profiler.__enter__()  # type: ignore[no-untyped-call]
+            with _quiet_cycle_warning():
+                self._torch_profiler.__enter__()  # type: ignore[no-untyped-call]
             try:
                 self._scopes.install()
             except BaseException:
@@ -197,6 +218,55 @@ class profile:
             self._finished = True
             _release(self)
 
+    # ----- steps and cycles ------------------------------------------------------------------------
+    def step(self) -> None:
+        """Mark the end of a training step (drives the schedule, like torch.profiler's ``step``)."""
+        with _quiet_cycle_warning():
+            self.torch_profiler.step()
+        self.step_count += 1
+
+    def step_before_next_top_level_call(self) -> None:
+        """End the current step just before the next top-level module call (global mode only).
+
+        For hooks that fire inside a profiler range (an optimizer step post-hook runs inside torch's
+        ``Optimizer.step#...`` range): stepping there would cut that range across two steps.
+        Several requests before the next call end one step.
+        """
+        assert self._scopes is not None, "only inside the profiling block"
+        scopes = self._scopes
+
+        def fire() -> None:
+            scopes.before_top_level_call = None
+            self.step()
+
+        scopes.before_top_level_call = fire
+
+    def flush_pending_step(self) -> bool:
+        """End a step requested by :meth:`step_before_next_top_level_call` now; True if there was one."""
+        if self._scopes is None or self._scopes.before_top_level_call is None:
+            return False
+        self._scopes.before_top_level_call()
+        return True
+
+    def action(self, step: int | None = None) -> str:
+        """What the schedule does at ``step`` (default: the current one): ``wait``, ``warmup``,
+        ``record`` or ``record_and_save`` (``record`` when there is no schedule)."""
+        if self.schedule is None:
+            return "record"
+        value = self.schedule(self.step_count if step is None else step)
+        return {"NONE": "wait"}.get(getattr(value, "name", str(value)), getattr(value, "name", "").lower())
+
+    def _cycle_ready(self, tp: torch.profiler.profile) -> None:
+        """torch's on_trace_ready: one cycle's results are in; build its Profile, call the handler."""
+        assert self._scopes is not None
+        catalog = self._scopes.catalog()
+        with gc_paused():
+            profile = self._build_from(tp, catalog, cycle=len(self.cycles))
+        cycle = Cycle(index=len(self.cycles), profile=profile, torch_profiler=tp)
+        self.cycles.append(cycle)
+        if self.on_trace_ready is not None:
+            self.on_trace_ready(cycle)
+
     # ----- results -----------------------------------------------------------------------------------
     @property
     def torch_profiler(self) -> torch.profiler.profile:
@@ -210,12 +280,18 @@ class profile:
         """The Profile of the block, built on first access (after the block ended)."""
         if not self._finished:
             raise CaptureError("the profile is available after the `with layerscope.profile(...)` block")
+        if self.schedule is not None or self.on_trace_ready is not None:
+            if not self.cycles:
+                raise CaptureError("no profiling cycle completed (the schedule reached no active step)")
+            return self.cycles[-1].profile
         if self._profile is None:
-            self._profile = self._build()
+            with gc_paused():
+                self._profile = self._build_from(self.torch_profiler, self._catalog, cycle=None)
         return self._profile
 
-    def _build(self) -> Profile:
-        tp = self.torch_profiler
+    def _build_from(
+        self, tp: torch.profiler.profile, catalog: list[Any] | None, cycle: int | None
+    ) -> Profile:
         results = tp.profiler.kineto_results if tp.profiler is not None else None
         if results is None:
             raise CaptureError("torch.profiler recorded no results")
@@ -225,12 +301,11 @@ class profile:
             and not self.with_stack
             and not torch.cuda.is_available()
         )
-        # Reading creates hundreds of thousands of short-lived containers; the cyclic GC would walk
-        # the whole heap again and again meanwhile (measured: 10x slower shape reads). None of
-        # these objects form cycles, so pausing it is safe.
-        with gc_paused():
-            table = table_from_kineto(results, calculator, shapes=self.shapes, cpu_only=cpu_only)
-            return build_profile(table, self._catalog, self._meta())
+        table = table_from_kineto(results, calculator, shapes=self.shapes, cpu_only=cpu_only)
+        meta = self._meta()
+        if cycle is not None:
+            meta["cycle"] = cycle
+        return build_profile(table, catalog, meta)
 
     def _meta(self) -> dict[str, Any]:
         from layerscope import __version__
@@ -282,8 +357,22 @@ def _enable_all_threads(profiler_kwargs: dict[str, Any]) -> bool:
 
 
 @contextmanager
+def _quiet_cycle_warning() -> Iterator[None]:
+    """torch warns that a schedule clears events between cycles: that is what we want (each cycle
+    becomes its own Profile), so the warning would only confuse."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
+        yield
+
+
+@contextmanager
 def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector inside the block (restoring its previous state)."""
+    """Pause Python's cyclic garbage collector inside the block (restoring its previous state).
+
+    Reading a capture creates hundreds of thousands of short-lived containers; the collector would
+    walk the whole heap again and again meanwhile (measured: 10x slower shape reads). None of these
+    objects form cycles, so pausing it is safe.
+    """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -291,6 +380,30 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+@dataclass
+class Cycle:
+    """One finished profiling cycle (a schedule's active steps, or the whole block), as handed to
+    ``on_trace_ready``."""
+
+    index: int
+    profile: Profile
+    torch_profiler: torch.profiler.profile
+
+    @property
+    def steps(self) -> tuple[int, int] | None:
+        """(first, last) step number recorded in this cycle, or None without steps."""
+        if not self.profile.steps:
+            return None
+        return self.profile.steps[0].step, self.profile.steps[-1].step
+
+    def export_chrome_trace(self, path: str | Path) -> Path:
+        """Write this cycle's Chrome trace (``.json`` or ``.json.gz``). Valid inside the handler only:
+        torch reuses its profiler for the next cycle."""
+        target = Path(path)
+        self.torch_profiler.export_chrome_trace(str(target))
+        return target
 
 
 def _release(session: profile) -> None:

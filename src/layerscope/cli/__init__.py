@@ -7,7 +7,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from layerscope.cli import profile_cmd, show_cmd
+from layerscope.cli import profile_cmd, run_cmd, show_cmd
 from layerscope.errors import LayerscopeError
 
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     profile_cmd.register(sub)
+    run_cmd.register(sub)
     show_cmd.register(sub)
     return parser
 

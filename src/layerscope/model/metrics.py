@@ -60,6 +60,17 @@ class Metrics:
             values[name] = getattr(self, name)
         return Metrics(**values)
 
+    def scaled(self, factor: float) -> Metrics:
+        """Additive metrics times ``factor`` (e.g. 1/steps for a per-step mean); peaks unchanged."""
+        values: dict[str, Any] = {}
+        for self_name, total_name in ADDITIVE_PAIRS:
+            for name in (self_name, total_name):
+                value = getattr(self, name)
+                values[name] = value * factor if isinstance(value, float) else round(value * factor)
+        for name in PEAK_FIELDS:
+            values[name] = getattr(self, name)
+        return Metrics(**values)
+
     def to_list(self) -> list[float | int]:
         """Field values in declaration order (the compact form used by saved profiles)."""
         return [getattr(self, f) for f in FIELD_NAMES]

@@ -13,6 +13,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 from rich.text import Text
 
+from layerscope.analysis.steps import StepRow, module_spread
 from layerscope.analysis.transform import fold_depth, prune_min_share
 from layerscope.model.metrics import FIELD_NAMES, Metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile
@@ -60,10 +61,13 @@ def tree_table(
     sort_by: str = "execution",
     ascii_only: bool | None = None,
     max_unattributed: int = 6,
+    per_step: bool | None = None,
 ) -> RenderableType:
     """The module tree: one row per module with forward/backward time, device, memory, FLOPs, params.
 
     ``depth`` and ``min_share`` (percent of the run's total) fold modules into their ancestors.
+    ``per_step`` (default: when the profile holds several steps) shows means per step and a
+    "± step" column, the relative standard deviation of each module's time across steps.
     """
     if ascii_only is None:
         ascii_only = _wants_ascii()
@@ -82,6 +86,12 @@ def tree_table(
     flops = view.totals.flops > 0
     share_field = "device_us" if device else "cpu_us"
     whole = float(getattr(view.totals, share_field))
+    steps = len(view.steps)
+    if per_step is None:
+        per_step = steps > 1
+    per_step = per_step and steps > 1
+    factor = 1.0 / steps if per_step else 1.0
+    spread = module_spread(view) if per_step else {}
 
     headers = ["Calls", "Fwd self", "Fwd total", "Bwd self", "Bwd total"]
     if device:
@@ -91,8 +101,13 @@ def tree_table(
     if flops:
         headers.append("FLOPs")
     headers += ["Params", "Share"]
+    if per_step:
+        headers.append("± step")
 
-    def cells(calls: str, fwd: Metrics, bwd: Metrics, params: str) -> list[str]:
+    def cells(calls: str, fwd: Metrics, bwd: Metrics, params: str, path: str | None = None) -> list[str]:
+        share = fmt_share(getattr(fwd, share_field) + getattr(bwd, share_field), whole)
+        if per_step:
+            fwd, bwd = fwd.scaled(factor), bwd.scaled(factor)
         row = [
             calls,
             fmt_time_us(fwd.self_cpu_us),
@@ -113,22 +128,27 @@ def tree_table(
         if flops:
             row.append(fmt_si(fwd.flops + bwd.flops))
         row.append(params)
-        row.append(fmt_share(getattr(fwd, share_field) + getattr(bwd, share_field), whole))
+        row.append(share)
+        if per_step:
+            found = spread.get(path) if path is not None else None
+            row.append(f"±{100 * found.relative:.0f}%" if found is not None and found.mean_us > 0 else "")
         return row
 
     guides = _ASCII_GUIDES if ascii_only else _UNICODE_GUIDES
     body: list[tuple[Text, str, list[str]]] = []
     for label, node in _rows(view.root, sort_by, guides):
         name = Text(label, style="bold" if not node.children else "")
-        values = cells(str(node.calls), node.forward, node.backward, fmt_si(node.params_total))
+        node_calls = f"{node.calls / steps:g}" if per_step else str(node.calls)
+        values = cells(node_calls, node.forward, node.backward, fmt_si(node.params_total), node.path)
         body.append((name, node.type_name, values))
     entries = sorted(
         _merge_unattributed(view),
         key=lambda e: -(e[1].cpu_us + e[2].cpu_us + e[1].device_us + e[2].device_us),
     )
     extra: list[tuple[Text, str, list[str]]] = []
-    for label, fwd_like, bwd_like, calls in entries[:max_unattributed]:
-        values = cells(str(calls) if calls else "", fwd_like, bwd_like, "")
+    for label, fwd_like, bwd_like, count in entries[:max_unattributed]:
+        shown_calls = (f"{count / steps:g}" if per_step else str(count)) if count else ""
+        values = cells(shown_calls, fwd_like, bwd_like, "")
         extra.append((Text(f"[unattributed] {label}", style="italic"), "", values))
     rest = entries[max_unattributed:]
     if rest:
@@ -165,7 +185,7 @@ def tree_table(
             "Fwd device",
         ],
     )
-    title = _title(view)
+    title = _title(view, per_step)
     if ascii_only:
         title = title.replace("·", "|").replace("µ", "u")
     return Group(Text(title, style="bold"), view_table)
@@ -269,7 +289,7 @@ def _merge_unattributed(profile: Profile) -> list[tuple[str, Metrics, Metrics, i
     return [(label, f, b, c) for label, (f, b, c) in merged.items()]
 
 
-def _title(profile: Profile) -> str:
+def _title(profile: Profile, per_step: bool = False) -> str:
     meta = profile.meta
     parts = []
     if meta.get("model"):
@@ -281,7 +301,9 @@ def _title(profile: Profile) -> str:
         parts.append(f"device {fmt_time_us(profile.totals.device_us)}")
     if profile.totals.flops:
         parts.append(f"{fmt_si(profile.totals.flops)}FLOPs")
-    if len(profile.steps) > 1:
+    if per_step:
+        parts.append(f"mean per step of {len(profile.steps)} steps")
+    elif len(profile.steps) > 1:
         parts.append(f"{len(profile.steps)} steps")
     return "layerscope · " + " · ".join(parts)
 
@@ -357,6 +379,47 @@ def ops_table(
             "FLOPs",
             "Device total",
         ],
+    )
+
+
+def steps_table(rows: Sequence[StepRow], ascii_only: bool | None = None) -> RenderableType:
+    """The step table: wall, CPU, device, forward and backward time per step; outliers flagged with
+    what made them slow."""
+    if ascii_only is None:
+        ascii_only = _wants_ascii()
+    device = any(r.device_us for r in rows)
+    headers = [
+        "Step",
+        "Wall",
+        "CPU",
+        *(["Device"] if device else []),
+        "Forward",
+        "Backward",
+        "vs median",
+        "Note",
+    ]
+    body: list[tuple[Text | str, ...]] = []
+    for r in rows:
+        note = ""
+        if r.outlier:
+            note = f"slow: {r.cause}" + (f" (+{fmt_time_us(r.cause_excess_us)})" if r.cause_excess_us else "")
+        cells = [str(r.step), fmt_time_us(r.wall_us), fmt_time_us(r.cpu_us)]
+        cells += [fmt_time_us(r.device_us)] if device else []
+        cells += [fmt_time_us(r.forward_us), fmt_time_us(r.backward_us), f"{r.ratio_to_median:.2f}x", note]
+        body.append(
+            tuple(Text(c, style="bold red") if r.outlier and k == 0 else c for k, c in enumerate(cells))
+        )
+    outliers = sum(r.outlier for r in rows)
+    caption = (
+        f"{outliers} outlier step{'s' if outliers != 1 else ''} (wall > 1.5x the median)" if outliers else ""
+    )
+    return _FittedTable(
+        headers=headers,
+        sections=[body],
+        ascii_only=ascii_only,
+        caption=caption,
+        drop_order=["Device", "CPU", "Backward", "Forward"],
+        text_columns={"Note"},
     )
 
 

@@ -1,0 +1,28 @@
+"""``layerscope.schedule``: torch.profiler's schedule semantics, with argument checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from layerscope.errors import UsageError
+
+
+def schedule(
+    *, wait: int = 0, warmup: int = 0, active: int = 1, repeat: int = 0, skip_first: int = 0
+) -> Callable[[int], Any]:
+    """Which steps to profile, exactly as ``torch.profiler.schedule``: skip ``skip_first`` steps, then
+    cycles of ``wait`` idle, ``warmup`` (profiler on, results dropped) and ``active`` recorded steps,
+    ``repeat`` times (0 = until the block ends). Call ``prof.step()`` after every training step."""
+    values = {"wait": wait, "warmup": warmup, "active": active, "repeat": repeat, "skip_first": skip_first}
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UsageError(f"schedule {name} must be a non-negative integer, not {value!r}")
+    if active < 1:
+        raise UsageError("schedule active must be at least 1 (the steps that are recorded)")
+    fn: Callable[[int], Any] = torch.profiler.schedule(
+        wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first
+    )
+    return fn

@@ -1,0 +1,232 @@
+"""``layerscope run script.py [args]`` / ``layerscope run -m module [args]``: profile an unmodified script.
+
+Every module the script calls gets a row (torch's global module hooks; top-level modules are named
+by class, their children by attribute path), and every ``optimizer.step()`` ends a training step
+(torch's global optimizer hooks), so a schedule needs no change to the script. What was captured is
+saved even when the script raises or is interrupted, and the script's own exit code is returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from layerscope.cli.views import add_view_options, check_view_options
+from layerscope.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    """Add the ``run`` subcommand."""
+    parser = sub.add_parser(
+        "run",
+        help="profile an unmodified Python script or module",
+        description="Run a script (or -m module) under layerscope. Steps end at every optimizer.step(); "
+        "choose which steps to record with --steps or --wait/--warmup/--active/--repeat/--skip-first "
+        "(without them the whole run is one cycle). Each cycle is saved into --output-dir.",
+    )
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
+    parser.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args ...]")
+    group = parser.add_argument_group("schedule (steps end at optimizer.step())")
+    group.add_argument("--steps", type=int, metavar="N", help="shortcut: warm up 1 step, record N, once")
+    group.add_argument("--wait", type=int, default=None, metavar="N")
+    group.add_argument("--warmup", type=int, default=None, metavar="N")
+    group.add_argument("--active", type=int, default=None, metavar="N")
+    group.add_argument("--repeat", type=int, default=None, metavar="N", help="cycles (0: until the end)")
+    group.add_argument("--skip-first", type=int, default=None, metavar="N")
+    parser.add_argument("--memory", action="store_true", help="record allocations")
+    parser.add_argument(
+        "--activities",
+        default=None,
+        metavar="LIST",
+        help="comma-separated, e.g. cpu,cuda (default: CPU plus available accelerators)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output-dir",
+        default="layerscope_runs",
+        metavar="DIR",
+        help="where each cycle's profile is saved (default ./layerscope_runs)",
+    )
+    parser.add_argument("--trace", action="store_true", help="also save each cycle's Chrome trace")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress line and no summary")
+    add_view_options(parser)
+    parser.set_defaults(run=run, top=10)
+
+
+def _schedule_arguments(args: argparse.Namespace) -> dict[str, int] | None:
+    explicit = {k: getattr(args, k) for k in ("wait", "warmup", "active", "repeat", "skip_first")}
+    given = {k: v for k, v in explicit.items() if v is not None}
+    if args.steps is not None:
+        if given:
+            raise UsageError("--steps is a shortcut; use it alone or use --wait/--warmup/--active/--repeat")
+        if args.steps < 1:
+            raise UsageError(f"--steps must be >= 1, not {args.steps}")
+        return {"wait": 0, "warmup": 1, "active": args.steps, "repeat": 1, "skip_first": 0}
+    if not given:
+        return None
+    values = {"wait": 0, "warmup": 0, "active": 1, "repeat": 0, "skip_first": 0}
+    values.update(given)
+    return values
+
+
+@contextmanager
+def _script_environment(argv: list[str], path_entry: str) -> Any:
+    """sys.argv and sys.path[0] as ``python script.py`` would set them, restored afterwards."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = argv
+    sys.path.insert(0, path_entry)
+    try:
+        yield
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+class _Progress:
+    """One live line on stderr: step, schedule phase, cycles saved (plain lines when not a TTY)."""
+
+    def __init__(self, stream: TextIO, quiet: bool) -> None:
+        self.stream = stream
+        self.quiet = quiet
+        self.live = stream.isatty()
+        self.last = ""
+
+    def update(self, text: str) -> None:
+        if self.quiet or text == self.last:
+            return
+        self.last = text
+        if self.live:
+            self.stream.write("\r\x1b[2K" + text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.live and self.last and not self.quiet:
+            self.stream.write("\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the script under layerscope; returns the script's exit code."""
+    check_view_options(args)
+    if args.module:
+        target_argv = [args.module, *args.target]
+    elif args.target:
+        script = Path(args.target[0])
+        if not script.is_file():
+            raise UsageError(f"script {script} does not exist")
+        target_argv = list(args.target)
+    else:
+        raise UsageError("give a script to run (layerscope run train.py [args]) or -m module")
+    schedule_args = _schedule_arguments(args)
+    activities = [a.strip() for a in args.activities.split(",")] if args.activities else None
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    import layerscope as ls
+    from layerscope.handlers import save_to
+
+    saver = save_to(args.output_dir, trace=args.trace)
+    progress = _Progress(sys.stderr, args.quiet)
+    schedule = ls.schedule(**schedule_args) if schedule_args is not None else None
+    session = ls.profile(
+        None,
+        activities=activities,
+        memory=args.memory,
+        depth=args.depth,
+        schedule=schedule,
+        on_trace_ready=saver,
+    )
+
+    def show_progress() -> None:
+        progress.update(
+            f"layerscope: step {session.step_count} · {session.action()} · "
+            f"{len(session.cycles)} cycle(s) saved"
+        )
+
+    def on_optimizer_step(*_: Any) -> None:
+        # The post-hook runs inside torch's Optimizer.step range; the step ends at the next
+        # top-level module call instead, so no range straddles two steps.
+        session.step_before_next_top_level_call()
+        show_progress()
+
+    exit_code = 0
+    outcome = ""
+    with session:
+        hook = register_optimizer_step_post_hook(on_optimizer_step)
+        progress.update(f"layerscope: step 0 · {session.action()}")
+        try:
+            exit_code = _run_target(args.module, target_argv)
+        except SystemExit as exc:
+            exit_code = _exit_code(exc)
+        except KeyboardInterrupt:
+            exit_code, outcome = 130, "interrupted"
+        except BaseException:
+            # The script's own error, reported the way Python would.
+            progress.done()
+            traceback.print_exc()
+            exit_code, outcome = 1, "the script raised"
+        finally:
+            hook.remove()
+            if session.flush_pending_step():  # the last optimizer step ends the last step
+                show_progress()
+    progress.done()
+    written: list[Path] = getattr(saver, "written", [])
+    _report(session, written, args, outcome, exit_code)
+    return exit_code
+
+
+def _run_target(module: str | None, argv: list[str]) -> int:
+    if module:
+        with _script_environment(argv, ""):
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        script = Path(argv[0])
+        with _script_environment(argv, str(script.resolve().parent)):
+            runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _report(session: Any, written: list[Path], args: argparse.Namespace, outcome: str, code: int) -> None:
+    stream = sys.stderr
+    if outcome:
+        print(f"layerscope: {outcome} (exit code {code}); saving what was captured", file=stream)
+    if not session.cycles:
+        print(
+            "layerscope: no profiling cycle completed (did the script call optimizer.step() enough "
+            "times for the schedule?)",
+            file=stream,
+        )
+        return
+    if not args.quiet:
+        from layerscope.analysis.steps import step_rows
+        from layerscope.render.console import make_console, steps_table, tree_table
+
+        console = make_console(stream)
+        profile = session.cycles[-1].profile
+        console.print(
+            tree_table(
+                profile,
+                depth=args.depth,
+                min_share=args.min_share,
+                sort_by=args.sort,
+                ascii_only=True if args.ascii else None,
+            )
+        )
+        if len(profile.steps) > 1:
+            console.print(steps_table(step_rows(profile.steps), ascii_only=True if args.ascii else None))
+    for path in written:
+        print(f"layerscope: saved {path}", file=stream)

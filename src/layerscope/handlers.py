@@ -1,0 +1,95 @@
+"""Ready-made ``on_trace_ready`` handlers: save every cycle, or print a summary of it."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from layerscope.capture.session import Cycle
+
+
+def current_rank() -> int:
+    """This process's rank: torch.distributed's when initialised, else $RANK, else 0."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:  # pragma: no cover - torch without distributed
+        pass
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def cycle_file_name(cycle: Cycle, rank: int, suffix: str) -> str:
+    """``rank0_steps12-14_20261122T041500_c0`` + suffix: rank, step range, time, cycle index."""
+    steps = cycle.steps
+    span = f"steps{steps[0]}-{steps[1]}" if steps else "nosteps"
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    return f"rank{rank}_{span}_{stamp}_c{cycle.index}{suffix}"
+
+
+def _unused(path: Path) -> Path:
+    """``path`` itself, or ``name-1``, ``name-2``...: an earlier cycle is never overwritten."""
+    if not path.exists():
+        return path
+    stem, dot, rest = path.name.partition(".")
+    k = 1
+    while True:
+        candidate = path.with_name(f"{stem}-{k}{dot}{rest}")
+        if not candidate.exists():
+            return candidate
+        k += 1
+
+
+def save_to(
+    directory: str | Path, *, trace: bool = False, rank: int | None = None
+) -> Callable[[Cycle], None]:
+    """A handler writing each cycle's profile (``.json.gz``) into ``directory`` and, with ``trace``,
+    its Chrome trace (``.pt.trace.json.gz``). Names carry rank, step range and time; nothing is
+    overwritten. The paths written are kept in the handler's ``written`` list."""
+    folder = Path(directory)
+    written: list[Path] = []
+
+    def handler(cycle: Cycle) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        who = current_rank() if rank is None else rank
+        target = _unused(folder / cycle_file_name(cycle, who, ".json.gz"))
+        written.append(cycle.profile.save(target))
+        if trace:
+            trace_path = _unused(target.with_name(target.name.replace(".json.gz", ".pt.trace.json.gz")))
+            written.append(cycle.export_chrome_trace(trace_path))
+
+    handler.written = written  # type: ignore[attr-defined]
+    return handler
+
+
+def print_summary(
+    file: IO[str] | None = None, depth: int | None = 2, top: int = 10, min_share: float = 0.0
+) -> Callable[[Cycle], None]:
+    """A handler printing each cycle's module tree, its step table and the top ops."""
+
+    def handler(cycle: Cycle) -> None:
+        from layerscope.analysis.steps import step_rows
+        from layerscope.render.console import make_console, ops_table, steps_table, tree_table
+
+        console = make_console(file if file is not None else sys.stderr)
+        p = cycle.profile
+        console.print(
+            f"layerscope cycle {cycle.index}"
+            + (f" (steps {cycle.steps[0]}-{cycle.steps[1]})" if cycle.steps else "")
+        )
+        console.print(tree_table(p, depth=depth, min_share=min_share))
+        if len(p.steps) > 1:
+            console.print(steps_table(step_rows(p.steps)))
+        if top:
+            console.print(ops_table(p.ops(limit=top), total_cpu_us=p.totals.cpu_us))
+
+    return handler

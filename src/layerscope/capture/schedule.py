@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,10 @@ def schedule(
             raise UsageError(f"schedule {name} must be a non-negative integer, not {value!r}")
     if active < 1:
         raise UsageError("schedule active must be at least 1 (the steps that are recorded)")
-    fn: Callable[[int], Any] = torch.profiler.schedule(
-        wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first
-    )
+    with warnings.catch_warnings():
+        # torch advises a warm-up step when warmup=0; here it was asked for explicitly.
+        warnings.filterwarnings("ignore", message=".*won't be using warmup.*")
+        fn: Callable[[int], Any] = torch.profiler.schedule(
+            wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first
+        )
     return fn

@@ -113,6 +113,7 @@ class _Progress:
 def run(args: argparse.Namespace) -> int:
     """Run the script under layerscope; returns the script's exit code."""
     check_view_options(args)
+    schedule_args = _schedule_arguments(args)
     if args.module:
         target_argv = [args.module, *args.target]
     elif args.target:
@@ -122,7 +123,6 @@ def run(args: argparse.Namespace) -> int:
         target_argv = list(args.target)
     else:
         raise UsageError("give a script to run (layerscope run train.py [args]) or -m module")
-    schedule_args = _schedule_arguments(args)
     activities = [a.strip() for a in args.activities.split(",")] if args.activities else None
 
     from torch.optim.optimizer import register_optimizer_step_post_hook

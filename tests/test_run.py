@@ -1,0 +1,179 @@
+"""``layerscope run``: unmodified scripts, step boundaries from optimizer.step(), failures saved."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import layerscope as ls
+from layerscope.cli import main
+
+TRAIN = """
+import sys
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(8, 32), nn.ReLU())
+        self.head = nn.Linear(32, 2)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+if __name__ != "__main__":
+    raise SystemExit("not run as __main__")
+model, loss_fn = Net(), nn.CrossEntropyLoss()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+steps = int(sys.argv[1])
+for step in range(steps):
+    x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
+    opt.zero_grad()
+    loss_fn(model(x), y).backward()
+    opt.step()
+    if step == int(sys.argv[2]) if len(sys.argv) > 2 else False:
+        raise {error}("stopped at step %d" % step)
+print("trained", steps, "steps")
+"""
+
+
+def write_script(folder: Path, error: str = "RuntimeError") -> Path:
+    path = folder / "train.py"
+    path.write_text(textwrap.dedent(TRAIN.replace("{error}", error)))
+    return path
+
+
+def saved(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.json.gz"))
+
+
+def test_run_script_with_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = write_script(tmp_path)
+    out = tmp_path / "runs"
+    code = main(["run", "--steps", "3", "-o", str(out), "--ascii", str(script), "6"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "trained 6 steps" in captured.out  # the script's own output is untouched
+    files = saved(out)
+    assert len(files) == 1 and files[0].name.startswith("rank0_steps1-3_")
+    p = ls.load(files[0])
+    p.validate()
+    assert [c.path for c in p.root.children] == ["Net", "CrossEntropyLoss"]
+    assert p.find("Net.encoder.0").type_name == "Linear" and p.find("Net.head").backward.cpu_us > 0
+    assert len(p.steps) == 3 and p.find("Net").calls == 3
+    assert "mean per step of 3 steps" in captured.err and "saved" in captured.err
+    for step in p.steps:  # steps end between optimizer steps, so no range straddles two steps
+        assert step.cpu_us <= step.wall_us * 1.001
+
+
+def test_run_schedule_options_and_sys_argv(tmp_path: Path) -> None:
+    script = write_script(tmp_path)
+    out = tmp_path / "runs"
+    argv_before = sys.argv[:]
+    code = main(
+        [
+            "run",
+            "--wait",
+            "1",
+            "--warmup",
+            "1",
+            "--active",
+            "2",
+            "--repeat",
+            "2",
+            "-o",
+            str(out),
+            "-q",
+            str(script),
+            "10",
+        ]
+    )
+    assert code == 0 and sys.argv == argv_before
+    files = saved(out)
+    assert [f.name.split("_")[1] for f in files] == ["steps2-3", "steps6-7"]
+
+
+@pytest.mark.parametrize(("error", "expected_code"), [("RuntimeError", 1), ("KeyboardInterrupt", 130)])
+def test_failing_script_leaves_a_valid_profile(
+    tmp_path: Path, error: str, expected_code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = write_script(tmp_path, error)
+    out = tmp_path / "runs"
+    code = main(["run", "-o", str(out), str(script), "5", "2"])
+    assert code == expected_code
+    err = capsys.readouterr().err
+    assert ("the script raised" if expected_code == 1 else "interrupted") in err
+    if expected_code == 1:
+        assert "RuntimeError: stopped at step 2" in err  # the script's traceback, as Python shows it
+    (profile_file,) = saved(out)
+    p = ls.load(profile_file)
+    p.validate()
+    assert p.find("Net.head").calls == 3  # steps 0, 1, 2 ran before the error
+
+
+def test_system_exit_code_is_passed_through(tmp_path: Path) -> None:
+    script = tmp_path / "exit.py"
+    script.write_text("import sys\nsys.exit(7)\n")
+    assert main(["run", "-q", "-o", str(tmp_path / "runs"), str(script)]) == 7
+
+
+def test_run_module_with_dash_m(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helper.py").write_text("STEPS = 4\n")
+    (package / "train.py").write_text(
+        "from .helper import STEPS\nimport torch\nm = torch.nn.Linear(4, 4)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(STEPS):\n    m(torch.randn(2, 4)).sum().backward()\n    opt.step()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["run", "-q", "--steps", "2", "-o", "runs", "-m", "pkg.train"]) == 0
+    (profile_file,) = saved(tmp_path / "runs")
+    assert ls.load(profile_file).find("Linear").calls == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run"], "give a script"),
+        (["run", "missing.py"], "does not exist"),
+        (["run", "--steps", "2", "--active", "1", "x.py"], "--steps is a shortcut"),
+    ],
+)
+def test_run_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_run_as_a_subprocess(tmp_path: Path) -> None:
+    script = write_script(tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "layerscope",
+            "run",
+            "--steps",
+            "2",
+            "-o",
+            "runs",
+            "--ascii",
+            str(script),
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "trained 4 steps" in done.stdout and "layerscope: step" in done.stderr
+    assert len(saved(tmp_path / "runs")) == 1

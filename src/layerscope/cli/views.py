@@ -6,9 +6,10 @@ import argparse
 import sys
 
 from layerscope.analysis.ops import GROUP_KEYS, SORT_KEYS
+from layerscope.analysis.steps import step_rows
 from layerscope.errors import UsageError
 from layerscope.model.profile import Profile
-from layerscope.render.console import TREE_SORT_KEYS, make_console, ops_table, tree_table
+from layerscope.render.console import TREE_SORT_KEYS, make_console, ops_table, steps_table, tree_table
 
 _GROUP_ALIASES = {
     "name": ("name",),
@@ -78,6 +79,8 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
             profile, depth=args.depth, min_share=args.min_share, sort_by=args.sort, ascii_only=ascii_only
         )
     )
+    if len(profile.steps) > 1:
+        console.print(steps_table(step_rows(profile.steps), ascii_only=ascii_only))
     if args.top:
         rows = profile.ops(sort_by=args.op_sort, group_by=_GROUP_ALIASES[args.group_by], limit=args.top)
         console.print()

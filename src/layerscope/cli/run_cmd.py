@@ -143,10 +143,10 @@ def run(args: argparse.Namespace) -> int:
     )
 
     def show_progress() -> None:
-        progress.update(
-            f"layerscope: step {session.step_count} · {session.action()} · "
-            f"{len(session.cycles)} cycle(s) saved"
-        )
+        phase = session.action()
+        if phase in ("warmup", "record", "record_and_save"):
+            phase = f"{phase} (cycle {len(session.cycles) + 1})"
+        progress.update(f"layerscope: step {session.step_count} · {phase} · {len(session.cycles)} saved")
 
     def on_optimizer_step(*_: Any) -> None:
         # The post-hook runs inside torch's Optimizer.step range; the step ends at the next
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     outcome = ""
     with session:
         hook = register_optimizer_step_post_hook(on_optimizer_step)
-        progress.update(f"layerscope: step 0 · {session.action()}")
+        show_progress()
         try:
             exit_code = _run_target(args.module, target_argv)
         except SystemExit as exc:

@@ -148,7 +148,7 @@ def test_steps_and_step_gaps() -> None:
     p = build_profile(t, None, {})
     p.validate()
     assert [(s.step, s.wall_us, s.device_us) for s in p.steps] == [(3, 100, 7), (4, 50, 0)]
-    gaps = {e.label: e for e in p.unattributed}["ProfilerStep (between ops)"]
+    gaps = {e.label: e for e in p.unattributed}["(Python between ops)"]
     assert gaps.metrics.cpu_us == 80 + 50
 
 

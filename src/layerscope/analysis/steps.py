@@ -16,7 +16,7 @@ _FRIENDLY = (
     ("enumerate(DataLoader)", "data loader"),
     ("Optimizer.step#", "optimizer step"),
     ("Optimizer.zero_grad#", "optimizer zero_grad"),
-    ("ProfilerStep (between ops)", "Python between ops"),
+    ("(Python between ops)", "Python between ops"),
 )
 
 

@@ -34,7 +34,7 @@ from layerscope.model.metrics import Metrics
 from layerscope.model.profile import OpStats, Phase, Profile, UnattributedEntry
 
 BACKWARD_NODE_PREFIX = "autograd::engine::evaluate_function: "
-LABEL_STEP_GAPS = "ProfilerStep (between ops)"
+LABEL_STEP_GAPS = "(Python between ops)"
 LABEL_MEMORY_OUTSIDE_OPS = "(memory outside ops)"
 LABEL_UNLINKED_DEVICE = "(device work without a launching op)"
 
@@ -288,6 +288,10 @@ def build_profile(
     )
     full_meta: dict[str, Any] = dict(meta or {})
     full_meta.setdefault("event_count", table.event_count)
+    if order_arr.size:  # the recorded window: first CPU event's start to the last one's end
+        full_meta.setdefault(
+            "wall_us", float((ts_arr + dur_arr)[order_arr].max() - ts_arr[order_arr].min()) / 1000.0
+        )
     full_meta.setdefault("trace", {k: v for k, v in table.meta.items() if _is_json_scalar_tree(v)})
     return Profile(
         meta=full_meta, root=root, op_rows=op_rows, unattributed=unattributed, totals=totals, steps=steps

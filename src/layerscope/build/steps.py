@@ -83,4 +83,13 @@ def step_stats(
                 unattributed=unattributed,
             )
         )
-    return tuple(sorted(result, key=lambda s: s.step))
+    result.sort(key=lambda s: s.step)
+    # `for batch in data: train(batch); prof.step()` leaves a last step that the final step() opened
+    # and the block's end closed, with no training in it: not a step worth a row.
+    if len(result) > 1 and _module_work(result[-1]) == 0 and any(_module_work(s) > 0 for s in result[:-1]):
+        result.pop()
+    return tuple(result)
+
+
+def _module_work(step: StepStats) -> float:
+    return sum(step.modules.get("", (0.0, 0.0)))

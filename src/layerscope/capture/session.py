@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity
+from torch.profiler import ProfilerAction, ProfilerActivity
 
 from layerscope.build.attribute import build_profile
 from layerscope.capture.flops import FlopCalculator
@@ -175,8 +175,9 @@ class profile:
             cycle_kwargs: dict[str, Any] = {}
             if self.schedule is not None or self.on_trace_ready is not None:
                 cycle_kwargs["on_trace_ready"] = self._cycle_ready
-            if self.schedule is not None:
-                cycle_kwargs["schedule"] = self.schedule
+            # torch marks ProfilerStep#N ranges only under a schedule: without one, "always record"
+            # keeps prof.step() meaningful (per-step statistics) and changes nothing else.
+            cycle_kwargs["schedule"] = self.schedule if self.schedule is not None else _always_record
             self._torch_profiler = torch.profiler.profile(
                 **cycle_kwargs,
                 activities=self.activities,
@@ -324,7 +325,7 @@ class profile:
             "source": "live",
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "model": model_type,
-            "wall_us": self._wall_ns / 1000.0,
+            "block_us": self._wall_ns / 1000.0,
             "devices": devices,
             "options": {
                 "activities": [str(a).rsplit(".", 1)[-1].lower() for a in self.activities],
@@ -354,6 +355,11 @@ def _enable_all_threads(profiler_kwargs: dict[str, Any]) -> bool:
     except (ImportError, TypeError):  # older torch: the option does not exist
         return False
     return True
+
+
+def _always_record(step: int) -> ProfilerAction:
+    """The schedule of an unscheduled block: every step is recorded."""
+    return torch.profiler.ProfilerAction.RECORD
 
 
 @contextmanager

@@ -162,8 +162,10 @@ def run(args: argparse.Namespace) -> int:
         step()
         model.zero_grad(set_to_none=True)
     with ls.profile(model, memory=args.memory) as prof:
-        for _ in range(args.steps):
+        for k in range(args.steps):
             step()
+            if k < args.steps - 1:
+                prof.step()  # ProfilerStep#N ranges: per-step means, spread and the step table
     profile = prof.profile
     if args.output:
         profile.save(args.output)

@@ -1,0 +1,1 @@
+"""Drop-in replacements for older tools: ``from layerscope.compat import torchprof``."""

@@ -1,0 +1,3 @@
+"""Integrations with training frameworks. Each module imports its framework only when used, and
+none is a dependency of layerscope: ``layerscope.integrations.transformers``, ``.accelerate``,
+``.lightning``."""

@@ -1,0 +1,47 @@
+"""Shared pieces of the integrations: a per-cycle handler that saves and writes a text report."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from layerscope.handlers import save_to
+from layerscope.model.serialize import write_atomic
+
+if TYPE_CHECKING:
+    from layerscope.capture.session import Cycle
+
+
+def text_report(cycle: Cycle) -> str:
+    """The module tree, the step table and the top ops of one cycle, as plain text."""
+    from layerscope.analysis.steps import step_rows
+    from layerscope.render.console import make_console, ops_table, steps_table, tree_table
+
+    buffer = io.StringIO()
+    console = make_console(buffer, width=160)
+    profile = cycle.profile
+    console.print(tree_table(profile, ascii_only=False))
+    if len(profile.steps) > 1:
+        console.print(steps_table(step_rows(profile.steps), ascii_only=False))
+    console.print(ops_table(profile.ops(limit=15), ascii_only=False, total_cpu_us=profile.totals.cpu_us))
+    return buffer.getvalue()
+
+
+def save_with_report(
+    directory: str | Path, *, trace: bool = False, rank: int | None = None, report: bool = True
+) -> Callable[[Cycle], None]:
+    """``save_to`` plus, per cycle, a ``.txt`` report beside the profile."""
+    saver = save_to(directory, trace=trace, rank=rank)
+    written: list[Path] = saver.written  # type: ignore[attr-defined]
+
+    def handler(cycle: Cycle) -> None:
+        saver(cycle)
+        if report:
+            profile_path = next(p for p in reversed(written) if ".pt.trace." not in p.name)
+            target = profile_path.with_name(profile_path.name.replace(".json.gz", ".txt"))
+            written.append(write_atomic(target, text_report(cycle).encode()))
+
+    handler.written = written  # type: ignore[attr-defined]
+    return handler

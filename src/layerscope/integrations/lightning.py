@@ -1,0 +1,86 @@
+"""PyTorch Lightning: ``Trainer(profiler=LayerscopeProfiler(active=3))``.
+
+Follows Lightning's ``Profiler`` interface: the profiling session starts with the first profiled
+action, every finished ``training_step`` is a step of the schedule, and ``teardown`` ends it.
+Modules are named by their attribute path in the LightningModule. Each cycle is saved (profile,
+text report, optionally the Chrome trace) into ``dirpath`` (default: the Trainer's log dir), with
+the rank in the names; ``summary()`` is the last cycle's report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.profilers import Profiler
+
+from layerscope.integrations._common import save_with_report, text_report
+
+
+class LayerscopeProfiler(Profiler):
+    """A Lightning profiler backed by layerscope (module tree, forward and backward)."""
+
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        filename: str | None = None,
+        *,
+        wait: int = 1,
+        warmup: int = 1,
+        active: int = 3,
+        repeat: int = 1,
+        skip_first: int = 0,
+        memory: bool = False,
+        trace: bool = False,
+        depth: int | None = None,
+    ) -> None:
+        super().__init__(dirpath=dirpath, filename=filename)
+        self.schedule_args = {
+            "wait": wait,
+            "warmup": warmup,
+            "active": active,
+            "repeat": repeat,
+            "skip_first": skip_first,
+        }
+        self.memory = memory
+        self.trace = trace
+        self.depth = depth
+        self.session: Any = None
+        self.handler: Any = None
+        self._lightning_module: Any = None  # set by Lightning's trainer
+
+    @property
+    def cycles(self) -> list[Any]:
+        """The finished cycles (each with its Profile)."""
+        return list(self.session.cycles) if self.session is not None else []
+
+    def start(self, action_name: str) -> None:
+        if self.session is not None or not action_name.endswith("training_step"):
+            return
+        import layerscope as ls
+
+        folder = Path(self.dirpath) if self.dirpath else Path("lightning_logs")
+        self.handler = save_with_report(folder / "layerscope", trace=self.trace, rank=self._local_rank or 0)
+        module = self._lightning_module
+        model = module.named_modules.__self__ if module is not None else None  # unwrap the weakref proxy
+        self.session = ls.profile(
+            model,
+            memory=self.memory,
+            depth=self.depth,
+            schedule=ls.schedule(**self.schedule_args),
+            on_trace_ready=self.handler,
+        )
+        self.session.__enter__()
+
+    def stop(self, action_name: str) -> None:
+        if self.session is not None and not self.session._finished and action_name.endswith("training_step"):
+            self.session.step()
+
+    def summary(self) -> str:
+        cycles = self.cycles
+        return text_report(cycles[-1]) if cycles else ""
+
+    def teardown(self, stage: str | None) -> None:
+        if self.session is not None and not self.session._finished:
+            self.session.__exit__(None, None, None)
+        super().teardown(stage=stage)

@@ -1,0 +1,77 @@
+"""Hugging Face Transformers: ``Trainer(..., callbacks=[LayerscopeCallback(active=3)])``.
+
+Profiles chosen steps of ``Trainer.train()`` with a schedule and saves, per cycle, the profile, a
+text report and optionally the Chrome trace into ``<output_dir>/layerscope`` (names carry the rank).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from transformers import TrainerCallback
+
+from layerscope.integrations._common import save_with_report
+
+
+class LayerscopeCallback(TrainerCallback):
+    """A TrainerCallback profiling ``skip_first``/``wait``/``warmup``/``active`` steps, ``repeat``
+    times (layerscope.schedule's semantics; a step is one optimizer step of the Trainer)."""
+
+    def __init__(
+        self,
+        *,
+        wait: int = 1,
+        warmup: int = 1,
+        active: int = 3,
+        repeat: int = 1,
+        skip_first: int = 0,
+        memory: bool = False,
+        trace: bool = False,
+        output_dir: str | None = None,
+        depth: int | None = None,
+    ) -> None:
+        import layerscope as ls
+
+        self.schedule = ls.schedule(
+            wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first
+        )
+        self.memory = memory
+        self.trace = trace
+        self.output_dir = output_dir
+        self.depth = depth
+        self.session: Any = None
+        self.handler: Any = None
+
+    @property
+    def cycles(self) -> list[Any]:
+        """The finished cycles (each with its Profile)."""
+        return list(self.session.cycles) if self.session is not None else []
+
+    @property
+    def written(self) -> list[Any]:
+        """Files written so far."""
+        return list(getattr(self.handler, "written", []))
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        import layerscope as ls
+
+        folder = self.output_dir or os.path.join(args.output_dir, "layerscope")
+        rank = int(getattr(args, "process_index", 0) or 0)
+        self.handler = save_with_report(folder, trace=self.trace, rank=rank)
+        self.session = ls.profile(
+            model, memory=self.memory, depth=self.depth, schedule=self.schedule, on_trace_ready=self.handler
+        )
+        self.session.__enter__()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.session is not None:
+            self.session.step()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop profiling and remove every hook (on_train_end does this; call it if training died)."""
+        if self.session is not None and not self.session._finished:
+            self.session.__exit__(None, None, None)

@@ -1,0 +1,183 @@
+"""The integrations, each against the real framework (skipped where it is not installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope as ls
+from tests.fixtures.models import tiny_resnet
+
+
+def needs(package: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None, reason=f"{package} is not installed")
+
+
+# ----- torchprof drop-in ------------------------------------------------------------------------------
+def test_torchprof_readme_example_works_unchanged() -> None:
+    from layerscope.compat import torchprof
+
+    model = tiny_resnet()
+    x = torch.rand([1, 3, 64, 64])
+    with torchprof.Profile(model, use_cuda=False) as prof:
+        model(x)
+    text = prof.display(show_events=False)
+    lines = text.splitlines()
+    assert [c.strip() for c in lines[0].split(" | ")] == list(torchprof._HEADERS)
+    assert lines[2].startswith("ResNet") and any(line.startswith("├── conv1") for line in lines)
+    assert any(line.startswith("│├── 0") for line in lines)  # torchprof's compact guides
+    conv = next(line for line in lines if line.startswith("├── conv1"))
+    assert conv.rstrip().endswith("| 1")  # leaf rows carry numbers and the call count
+    assert str(prof) == text
+
+    paths = [("ResNet", "layer1", "0"), ("ResNet", "fc")]
+    with torchprof.Profile(model, enabled=True, paths=paths) as prof:
+        model(x)
+    traces, event_lists = prof.raw()
+    assert traces[0].path == ("ResNet",) and traces[0].leaf is False
+    by_path = {t.path: t for t in traces}
+    assert by_path[("ResNet", "fc")].leaf and isinstance(by_path[("ResNet", "fc")].module, nn.Linear)
+    fc_events = event_lists[("ResNet", "fc")][0]
+    assert {"aten::linear", "aten::addmm"} & {e.name for e in fc_events}
+    assert all(e.cpu_time_total >= e.self_cpu_time_total for e in fc_events)
+    shown = prof.display(show_events=True)
+    assert "aten::addmm" in shown or "aten::linear" in shown
+    conv_line = next(line for line in shown.splitlines() if line.startswith("├── conv1"))
+    assert conv_line.rstrip().endswith("|")  # not a selected path: no numbers
+
+
+def test_torchprof_backward_option_and_disabled() -> None:
+    from layerscope.compat import torchprof
+
+    model = tiny_resnet()
+    x = torch.rand([1, 3, 64, 64])
+    with torchprof.Profile(model, backward=True) as prof:
+        model(x).sum().backward()
+    fwd_only = prof.profile.find("fc").forward.cpu_us
+    row = next(line for line in prof.display().splitlines() if line.startswith("└── fc"))
+    total = row.split(" | ")[2].strip()
+    assert total  # forward + backward figure
+    assert prof.profile.find("fc").backward.cpu_us > 0 and fwd_only > 0
+    with torchprof.Profile(model, enabled=False) as off:
+        model(x)
+    assert off.raw() == ([], {})
+
+
+# ----- Hugging Face Transformers ------------------------------------------------------------------------
+@needs("transformers")
+def test_transformers_trainer_callback(tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from layerscope.integrations.transformers import LayerscopeCallback
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16))
+    data = [
+        {"input_ids": torch.randint(0, 64, (16,)), "labels": torch.randint(0, 64, (16,))} for _ in range(16)
+    ]
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=6,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    callback = LayerscopeCallback(wait=1, warmup=1, active=2, repeat=1)
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+    assert len(callback.cycles) == 1
+    profile = callback.cycles[0].profile
+    profile.validate()
+    assert len(profile.steps) == 2
+    attention = profile.find("transformer.h.0.attn")
+    assert attention.forward.cpu_us > 0 and attention.backward.cpu_us > 0
+    names = sorted(p.name for p in (tmp_path / "layerscope").iterdir())
+    assert len(names) == 2 and names[0].startswith("rank0_steps2-3_") and names[1].endswith(".txt")
+    assert not any(m._forward_hooks for m in model.modules())  # hooks gone after training
+
+
+# ----- Hugging Face Accelerate --------------------------------------------------------------------------
+@needs("accelerate")
+def test_accelerate_profile_kwargs(tmp_path: Path) -> None:
+    from accelerate import Accelerator
+    from accelerate.utils import ProfileKwargs
+
+    from layerscope.integrations.accelerate import profile
+
+    kwargs = ProfileKwargs(
+        activities=["cpu"],
+        record_shapes=True,
+        with_flops=True,
+        schedule_option={"wait": 1, "warmup": 1, "active": 2, "repeat": 1, "skip_first": 0},
+        output_trace_dir=str(tmp_path / "trace"),
+    )
+    accelerator = Accelerator(cpu=True, kwargs_handlers=[kwargs])
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    with profile(accelerator, model) as prof:
+        for _ in range(5):
+            optimizer.zero_grad()
+            accelerator.backward(model(torch.randn(4, 8)).sum())
+            optimizer.step()
+            prof.step()
+    assert len(prof.cycles) == 1
+    p = prof.profile
+    p.validate()
+    assert len(p.steps) == 2 and p.find("0").forward.flops > 0 and p.find("2").backward.cpu_us > 0
+    written = prof.on_trace_ready.written
+    assert [w.name.split("_")[0] for w in written] == ["rank0"] * 3  # profile, trace, report
+    assert any(".pt.trace.json.gz" in w.name for w in written)
+
+
+# ----- PyTorch Lightning ---------------------------------------------------------------------------------
+@needs("lightning")
+def test_lightning_profiler(tmp_path: Path) -> None:
+    import lightning as L
+
+    from layerscope.integrations.lightning import LayerscopeProfiler
+
+    class TinyModule(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+            self.head = nn.Linear(16, 2)
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.head(self.encoder(batch)).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.randn(32, 8), batch_size=4)
+    profiler = LayerscopeProfiler(dirpath=tmp_path, wait=1, warmup=1, active=3, repeat=1)
+    trainer = L.Trainer(
+        max_steps=7,
+        profiler=profiler,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(TinyModule(), data)
+    assert len(profiler.cycles) == 1
+    p = profiler.cycles[0].profile
+    p.validate()
+    assert len(p.steps) == 3
+    assert p.find("encoder.0").type_name == "Linear" and p.find("head").backward.cpu_us > 0
+    files = sorted((tmp_path / "layerscope").iterdir())
+    assert [f.name.startswith("rank0_steps2-4_") for f in files] == [True, True]
+    assert "encoder" in profiler.summary()
+
+
+def test_layerscope_imports_without_the_frameworks() -> None:
+    import layerscope.integrations as integrations
+
+    assert integrations.__doc__ and ls.profile is not None

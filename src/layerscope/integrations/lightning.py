@@ -1,7 +1,10 @@
 """PyTorch Lightning: ``Trainer(profiler=LayerscopeProfiler(active=3))``.
 
-Follows Lightning's ``Profiler`` interface: the profiling session starts with the first profiled
-action, every finished ``training_step`` is a step of the schedule, and ``teardown`` ends it.
+Follows Lightning's ``Profiler`` interface: the profiling session starts with the first
+``run_training_batch`` action, each finished ``run_training_batch`` (forward, backward and optimizer
+step of one batch) is a step of the schedule, and ``teardown`` ends it. (Stepping at the end of
+``training_step``, as Lightning's PyTorchProfiler does, would cut torch's ``Optimizer.step`` range in
+two: with automatic optimisation, ``training_step`` runs inside the optimizer's closure.)
 Modules are named by their attribute path in the LightningModule. Each cycle is saved (profile,
 text report, optionally the Chrome trace) into ``dirpath`` (default: the Trainer's log dir), with
 the rank in the names; ``summary()`` is the last cycle's report.
@@ -15,6 +18,8 @@ from typing import Any
 from lightning.pytorch.profilers import Profiler
 
 from layerscope.integrations._common import save_with_report, text_report
+
+_STEP_ACTION = "run_training_batch"
 
 
 class LayerscopeProfiler(Profiler):
@@ -55,7 +60,7 @@ class LayerscopeProfiler(Profiler):
         return list(self.session.cycles) if self.session is not None else []
 
     def start(self, action_name: str) -> None:
-        if self.session is not None or not action_name.endswith("training_step"):
+        if self.session is not None or action_name != _STEP_ACTION:
             return
         import layerscope as ls
 
@@ -73,7 +78,7 @@ class LayerscopeProfiler(Profiler):
         self.session.__enter__()
 
     def stop(self, action_name: str) -> None:
-        if self.session is not None and not self.session._finished and action_name.endswith("training_step"):
+        if self.session is not None and not self.session._finished and action_name == _STEP_ACTION:
             self.session.step()
 
     def summary(self) -> str:

@@ -178,3 +178,13 @@ def test_outlier_step_names_a_module() -> None:
 def test_no_outliers_on_even_steps_or_too_few_steps() -> None:
     assert not any(r.outlier for r in step_rows(hand_built_steps([(1000.0, 100.0)] * 5)))
     assert not any(r.outlier for r in step_rows(hand_built_steps([(1000.0, 100.0), (5000.0, 100.0)])))
+
+
+def test_step_outside_the_block_is_a_clear_error() -> None:
+    session = ls.profile(TinyMLP())
+    with pytest.raises(ls.CaptureError, match="inside the"):
+        session.step()
+    with session:
+        session.step()
+    with pytest.raises(ls.CaptureError, match="inside the"):
+        session.step()

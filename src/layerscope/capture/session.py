@@ -222,6 +222,8 @@ class profile:
     # ----- steps and cycles ------------------------------------------------------------------------
     def step(self) -> None:
         """Mark the end of a training step (drives the schedule, like torch.profiler's ``step``)."""
+        if self._finished or self._torch_profiler is None:
+            raise CaptureError("prof.step() belongs inside the `with layerscope.profile(...)` block")
         with _quiet_cycle_warning():
             self.torch_profiler.step()
         self.step_count += 1

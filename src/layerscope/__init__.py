@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from layerscope.analysis.diff import ProfileDiff, diff
 from layerscope.errors import CaptureError, LayerscopeError, TraceFormatError, UsageError, ValidationError
 from layerscope.loading import load
 from layerscope.model.metrics import Metrics
@@ -46,12 +47,14 @@ __all__ = [
     "OpStats",
     "Phase",
     "Profile",
+    "ProfileDiff",
     "StepStats",
     "TraceFormatError",
     "UnattributedEntry",
     "UsageError",
     "ValidationError",
     "__version__",
+    "diff",
     "load",
     "print_summary",
     "profile",

@@ -270,7 +270,7 @@ class _FittedTable:
         if not self.ascii_only:
             return value
         plain = value.plain if isinstance(value, Text) else value
-        plain = plain.replace("µ", "u").replace("…", "...")
+        plain = plain.replace("µ", "u").replace("…", "...").replace("—", "-")
         if len(plain) > width:
             plain = plain[: max(0, width - 3)] + "..."
         return Text(plain, style=value.style) if isinstance(value, Text) else plain

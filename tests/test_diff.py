@@ -44,9 +44,7 @@ def test_diff_matches_modules_and_ops() -> None:
     d = ls.diff(a, b)
     assert d.total_delta == pytest.approx(40.0)
     modules = {r.key: r for r in d.modules}
-    assert modules["fc"].delta == pytest.approx(20.0) and modules["fc"].percent == pytest.approx(
-        40.0
-    )
+    assert modules["fc"].delta == pytest.approx(20.0) and modules["fc"].percent == pytest.approx(40.0)
     assert modules[""].delta == pytest.approx(40.0)
     ops = {r.key.split(" ")[0]: r for r in d.ops}
     assert ops["aten::addmm"].delta == pytest.approx(20.0)

@@ -1,0 +1,113 @@
+"""The trace reader on hostile input: it raises TraceFormatError and nothing else."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import layerscope as ls
+from layerscope.errors import TraceFormatError
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=8)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+KEYS = ["ph", "cat", "name", "ts", "dur", "pid", "tid", "args", "id", "s", "bp"]
+ARG_KEYS = [
+    "External id",
+    "correlation",
+    "Sequence number",
+    "Fwd thread id",
+    "Input Dims",
+    "Concrete Inputs",
+    "Bytes",
+    "Device Type",
+    "flops",
+]
+events = st.fixed_dictionaries(
+    {},
+    optional={
+        "ph": st.one_of(st.sampled_from(["X", "i", "s", "f", "M", "b", "e"]), values),
+        "cat": st.one_of(
+            st.sampled_from(
+                [
+                    "cpu_op",
+                    "kernel",
+                    "user_annotation",
+                    "cuda_runtime",
+                    "fwdbwd",
+                    "gpu_memcpy",
+                    "cpu_instant_event",
+                    "python_function",
+                ]
+            ),
+            values,
+        ),
+        "name": st.one_of(
+            st.sampled_from(
+                [
+                    "aten::mm",
+                    "[memory]",
+                    "ls::Net",
+                    "ls:a:Linear",
+                    "ProfilerStep#x",
+                    "autograd::engine::evaluate_function: MmBackward0",
+                ]
+            ),
+            values,
+        ),
+        "ts": st.one_of(st.floats(-1e6, 1e6, allow_nan=False), values),
+        "dur": st.one_of(st.floats(-10, 1e4, allow_nan=False), values),
+        "pid": values,
+        "tid": values,
+        "id": values,
+        "args": st.one_of(st.dictionaries(st.sampled_from(ARG_KEYS), values, max_size=5), values),
+    },
+)
+
+
+def check(path: Path) -> None:
+    try:
+        profile = ls.load(path)
+    except TraceFormatError:
+        return
+    profile.validate()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.lists(events, max_size=12), values))
+def test_random_events_raise_only_trace_format_errors(tmp_path: Path, trace_events: object) -> None:
+    path = tmp_path / "t.json"
+    document = {"traceEvents": trace_events} if isinstance(trace_events, list) else trace_events
+    # the standard library writes what orjson refuses (huge ints, NaN): the reader must cope
+    path.write_text(json.dumps(document, default=str))
+    check(path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=300), st.booleans())
+def test_random_bytes_raise_only_trace_format_errors(tmp_path: Path, blob: bytes, compress: bool) -> None:
+    path = tmp_path / "t.json"
+    path.write_bytes(gzip.compress(blob) if compress else blob)
+    check(path)
+
+
+def test_truncated_real_trace(real_traces: Path, tmp_path: Path) -> None:
+    raw = gzip.decompress((real_traces / "amd_mi250_train.json.gz").read_bytes())
+    for cut in (len(raw) // 3, len(raw) - 10):
+        path = tmp_path / "cut.json"
+        path.write_bytes(raw[:cut])
+        check(path)
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(gzip.compress(raw)[:-20])  # a gzip stream that ends early
+    check(path)

@@ -7,7 +7,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from layerscope.cli import diff_cmd, profile_cmd, run_cmd, show_cmd
+from layerscope.cli import analyze_cmd, diff_cmd, profile_cmd, run_cmd, show_cmd
 from layerscope.errors import LayerscopeError
 
 
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cmd.register(sub)
     run_cmd.register(sub)
     show_cmd.register(sub)
+    analyze_cmd.register(sub)
     diff_cmd.register(sub)
     return parser
 

@@ -154,6 +154,7 @@ def table_from_trace(data: dict[str, Any], flops: FlopCounter | None = None, sou
                 f"{source or 'trace'}: malformed {ph!r} event {str(ev.get('name', ''))[:60]!r}: {exc}"
             ) from None
     table.span_fwd_tid = _resolve_forward_threads(table, raw_fwd_tid, span_at, flow_starts, flow_ends)
+    table.threads = {tid: key for key, tid in thread_ids.items()}
     table.meta = {
         "source": source,
         "device_properties": data.get("deviceProperties") or [],

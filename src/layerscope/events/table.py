@@ -69,6 +69,9 @@ class EventTable:
     mem_on_device: list[bool] = field(default_factory=list)
     #: Trace-level facts: device properties, distributed info, window start/end (ns), source.
     meta: dict[str, Any] = field(default_factory=dict)
+    #: For trace files: this table's thread id -> the trace's (pid, tid); on GPU events the pid is
+    #: the device and the tid the stream.
+    threads: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 

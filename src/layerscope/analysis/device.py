@@ -1,0 +1,276 @@
+"""Device analysis of a trace: busy and idle time, kernel time by kind, top kernels, launch
+overhead, host-device synchronisation, and a CPU- vs device-bound verdict per step."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layerscope.events.table import EventKind, EventTable
+
+#: Kernel kinds, first match wins (names of cuBLAS/cuDNN/CUTLASS/Triton/NCCL/ROCm kernels).
+KERNEL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "communication",
+        re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|alltoall|broadcast", re.I),
+    ),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|softmax_warp_forward_mha", re.I)),
+    ("convolution", re.compile(r"conv|cudnn|winograd|implicit_?gemm|fprop|dgrad|wgrad|miopen", re.I)),
+    ("gemm", re.compile(r"gemm|matmul|cutlass|cublas|wgmma|xmma|hgemm|sgemm|Cijk", re.I)),
+    ("reduction", re.compile(r"reduce|norm|softmax|sum_|mean|argmax|topk|scan", re.I)),
+    (
+        "elementwise",
+        re.compile(r"elementwise|vectorized|unrolled|pointwise|triton_poi|fill|copy|cat_|index", re.I),
+    ),
+)
+SYNC_CALLS = (
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "hipDeviceSynchronize",
+    "hipStreamSynchronize",
+    "hipEventSynchronize",
+    "cudaMemcpy",
+    "hipMemcpy",
+)
+TINY_KERNEL_US = 10.0
+
+
+def is_sync_call(name: str) -> bool:
+    """Runtime calls that block the host until the device catches up (async copies and device-side
+    waits do not)."""
+    return name.startswith(SYNC_CALLS) and "Async" not in name
+
+
+def kernel_kind(name: str, kind: int) -> str:
+    """The kind of one piece of device work (memcpy directions from Kineto's names)."""
+    if kind == EventKind.MEMSET:
+        return "memset"
+    if kind == EventKind.MEMCPY:
+        for tag, label in (("HtoD", "memcpy H2D"), ("DtoH", "memcpy D2H"), ("DtoD", "memcpy D2D")):
+            if tag in name:
+                return label
+        return "memcpy other"
+    for label, pattern in KERNEL_KINDS:
+        if pattern.search(name):
+            return label
+    return "other"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelStats:
+    """One kernel name: launches, total and mean time, and its kind."""
+
+    name: str
+    kind: str
+    launches: int
+    total_us: float
+
+    @property
+    def mean_us(self) -> float:
+        """Mean duration of one launch."""
+        return self.total_us / self.launches if self.launches else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPoint:
+    """A host-device synchronisation call, with the op that made it."""
+
+    call: str
+    op: str
+    count: int
+    total_us: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepVerdict:
+    """Device activity inside one step's window, and whether the step waited on the CPU."""
+
+    step: int
+    wall_us: float
+    device_busy_us: float
+    verdict: str  # "device-bound", "CPU-bound" or "balanced"
+
+    @property
+    def utilisation(self) -> float:
+        """Busy share of the step's wall time."""
+        return self.device_busy_us / self.wall_us if self.wall_us > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    """What the device did during a trace."""
+
+    window_us: float
+    busy_us: float
+    by_kind: dict[str, float]
+    kernels: tuple[KernelStats, ...]
+    launches: int
+    tiny_kernels: int  # launches shorter than TINY_KERNEL_US
+    launch_bound: int  # launches whose kernel ran shorter than the CPU call that launched it
+    syncs: tuple[SyncPoint, ...]
+    steps: tuple[StepVerdict, ...] = field(default=())
+
+    @property
+    def idle_us(self) -> float:
+        """Window minus busy time."""
+        return max(0.0, self.window_us - self.busy_us)
+
+    @property
+    def utilisation(self) -> float:
+        """Busy share of the window."""
+        return self.busy_us / self.window_us if self.window_us > 0 else 0.0
+
+
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> int:
+    """Total length covered by intervals (overlaps counted once)."""
+    if not starts.size:
+        return 0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    running_end = np.maximum.accumulate(e)
+    # an interval starts a new block when it begins after everything before it ended
+    new_block = np.empty(s.size, dtype=bool)
+    new_block[0] = True
+    new_block[1:] = s[1:] > running_end[:-1]
+    block_id = np.cumsum(new_block) - 1
+    block_start = s[new_block]
+    block_end = np.zeros(block_start.size, dtype=np.int64)
+    np.maximum.at(block_end, block_id, e)
+    return int((block_end - block_start).sum())
+
+
+def _enclosing_ops(table: EventTable, wanted: list[int]) -> dict[int, int]:
+    """For each span in ``wanted``, the innermost CPU op or range around it on its thread (-1)."""
+    if not wanted:
+        return {}
+    kinds = table.array("span_kind")
+    ts, dur = table.array("span_ts"), table.array("span_dur")
+    cpu = np.flatnonzero((kinds == EventKind.CPU_OP) | (kinds == EventKind.USER_ANNOTATION))
+    cpu_order = cpu[np.lexsort((-dur[cpu], ts[cpu]))].tolist()
+    targets = sorted(wanted, key=lambda i: int(ts[i]))
+    result: dict[int, int] = {}
+    stacks: dict[int, list[int]] = {}
+    j = 0
+    span_ts, span_dur, span_tid = table.span_ts, table.span_dur, table.span_tid
+    for i in targets:
+        t = span_ts[i]
+        while j < len(cpu_order) and span_ts[cpu_order[j]] <= t:
+            k = cpu_order[j]
+            stack = stacks.setdefault(span_tid[k], [])
+            while stack and span_ts[stack[-1]] + span_dur[stack[-1]] < span_ts[k] + span_dur[k]:
+                stack.pop()
+            stack.append(k)
+            j += 1
+        stack = stacks.get(span_tid[i], [])
+        while stack and span_ts[stack[-1]] + span_dur[stack[-1]] < t + span_dur[i]:
+            stack.pop()
+        result[i] = stack[-1] if stack else -1
+    return result
+
+
+def device_report(table: EventTable) -> DeviceReport | None:
+    """The device section of an analysis, or None when the trace has no device work."""
+    kinds = table.array("span_kind")
+    device = np.flatnonzero((kinds >= EventKind.KERNEL) & (kinds <= EventKind.MEMSET))
+    if not device.size:
+        return None
+    ts, dur = table.array("span_ts"), table.array("span_dur")
+    starts, ends = ts[device], ts[device] + dur[device]
+    busy_ns = 0
+    devices = [table.threads.get(int(t), (0, 0))[0] for t in table.array("span_tid")[device].tolist()]
+    for dev in set(devices):
+        pick = np.asarray([d == dev for d in devices])
+        busy_ns += _union_length(starts[pick], ends[pick])
+    cpu = np.flatnonzero(kinds < EventKind.PYTHON)
+    lo = min(int(starts.min()), int(ts[cpu].min())) if cpu.size else int(starts.min())
+    hi = max(int(ends.max()), int((ts[cpu] + dur[cpu]).max())) if cpu.size else int(ends.max())
+    window_ns = (hi - lo) * max(1, len(set(devices)))
+
+    names = table.names
+    per_name: dict[tuple[int, int], list[int]] = {}
+    for k in device.tolist():
+        per_name.setdefault((table.span_name[k], table.span_kind[k]), []).append(table.span_dur[k])
+    kernels = sorted(
+        (
+            KernelStats(names[n], kernel_kind(names[n], kd), len(d), sum(d) / 1000.0)
+            for (n, kd), d in per_name.items()
+        ),
+        key=lambda s: -s.total_us,
+    )
+    by_kind: dict[str, float] = {}
+    for stat in kernels:
+        by_kind[stat.kind] = by_kind.get(stat.kind, 0.0) + stat.total_us
+    is_kernel = kinds[device] == EventKind.KERNEL
+    tiny = int(((dur[device] < TINY_KERNEL_US * 1000) & is_kernel).sum())
+
+    runtime_by_corr = {
+        table.span_corr[i]: i
+        for i in np.flatnonzero(kinds == EventKind.RUNTIME).tolist()
+        if table.span_corr[i] > 0
+    }
+    launch_bound = 0
+    for k in device[is_kernel].tolist():
+        launcher = runtime_by_corr.get(table.span_corr[k])
+        if launcher is not None and table.span_dur[k] < table.span_dur[launcher]:
+            launch_bound += 1
+
+    sync_calls = [
+        i
+        for i in np.flatnonzero(kinds == EventKind.RUNTIME).tolist()
+        if is_sync_call(names[table.span_name[i]])
+    ]
+    owner = _enclosing_ops(table, sync_calls)
+    syncs: dict[tuple[str, str], list[int]] = {}
+    for i in sync_calls:
+        p = owner.get(i, -1)
+        op = names[table.span_name[p]] if p >= 0 else "(outside ops)"
+        syncs.setdefault((names[table.span_name[i]], op), []).append(table.span_dur[i])
+    sync_points = tuple(
+        sorted(
+            (SyncPoint(c, o, len(d), sum(d) / 1000.0) for (c, o), d in syncs.items()),
+            key=lambda s: -s.total_us,
+        )
+    )
+    return DeviceReport(
+        window_us=window_ns / 1000.0,
+        busy_us=busy_ns / 1000.0,
+        by_kind=by_kind,
+        kernels=tuple(kernels),
+        launches=int(is_kernel.sum()),
+        tiny_kernels=tiny,
+        launch_bound=launch_bound,
+        syncs=sync_points,
+        steps=_step_verdicts(table, starts, ends),
+    )
+
+
+def _step_verdicts(
+    table: EventTable, dev_starts: np.ndarray, dev_ends: np.ndarray
+) -> tuple[StepVerdict, ...]:
+    """Per ProfilerStep window (from its start to the next step's start): device busy time."""
+    names = table.names
+    steps = [i for i, n in enumerate(table.span_name) if names[n].startswith("ProfilerStep#")]
+    if not steps:
+        return ()
+    ts, dur = table.array("span_ts"), table.array("span_dur")
+    steps.sort(key=lambda i: int(ts[i]))
+    verdicts = []
+    for k, i in enumerate(steps):
+        lo = int(ts[i])
+        hi = int(ts[steps[k + 1]]) if k + 1 < len(steps) else int(ts[i] + dur[i])
+        s = np.clip(dev_starts, lo, hi)
+        e = np.clip(dev_ends, lo, hi)
+        keep = e > s
+        busy = _union_length(s[keep], e[keep]) / 1000.0
+        wall = (hi - lo) / 1000.0
+        share = busy / wall if wall > 0 else 0.0
+        verdict = "device-bound" if share >= 0.8 else "CPU-bound" if share < 0.5 else "balanced"
+        try:
+            number = int(names[table.span_name[i]].split("#", 1)[1])
+        except ValueError:
+            number = k
+        verdicts.append(StepVerdict(number, wall, busy, verdict))
+    return tuple(verdicts)

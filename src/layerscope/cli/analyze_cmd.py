@@ -1,0 +1,44 @@
+"""``layerscope analyze PATH``: any torch.profiler trace (file, TensorBoard folder, per-rank folder)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from layerscope.cli.views import add_view_options, check_view_options, print_profile
+
+
+def register(sub: Any) -> None:
+    """Add the ``analyze`` subcommand."""
+    parser = sub.add_parser(
+        "analyze",
+        help="analyse torch.profiler traces: tree, ops, device section, advice",
+        description="Analyse a trace written by torch.profiler (.json or .json.gz), a TensorBoard log folder "
+        "(*.pt.trace.json[.gz]) or a folder of per-rank traces: the module tree (from layerscope's ranges "
+        "when present), the op table, a device section when the trace has device activity, and advice.",
+    )
+    parser.add_argument("path", help="a trace file or a folder of traces")
+    add_view_options(parser)
+    parser.set_defaults(run=run, top=10)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Analyse and print every trace found."""
+    from layerscope.loading import analyze, trace_files
+    from layerscope.render.analysis import advice_list, device_section
+    from layerscope.render.console import make_console
+
+    check_view_options(args)
+    files = trace_files(args.path)
+    console = make_console(sys.stdout)
+    ascii_only = True if args.ascii else None
+    for k, path in enumerate(files):
+        result = analyze(path)
+        if len(files) > 1:
+            console.print(("\n" if k else "") + f"== {path}", style="bold")
+        print_profile(result.profile, args)
+        if result.device is not None:
+            console.print(device_section(result.device, top=args.top, ascii_only=ascii_only))
+        console.print(advice_list(result.advice, ascii_only=ascii_only))
+    return 0

@@ -1,0 +1,120 @@
+"""``layerscope analyze``: device report, advice rules, folders of traces."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+
+import layerscope as ls
+from layerscope.analysis.advice import advise
+from layerscope.analysis.device import device_report, kernel_kind
+from layerscope.build import build_profile
+from layerscope.cli import main
+from layerscope.events import EventKind, EventTable
+from layerscope.loading import analyze
+
+US = 1000
+
+
+def gpu_table(kernels: int, kernel_us: int, step_us: int, sync: bool) -> EventTable:
+    """Two steps on thread 1, each launching ``kernels`` kernels on device 0 (stream 7)."""
+    t = EventTable()
+    t.threads = {1: (100, 100), 2: (0, 7)}
+    cursor = 0
+    corr = 1
+    for step in range(2):
+        t.add_span(f"ProfilerStep#{step}", EventKind.USER_ANNOTATION, 1, cursor, step_us * US)
+        op_start = cursor + 10 * US
+        t.add_span("aten::add", EventKind.CPU_OP, 1, op_start, (kernels * 6 + 10) * US, ext=corr)
+        for k in range(kernels):
+            launch = op_start + (1 + 6 * k) * US
+            t.add_span("cudaLaunchKernel", EventKind.RUNTIME, 1, launch, 5 * US, corr=corr + k + 1)
+            t.add_span(
+                "void at::native::vectorized_elementwise_kernel<4, add>",
+                EventKind.KERNEL,
+                2,
+                max(launch + 2 * US, op_start + (2 + k * kernel_us) * US),  # one stream: back to back
+                kernel_us * US,
+                corr=corr + k + 1,
+                ext=corr,
+            )
+        if sync:
+            t.add_span("aten::item", EventKind.CPU_OP, 1, op_start + (kernels * 6 + 20) * US, 30 * US)
+            t.add_span(
+                "cudaStreamSynchronize", EventKind.RUNTIME, 1, op_start + (kernels * 6 + 21) * US, 25 * US
+            )
+        corr += kernels + 1
+        cursor += step_us * US
+    return t
+
+
+def test_device_report_numbers() -> None:
+    table = gpu_table(kernels=4, kernel_us=3, step_us=1000, sync=True)
+    report = device_report(table)
+    assert report is not None
+    assert report.busy_us == pytest.approx(2 * 4 * 3)  # kernels do not overlap
+    assert report.launches == 8 and report.tiny_kernels == 8
+    assert report.launch_bound == 8  # each 3 µs kernel is shorter than its 5 µs launch
+    assert report.by_kind == {"elementwise": pytest.approx(24.0)}
+    assert [(s.call, s.op, s.count) for s in report.syncs] == [("cudaStreamSynchronize", "aten::item", 2)]
+    assert [s.verdict for s in report.steps] == ["CPU-bound", "CPU-bound"]
+    assert report.kernels[0].mean_us == pytest.approx(3.0)
+
+
+def test_advice_fires_on_evidence_and_stays_silent_without_it() -> None:
+    storm = gpu_table(kernels=150, kernel_us=2, step_us=2000, sync=False)
+    profile = build_profile(storm, None, {})
+    rules = {a.rule for a in advise(profile, device_report(storm))}
+    assert {"tiny-kernel-storm", "low-device-utilisation"} <= rules
+    assert "host-device-syncs" not in rules and "fp32-matmul" not in rules  # no syncs; hardware unknown
+    busy = gpu_table(kernels=4, kernel_us=240, step_us=1000, sync=False)
+    rules = {a.rule for a in advise(build_profile(busy, None, {}), device_report(busy))}
+    assert "low-device-utilisation" not in rules and "tiny-kernel-storm" not in rules
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "expected"),
+    [
+        ("ampere_sgemm_128x64_tn", EventKind.KERNEL, "gemm"),
+        ("ncclKernel_AllReduce_RING", EventKind.KERNEL, "communication"),
+        ("Memcpy HtoD (Pageable -> Device)", EventKind.MEMCPY, "memcpy H2D"),
+        ("flash_fwd_kernel", EventKind.KERNEL, "attention"),
+        ("Memset (Device)", EventKind.MEMSET, "memset"),
+        ("implicit_convolve_sgemm", EventKind.KERNEL, "convolution"),
+    ],
+)
+def test_kernel_kinds(name: str, kind: EventKind, expected: str) -> None:
+    assert kernel_kind(name, kind) == expected
+
+
+def test_analyze_real_traces(real_traces: Path) -> None:
+    result = analyze(real_traces / "cuda_nccl_distributed.json.gz")
+    result.profile.validate()
+    assert result.device is not None and 0 < result.device.utilisation < 1
+    assert result.device.by_kind["communication"] > 0
+    assert {a.rule for a in result.advice} >= {"low-device-utilisation", "channels-last"}
+    cpu = analyze(real_traces / "cpu_only_rank34.pt.trace.json.gz")
+    assert cpu.device is None  # no device activity: no device section, no device advice
+
+
+def test_analyze_cli_on_a_tensorboard_folder(
+    real_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = tmp_path / "tb" / "worker0"
+    logs.mkdir(parents=True)
+    shutil.copy(real_traces / "cpu_only_rank34.pt.trace.json.gz", logs / "host_1.pt.trace.json.gz")
+    (logs / "host_2.pt.trace.json").write_bytes(
+        gzip.decompress((real_traces / "amd_mi250_train.json.gz").read_bytes())
+    )
+    assert main(["analyze", str(tmp_path / "tb"), "--ascii", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("== ") == 2 and "Device: busy" in out and "Advice:" in out
+
+
+def test_analyze_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(tmp_path)]) == 2
+    assert "no .json or .json.gz trace" in capsys.readouterr().err
+    assert ls.load is not None

@@ -118,3 +118,25 @@ def test_analyze_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["analyze", str(tmp_path)]) == 2
     assert "no .json or .json.gz trace" in capsys.readouterr().err
     assert ls.load is not None
+
+
+def test_with_stack_trace_gives_a_module_tree(tmp_path: Path) -> None:
+    """A plain torch.profiler trace recorded with with_stack: nn.Module events become the tree."""
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+    path = tmp_path / "stack.json"
+    prof.export_chrome_trace(str(path))
+    profile = ls.load(path)
+    profile.validate()
+    node = profile.find("Sequential_0.Linear_1")
+    assert node.type_name == "Linear" and node.calls == 1
+    assert node.forward.cpu_us > 0 and node.backward.cpu_us > 0  # backward via sequence numbers
+    assert [c.path for c in profile.find("Sequential_0").children] == [
+        "Sequential_0.Linear_0",
+        "Sequential_0.ReLU_0",
+        "Sequential_0.Linear_1",
+    ]

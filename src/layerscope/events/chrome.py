@@ -15,9 +15,12 @@ from typing import Any
 
 import orjson
 
+from layerscope.build.catalog import MODULE_RANGE_PREFIX, module_range_name
 from layerscope.errors import TraceFormatError
 from layerscope.events.shapes import shapes_key
 from layerscope.events.table import EventKind, EventTable
+
+_NN_MODULE = "nn.Module: "
 
 _KIND_BY_CATEGORY: dict[str, EventKind] = {
     "cpu_op": EventKind.CPU_OP,
@@ -85,6 +88,7 @@ def table_from_trace(data: dict[str, Any], flops: FlopCounter | None = None, sou
     flow_starts: dict[Any, tuple[int, int]] = {}
     flow_ends: dict[Any, tuple[int, int]] = {}
     raw_fwd_tid: list[int] = []
+    python_ids: dict[int, tuple[Any, Any]] = {}  # python span -> (Python id, Python parent id)
     kinds = _KIND_BY_CATEGORY
     skipped = 0
     for ev in data["traceEvents"]:
@@ -119,6 +123,8 @@ def table_from_trace(data: dict[str, Any], flops: FlopCounter | None = None, sou
                         op_flops = flops(name, dims, parse_concrete(args.get("Concrete Inputs")))
                     elif flops is None:
                         op_flops = int(args.get("flops", 0) or 0)
+                if kind == EventKind.PYTHON:
+                    python_ids[len(table.span_ts)] = (args.get("Python id"), args.get("Python parent id"))
                 i = table.add_span(
                     name,
                     kind,
@@ -153,6 +159,7 @@ def table_from_trace(data: dict[str, Any], flops: FlopCounter | None = None, sou
             raise TraceFormatError(
                 f"{source or 'trace'}: malformed {ph!r} event {str(ev.get('name', ''))[:60]!r}: {exc}"
             ) from None
+    _module_ranges_from_python_events(table, python_ids)
     table.span_fwd_tid = _resolve_forward_threads(table, raw_fwd_tid, span_at, flow_starts, flow_ends)
     table.threads = {tid: key for key, tid in thread_ids.items()}
     table.meta = {
@@ -163,6 +170,36 @@ def table_from_trace(data: dict[str, Any], flops: FlopCounter | None = None, sou
         "schema_version": data.get("schemaVersion"),
     }
     return table
+
+
+def _module_ranges_from_python_events(table: EventTable, python_ids: dict[int, tuple[Any, Any]]) -> None:
+    """Traces recorded with ``with_stack`` carry ``nn.Module: Linear_0`` Python events. Without
+    layerscope's own ranges, they become module ranges, named by their chain of module events
+    (``Sequential_0.Linear_1``: torch records class and instance index, not attribute names)."""
+    if any(name.startswith(MODULE_RANGE_PREFIX) for name in table.names):
+        return
+    names = table.names
+    by_python_id: dict[Any, int] = {pid: i for i, (pid, _) in python_ids.items() if pid is not None}
+    label: dict[int, str] = {}
+    for i in python_ids:
+        name = names[table.span_name[i]]
+        if name.startswith(_NN_MODULE):
+            label[i] = name[len(_NN_MODULE) :].strip()
+    if not label:
+        return
+    for i, own in label.items():
+        chain = [own]
+        parent = python_ids[i][1]
+        seen = 0
+        while parent is not None and parent in by_python_id and seen < 10_000:
+            j = by_python_id[parent]
+            if j in label:
+                chain.append(label[j])
+            parent = python_ids[j][1]
+            seen += 1
+        type_name = own.rsplit("_", 1)[0] if own.rsplit("_", 1)[-1].isdigit() else own
+        table.span_name[i] = table.intern(module_range_name(".".join(reversed(chain)), type_name))
+        table.span_kind[i] = int(EventKind.USER_ANNOTATION)
 
 
 def _resolve_forward_threads(

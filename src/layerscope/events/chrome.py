@@ -80,96 +80,117 @@ def _ns(value: Any) -> int:
     return round(float(value) * 1000.0)
 
 
+class TraceTableBuilder:
+    """Fills an EventTable from trace events, a batch at a time (so big traces stream through)."""
+
+    def __init__(self, flops: FlopCounter | None = None, source: str = "") -> None:
+        self.table = EventTable()
+        self.flops = flops
+        self.source = source
+        self.thread_ids: dict[tuple[Any, Any], int] = {}
+        self.span_at: dict[tuple[int, int], int] = {}
+        self.flow_starts: dict[Any, tuple[int, int]] = {}
+        self.flow_ends: dict[Any, tuple[int, int]] = {}
+        self.raw_fwd_tid: list[int] = []
+        self.python_ids: dict[int, tuple[Any, Any]] = {}  # python span -> (Python id, Python parent id)
+        self.skipped = 0
+
+    def _thread(self, ev: dict[str, Any]) -> int:
+        key = (ev.get("pid"), ev.get("tid"))
+        tid = self.thread_ids.get(key)
+        if tid is None:
+            tid = self.thread_ids[key] = len(self.thread_ids) + 1
+        return tid
+
+    def add_events(self, events: list[Any]) -> None:
+        """Read one batch of trace events."""
+        table, kinds, flops = self.table, _KIND_BY_CATEGORY, self.flops
+        for ev in events:
+            if not isinstance(ev, dict):
+                self.skipped += 1
+                continue
+            ph = ev.get("ph")
+            try:
+                if ph == "X":
+                    kind = kinds.get(ev.get("cat", ""))
+                    if kind is None:
+                        continue
+                    tid = self._thread(ev)
+                    args = ev.get("args") or {}
+                    ts = _ns(ev["ts"])
+                    dur = max(0, _ns(ev.get("dur", 0)))
+                    name = str(ev.get("name", ""))
+                    seq = int(args.get("Sequence number", -1))
+                    fwd = int(args.get("Fwd thread id", 0)) if seq >= 0 else 0
+                    # Runtime calls and device work pair by "correlation"; ops and device work by
+                    # "External id" (older Kineto writes the runtime's id there for kernels too).
+                    corr = int(args.get("correlation", 0) or 0) if kind != EventKind.CPU_OP else 0
+                    ext = int(args.get("External id", 0) or 0) if kind != EventKind.RUNTIME else 0
+                    dims = args.get("Input Dims")
+                    shapes = shapes_key(dims) if dims and kind == EventKind.CPU_OP else None
+                    op_flops = 0
+                    if kind == EventKind.CPU_OP:
+                        if flops is not None and dims:
+                            op_flops = flops(name, dims, parse_concrete(args.get("Concrete Inputs")))
+                        elif flops is None:
+                            op_flops = int(args.get("flops", 0) or 0)
+                    if kind == EventKind.PYTHON:
+                        self.python_ids[len(table.span_ts)] = (
+                            args.get("Python id"),
+                            args.get("Python parent id"),
+                        )
+                    i = table.add_span(
+                        name,
+                        kind,
+                        tid,
+                        ts,
+                        dur,
+                        seq=seq,
+                        fwd_tid=0,
+                        corr=corr,
+                        ext=ext,
+                        shapes=shapes,
+                        flops=op_flops,
+                    )
+                    self.raw_fwd_tid.append(fwd)
+                    if kind in (EventKind.CPU_OP, EventKind.USER_ANNOTATION):
+                        self.span_at.setdefault((tid, ts), i)
+                elif ph == "i" and ev.get("name") == "[memory]":
+                    args = ev.get("args") or {}
+                    device_type = int(args.get("Device Type", 0) or 0)
+                    table.add_memory(
+                        self._thread(ev), _ns(ev["ts"]), int(args.get("Bytes", 0)), on_device=device_type != 0
+                    )
+                elif ph in ("s", "f") and ev.get("cat") == "fwdbwd":
+                    target = self.flow_starts if ph == "s" else self.flow_ends
+                    target[ev.get("id")] = (self._thread(ev), _ns(ev["ts"]))
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
+                what = str(ev.get("name", ""))[:60]
+                raise TraceFormatError(f"{self.source or 'trace'}: malformed {ph!r} event {what!r}: {exc}") from None
+
+    def finish(self, header: dict[str, Any]) -> EventTable:
+        """Link what needs the whole trace (module events, forward threads) and return the table."""
+        table = self.table
+        _module_ranges_from_python_events(table, self.python_ids)
+        table.span_fwd_tid = _resolve_forward_threads(
+            table, self.raw_fwd_tid, self.span_at, self.flow_starts, self.flow_ends
+        )
+        table.threads = {tid: key for key, tid in self.thread_ids.items()}
+        table.meta = {
+            "source": self.source,
+            "device_properties": header.get("deviceProperties") or [],
+            "distributed": header.get("distributedInfo"),
+            "skipped_events": self.skipped,
+            "schema_version": header.get("schemaVersion"),
+        }
+        return table
+
+
 def table_from_trace(data: dict[str, Any], flops: FlopCounter | None = None, source: str = "") -> EventTable:
     """Build an EventTable from a parsed trace (see :func:`load_trace_json`)."""
-    table = EventTable()
-    thread_ids: dict[tuple[Any, Any], int] = {}
-    span_at: dict[tuple[int, int], int] = {}
-    flow_starts: dict[Any, tuple[int, int]] = {}
-    flow_ends: dict[Any, tuple[int, int]] = {}
-    raw_fwd_tid: list[int] = []
-    python_ids: dict[int, tuple[Any, Any]] = {}  # python span -> (Python id, Python parent id)
-    kinds = _KIND_BY_CATEGORY
-    skipped = 0
-    for ev in data["traceEvents"]:
-        if not isinstance(ev, dict):
-            skipped += 1
-            continue
-        ph = ev.get("ph")
-        try:
-            if ph == "X":
-                kind = kinds.get(ev.get("cat", ""))
-                if kind is None:
-                    continue
-                key = (ev.get("pid"), ev.get("tid"))
-                tid = thread_ids.get(key)
-                if tid is None:
-                    tid = thread_ids[key] = len(thread_ids) + 1
-                args = ev.get("args") or {}
-                ts = _ns(ev["ts"])
-                dur = max(0, _ns(ev.get("dur", 0)))
-                name = str(ev.get("name", ""))
-                seq = int(args.get("Sequence number", -1))
-                fwd = int(args.get("Fwd thread id", 0)) if seq >= 0 else 0
-                # Runtime calls and device work pair by "correlation"; ops and device work by
-                # "External id" (older Kineto writes the runtime's id there for kernels too).
-                corr = int(args.get("correlation", 0) or 0) if kind != EventKind.CPU_OP else 0
-                ext = int(args.get("External id", 0) or 0) if kind != EventKind.RUNTIME else 0
-                dims = args.get("Input Dims")
-                shapes = shapes_key(dims) if dims and kind == EventKind.CPU_OP else None
-                op_flops = 0
-                if kind == EventKind.CPU_OP:
-                    if flops is not None and dims:
-                        op_flops = flops(name, dims, parse_concrete(args.get("Concrete Inputs")))
-                    elif flops is None:
-                        op_flops = int(args.get("flops", 0) or 0)
-                if kind == EventKind.PYTHON:
-                    python_ids[len(table.span_ts)] = (args.get("Python id"), args.get("Python parent id"))
-                i = table.add_span(
-                    name,
-                    kind,
-                    tid,
-                    ts,
-                    dur,
-                    seq=seq,
-                    fwd_tid=0,
-                    corr=corr,
-                    ext=ext,
-                    shapes=shapes,
-                    flops=op_flops,
-                )
-                raw_fwd_tid.append(fwd)
-                if kind in (EventKind.CPU_OP, EventKind.USER_ANNOTATION):
-                    span_at.setdefault((tid, ts), i)
-            elif ph == "i" and ev.get("name") == "[memory]":
-                args = ev.get("args") or {}
-                key = (ev.get("pid"), ev.get("tid"))
-                tid = thread_ids.get(key)
-                if tid is None:
-                    tid = thread_ids[key] = len(thread_ids) + 1
-                device_type = int(args.get("Device Type", 0) or 0)
-                table.add_memory(tid, _ns(ev["ts"]), int(args.get("Bytes", 0)), on_device=device_type != 0)
-            elif ph in ("s", "f") and ev.get("cat") == "fwdbwd":
-                key = (ev.get("pid"), ev.get("tid"))
-                tid = thread_ids.get(key)
-                if tid is None:
-                    tid = thread_ids[key] = len(thread_ids) + 1
-                (flow_starts if ph == "s" else flow_ends)[ev.get("id")] = (tid, _ns(ev["ts"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceFormatError(
-                f"{source or 'trace'}: malformed {ph!r} event {str(ev.get('name', ''))[:60]!r}: {exc}"
-            ) from None
-    _module_ranges_from_python_events(table, python_ids)
-    table.span_fwd_tid = _resolve_forward_threads(table, raw_fwd_tid, span_at, flow_starts, flow_ends)
-    table.threads = {tid: key for key, tid in thread_ids.items()}
-    table.meta = {
-        "source": source,
-        "device_properties": data.get("deviceProperties") or [],
-        "distributed": data.get("distributedInfo"),
-        "skipped_events": skipped,
-        "schema_version": data.get("schemaVersion"),
-    }
-    return table
+    builder = TraceTableBuilder(flops, source)
+    builder.add_events(data["traceEvents"])
+    return builder.finish(data)
 
 
 def _module_ranges_from_python_events(table: EventTable, python_ids: dict[int, tuple[Any, Any]]) -> None:

@@ -166,7 +166,8 @@ class TraceTableBuilder:
                     target[ev.get("id")] = (self._thread(ev), _ns(ev["ts"]))
             except (KeyError, TypeError, ValueError, OverflowError) as exc:
                 what = str(ev.get("name", ""))[:60]
-                raise TraceFormatError(f"{self.source or 'trace'}: malformed {ph!r} event {what!r}: {exc}") from None
+                where = self.source or "trace"
+                raise TraceFormatError(f"{where}: malformed {ph!r} event {what!r}: {exc}") from None
 
     def finish(self, header: dict[str, Any]) -> EventTable:
         """Link what needs the whole trace (module events, forward threads) and return the table."""

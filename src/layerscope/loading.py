@@ -10,9 +10,11 @@ from layerscope.analysis.advice import Advice, advise
 from layerscope.analysis.device import DeviceReport, device_report
 from layerscope.build.attribute import build_profile
 from layerscope.errors import TraceFormatError
-from layerscope.events.chrome import FlopCounter, table_from_trace
+from layerscope.events.chrome import FlopCounter, TraceTableBuilder
+from layerscope.events.stream import Progress, stream_trace
+from layerscope.events.table import EventTable
 from layerscope.model.profile import SCHEMA_VERSION, Profile
-from layerscope.model.serialize import FORMAT_TAG, profile_from_dict, read_json
+from layerscope.model.serialize import FORMAT_TAG, profile_from_dict
 
 
 def _flop_counter() -> FlopCounter | None:
@@ -29,31 +31,56 @@ def _flop_counter() -> FlopCounter | None:
     return count
 
 
-def load(path: str | Path) -> Profile:
-    """Load a profile saved by :meth:`Profile.save`, or build one from a Chrome trace written by
-    torch.profiler (``export_chrome_trace``, ``tensorboard_trace_handler``; .json or .json.gz)."""
-    path = Path(path)
-    data = read_json(path)
-    if isinstance(data, dict) and data.get("format") == FORMAT_TAG:
-        try:
-            return profile_from_dict(data)
-        except TraceFormatError as exc:
-            raise TraceFormatError(f"{path}: {exc}") from None
-    if isinstance(data, list):
-        data = {"traceEvents": data}
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise TraceFormatError(f"{path}: neither a layerscope profile nor a torch.profiler trace")
-    table = table_from_trace(data, flops=_flop_counter(), source=str(path))
+def _read(path: Path, progress: Progress | None = None) -> Profile | EventTable:
+    """A saved profile, or a trace's EventTable (read in blocks; a cut file keeps what survives)."""
+    builder = TraceTableBuilder(flops=_flop_counter(), source=str(path))
+    try:
+        result = stream_trace(path, builder, progress)
+    except TraceFormatError as exc:
+        message = str(exc)
+        raise TraceFormatError(message if message.startswith(str(path)) else f"{path}: {message}") from None
+    header: Any = result.header
+    if result.whole_document is not None:
+        data = result.whole_document
+        if isinstance(data, dict) and data.get("format") == FORMAT_TAG:
+            try:
+                return profile_from_dict(data)
+            except TraceFormatError as exc:
+                raise TraceFormatError(f"{path}: {exc}") from None
+        if isinstance(data, list):
+            data = {"traceEvents": data}
+        if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+            raise TraceFormatError(f"{path}: neither a layerscope profile nor a torch.profiler trace")
+        builder.add_events(data["traceEvents"])
+        header = data
+    table = builder.finish(header)
+    table.meta["truncated"] = result.truncated
+    table.meta["lost_bytes"] = result.lost_bytes
     if not table.span_count and not table.mem_ts:
         raise TraceFormatError(f"{path}: the trace holds no profiler events")
-    meta = {
+    return table
+
+
+def _trace_meta(path: Path, table: EventTable) -> dict[str, Any]:
+    return {
         "schema_version": SCHEMA_VERSION,
         "source": "trace",
         "trace_file": str(path),
         "model": None,
         "options": {"memory": bool(table.mem_ts)},
     }
-    return build_profile(table, None, meta)
+
+
+def load(path: str | Path, progress: Progress | None = None) -> Profile:
+    """Load a profile saved by :meth:`Profile.save`, or build one from a Chrome trace written by
+    torch.profiler (``export_chrome_trace``, ``tensorboard_trace_handler``; .json or .json.gz). Big
+    traces are read in blocks; a trace cut short keeps every complete event (``meta["trace"]``
+    says ``truncated`` and how many bytes were lost)."""
+    path = Path(path)
+    read = _read(path, progress)
+    if isinstance(read, Profile):
+        return read
+    return build_profile(read, None, _trace_meta(path, read))
 
 
 @dataclass(frozen=True)
@@ -82,27 +109,12 @@ def trace_files(path: str | Path) -> list[Path]:
     return [path]
 
 
-def analyze(path: str | Path) -> Analysis:
+def analyze(path: str | Path, progress: Progress | None = None) -> Analysis:
     """Analyse one trace file (or saved profile): Profile + device report + advice."""
     path = Path(path)
-    data = read_json(path)
-    if isinstance(data, dict) and data.get("format") == FORMAT_TAG:
-        profile = profile_from_dict(data)
-        return Analysis(str(path), profile, None, tuple(advise(profile, None)))
-    if isinstance(data, list):
-        data = {"traceEvents": data}
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise TraceFormatError(f"{path}: neither a layerscope profile nor a torch.profiler trace")
-    table = table_from_trace(data, flops=_flop_counter(), source=str(path))
-    if not table.span_count and not table.mem_ts:
-        raise TraceFormatError(f"{path}: the trace holds no profiler events")
-    meta = {
-        "schema_version": SCHEMA_VERSION,
-        "source": "trace",
-        "trace_file": str(path),
-        "model": None,
-        "options": {"memory": bool(table.mem_ts)},
-    }
-    profile = build_profile(table, None, meta)
-    device = device_report(table)
+    read = _read(path, progress)
+    if isinstance(read, Profile):
+        return Analysis(str(path), read, None, tuple(advise(read, None)))
+    profile = build_profile(read, None, _trace_meta(path, read))
+    device = device_report(read)
     return Analysis(str(path), profile, device, tuple(advise(profile, device)))

@@ -23,6 +23,34 @@ def register(sub: Any) -> None:
     parser.set_defaults(run=run, top=10)
 
 
+class _Progress:
+    """A progress line on stderr for reads that take more than a few seconds."""
+
+    def __init__(self, path: Any) -> None:
+        import time
+
+        self.path = path
+        self.clock = time.monotonic
+        self.started = self.clock()
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock()
+        if now - self.started < 3 or now - self.last < 1:
+            return
+        self.last = now
+        rate = done / (now - self.started) / 1e6
+        end = "\r" if sys.stderr.isatty() else "\n"
+        print(
+            f"layerscope: reading {self.path}: {done / 1e6:.0f} of {total / 1e6:.0f} MB ({rate:.0f} MB/s)",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+        self.shown = True
+
+
 def run(args: argparse.Namespace) -> int:
     """Analyse and print every trace found."""
     from layerscope.loading import analyze, trace_files
@@ -34,7 +62,14 @@ def run(args: argparse.Namespace) -> int:
     console = make_console(sys.stdout)
     ascii_only = True if args.ascii else None
     for k, path in enumerate(files):
-        result = analyze(path)
+        result = analyze(path, progress=_Progress(path))
+        trace = result.profile.meta.get("trace", {})
+        if trace.get("truncated"):
+            print(
+                f"layerscope: warning: {path} ends early (a killed job?): {trace.get('lost_bytes', 0)} bytes "
+                "after the last complete event were not read; analysing what is there",
+                file=sys.stderr,
+            )
         if len(files) > 1:
             console.print(("\n" if k else "") + f"== {path}", style="bold")
         print_profile(result.profile, args)

@@ -13,6 +13,7 @@ from layerscope.errors import TraceFormatError
 from layerscope.events.chrome import FlopCounter, TraceTableBuilder
 from layerscope.events.stream import Progress, stream_trace
 from layerscope.events.table import EventTable
+from layerscope.gcpause import gc_paused
 from layerscope.model.profile import SCHEMA_VERSION, Profile
 from layerscope.model.serialize import FORMAT_TAG, profile_from_dict
 
@@ -35,7 +36,8 @@ def _read(path: Path, progress: Progress | None = None) -> Profile | EventTable:
     """A saved profile, or a trace's EventTable (read in blocks; a cut file keeps what survives)."""
     builder = TraceTableBuilder(flops=_flop_counter(), source=str(path))
     try:
-        result = stream_trace(path, builder, progress)
+        with gc_paused():
+            result = stream_trace(path, builder, progress)
     except TraceFormatError as exc:
         message = str(exc)
         raise TraceFormatError(message if message.startswith(str(path)) else f"{path}: {message}") from None
@@ -80,7 +82,8 @@ def load(path: str | Path, progress: Progress | None = None) -> Profile:
     read = _read(path, progress)
     if isinstance(read, Profile):
         return read
-    return build_profile(read, None, _trace_meta(path, read))
+    with gc_paused():
+        return build_profile(read, None, _trace_meta(path, read))
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ def analyze(path: str | Path, progress: Progress | None = None) -> Analysis:
     read = _read(path, progress)
     if isinstance(read, Profile):
         return Analysis(str(path), read, None, tuple(advise(read, None)))
-    profile = build_profile(read, None, _trace_meta(path, read))
-    device = device_report(read)
+    with gc_paused():
+        profile = build_profile(read, None, _trace_meta(path, read))
+        device = device_report(read)
     return Analysis(str(path), profile, device, tuple(advise(profile, device)))

@@ -24,9 +24,7 @@ def _registry() -> dict[str, Callable[..., int]]:
     aten = torch.ops.aten
     wanted = {
         "mm": aten.mm,
-        "addmm": aten.addmm,
         "bmm": aten.bmm,
-        "baddbmm": aten.baddbmm,
         "convolution": aten.convolution,
         "conv_backward": aten.convolution_backward,
         "sdpa": aten._scaled_dot_product_flash_attention,
@@ -77,12 +75,14 @@ class FlopCalculator:
         formulas: dict[str, _Formula] = {}
         if "mm" in reg:
             formulas["aten::mm"] = lambda s, c: reg["mm"](s[0], s[1], out_shape=None)
-        if "addmm" in reg:
-            formulas["aten::addmm"] = lambda s, c: reg["addmm"](s[0], s[1], s[2], out_shape=None)
+        if "mm" in reg:
+            # torch's addmm formula is mm's over the two matrices, but calls the tensor-accepting
+            # wrapper of mm (a pytree walk per call); calling mm's raw formula is the same count.
+            formulas["aten::addmm"] = lambda s, c: reg["mm"](s[1], s[2], out_shape=None)
         if "bmm" in reg:
             formulas["aten::bmm"] = lambda s, c: reg["bmm"](s[0], s[1], out_shape=None)
-        if "baddbmm" in reg:
-            formulas["aten::baddbmm"] = lambda s, c: reg["baddbmm"](s[0], s[1], s[2], out_shape=None)
+        if "bmm" in reg:
+            formulas["aten::baddbmm"] = lambda s, c: reg["bmm"](s[1], s[2], out_shape=None)  # as torch's
         if "convolution" in reg:
             formulas["aten::convolution"] = self._conv(reg["convolution"])
             formulas["aten::_convolution"] = self._conv(reg["convolution"])

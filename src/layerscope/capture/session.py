@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import platform
 import threading
 import time
@@ -23,6 +22,7 @@ from layerscope.capture.flops import FlopCalculator
 from layerscope.capture.kineto import table_from_kineto
 from layerscope.capture.scopes import ModuleScopes
 from layerscope.errors import CaptureError, UsageError
+from layerscope.gcpause import gc_paused
 from layerscope.model.profile import SCHEMA_VERSION, Profile
 
 _ACTIVITY_NAMES: dict[str, ProfilerActivity] = {
@@ -371,23 +371,6 @@ def _quiet_cycle_warning() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
         yield
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector inside the block (restoring its previous state).
-
-    Reading a capture creates hundreds of thousands of short-lived containers; the collector would
-    walk the whole heap again and again meanwhile (measured: 10x slower shape reads). None of these
-    objects form cycles, so pausing it is safe.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 @dataclass

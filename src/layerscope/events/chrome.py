@@ -94,6 +94,20 @@ class TraceTableBuilder:
         self.raw_fwd_tid: list[int] = []
         self.python_ids: dict[int, tuple[Any, Any]] = {}  # python span -> (Python id, Python parent id)
         self.skipped = 0
+        self._flop_cache: dict[tuple[str, bytes, bytes], int] = {}
+
+    def _flops(self, name: str, dims: Any, concrete: Any) -> int:
+        """FLOPs of one op, computed once per distinct (name, shapes, scalar arguments): training
+        repeats the same calls every step, and parsing concrete inputs is the costly part."""
+        assert self.flops is not None
+        try:
+            key = (name, orjson.dumps(dims), orjson.dumps(concrete))
+        except TypeError:
+            return self.flops(name, dims, parse_concrete(concrete))
+        found = self._flop_cache.get(key)
+        if found is None:
+            found = self._flop_cache[key] = self.flops(name, dims, parse_concrete(concrete))
+        return found
 
     def _thread(self, ev: dict[str, Any]) -> int:
         key = (ev.get("pid"), ev.get("tid"))
@@ -131,7 +145,7 @@ class TraceTableBuilder:
                     op_flops = 0
                     if kind == EventKind.CPU_OP:
                         if flops is not None and dims:
-                            op_flops = flops(name, dims, parse_concrete(args.get("Concrete Inputs")))
+                            op_flops = self._flops(name, dims, args.get("Concrete Inputs"))
                         elif flops is None:
                             op_flops = int(args.get("flops", 0) or 0)
                     if kind == EventKind.PYTHON:

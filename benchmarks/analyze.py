@@ -1,0 +1,178 @@
+"""Trace analysis at scale: generate a realistic synthetic Kineto trace, then time ``analyze``.
+
+The trace has what GPU training traces have: ProfilerStep ranges, layerscope module ranges, CPU ops
+with shapes and concrete inputs, runtime launches, kernels linked by correlation, fwdbwd flows,
+backward nodes with sequence numbers, and memory events. ``analyze`` runs in a fresh process so its
+peak RSS is its own.
+
+    python benchmarks/analyze.py --size-mb 100
+    python benchmarks/analyze.py --size-mb 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HEADER = (
+    '{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, "name": "Synthetic GPU", '
+    '"totalGlobalMem": 85899345920, "computeMajor": 9, "computeMinor": 0}\n  ],\n  "traceEvents": [\n'
+)
+FOOTER = '\n  ],\n  "traceName": "synthetic",\n  "displayTimeUnit": "ms"\n}\n'
+
+
+class Writer:
+    """Writes events in Kineto's layout, keeping time and ids moving forward."""
+
+    def __init__(self, out: object) -> None:
+        self.out = out
+        self.first = True
+        self.ext = 0
+        self.corr = 0
+        self.flow = 0
+        self.seq = 0
+        self.gpu_ts = 0.0
+
+    def emit(self, text: str) -> None:
+        self.out.write(("" if self.first else ",\n") + text)  # type: ignore[attr-defined]
+        self.first = False
+
+    def span(self, cat: str, name: str, ts: float, dur: float, args: str, pid: int = 1, tid: int = 1) -> None:
+        self.emit(
+            f'  {{\n    "ph": "X", "cat": "{cat}", "name": "{name}", "pid": {pid}, "tid": {tid},\n'
+            f'    "ts": {ts:.3f}, "dur": {dur:.3f},\n    "args": {{\n      {args}\n    }}\n  }}'
+        )
+
+    def op_with_kernel(self, name: str, ts: float, dims: str, seq: int | None) -> float:
+        """An op launching one kernel; returns its end."""
+        self.ext += 1
+        self.corr += 1
+        seq_args = f'"Sequence number": {seq}, "Fwd thread id": 0, ' if seq is not None else ""
+        self.span(
+            "cpu_op",
+            name,
+            ts,
+            30.0,
+            f'"External id": {self.ext}, {seq_args}"Record function id": 0, '
+            f'"Concrete Inputs": ["", "", "", "1", "1"], "Input type": ["float", "float", "float", '
+            f'"Scalar", "Scalar"], "Input Strides": [[1], [1024, 1], [1, 1024], [], []], '
+            f'"Input Dims": {dims}, "Ev Idx": {self.ext}',
+        )
+        self.span(
+            "cuda_runtime",
+            "cudaLaunchKernel",
+            ts + 10,
+            8.0,
+            f'"External id": {self.ext}, "cbid": 211, "correlation": {self.corr}',
+        )
+        self.gpu_ts = max(self.gpu_ts, ts + 20)
+        self.span(
+            "kernel",
+            "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+            self.gpu_ts,
+            25.0,
+            f'"External id": {self.ext}, "queued": 0, "device": 0, "context": 1, "stream": 7, '
+            f'"correlation": {self.corr}, "registers per thread": 168, "grid": [132, 1, 1], '
+            f'"block": [384, 1, 1]',
+            pid=0,
+            tid=7,
+        )
+        self.gpu_ts += 26
+        self.emit(
+            f'  {{\n    "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, '
+            f'"tid": 1,\n    "ts": {ts + 12:.3f},\n    "args": {{\n      "Total Reserved": 0, '
+            f'"Total Allocated": 4194304, "Bytes": 4194304, "Device Id": 0, "Device Type": 1, '
+            f'"Addr": {1000 + self.ext}, "Ev Idx": {self.ext}\n    }}\n  }}'
+        )
+        return ts + 30
+
+
+def generate(path: Path, size_mb: float, layers: int = 24) -> int:
+    """Write a trace of about ``size_mb`` MB; returns the number of steps written."""
+    dims = "[[1024], [64, 1024], [1024, 1024], [], []]"
+    steps = 0
+    with path.open("w") as out:
+        out.write(HEADER)
+        w = Writer(out)
+        ts = 1_000_000.0
+        while out.tell() < size_mb * 1e6:
+            step_start = ts
+            w.span(
+                "user_annotation", f"ProfilerStep#{steps}", ts, 40.0 * layers * 3 + 100, '"External id": 0'
+            )
+            seqs = []
+            for layer in range(layers):
+                w.span("cpu_op", f"ls:layers.{layer}:Linear", ts + 1, 38.0, f'"External id": {w.ext}')
+                w.seq += 1
+                seqs.append(w.seq)
+                ts = w.op_with_kernel("aten::addmm", ts + 2, dims, w.seq) + 6
+            for seq in reversed(seqs):
+                w.ext += 1
+                w.span(
+                    "cpu_op",
+                    "autograd::engine::evaluate_function: AddmmBackward0",
+                    ts,
+                    70.0,
+                    f'"External id": {w.ext}, "Sequence number": {seq}, "Fwd thread id": 1, '
+                    f'"Record function id": 0, "Ev Idx": {w.ext}',
+                    tid=2,
+                )
+                ts = w.op_with_kernel("aten::mm", ts + 2, "[[64, 1024], [1024, 1024]]", None)
+                ts = w.op_with_kernel("aten::mm", ts + 1, "[[1024, 64], [64, 1024]]", None) + 8
+            ts = max(ts, step_start + 40.0 * layers * 3 + 100) + 5
+            steps += 1
+        out.write(FOOTER)
+    return steps
+
+
+CHILD = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+from layerscope.loading import analyze
+result = analyze(sys.argv[1])
+elapsed = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"seconds": elapsed, "peak_rss_mib": peak,
+                  "events": result.profile.meta["event_count"], "steps": len(result.profile.steps),
+                  "modules": sum(1 for _ in result.profile.modules()),
+                  "device_busy_us": result.device.busy_us if result.device else 0,
+                  "advice": [a.rule for a in result.advice]}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=100.0)
+    parser.add_argument("--keep", metavar="PATH", help="write the trace here and keep it")
+    args = parser.parse_args()
+    folder = tempfile.mkdtemp(prefix="layerscope-bench-")
+    path = Path(args.keep) if args.keep else Path(folder) / "synthetic.json"
+    t0 = time.perf_counter()
+    steps = generate(path, args.size_mb)
+    generated = time.perf_counter() - t0
+    size = path.stat().st_size
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if not args.keep:
+        os.unlink(path)
+        os.rmdir(folder)
+    mb = size / 1e6
+    print(f"trace {mb:.0f} MB ({steps} steps, {result['events']} events; generated in {generated:.1f}s)")
+    print(
+        f"analyze: {result['seconds']:.1f}s = {mb / result['seconds']:.1f} MB/s, "
+        f"{result['events'] / result['seconds'] / 1e3:.0f}k events/s, "
+        f"peak RSS {result['peak_rss_mib']:.0f} MiB"
+    )
+    print(json.dumps({"benchmark": "analyze", "size_mb": mb, **result}))
+
+
+if __name__ == "__main__":
+    main()

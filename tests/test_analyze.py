@@ -140,3 +140,51 @@ def test_with_stack_trace_gives_a_module_tree(tmp_path: Path) -> None:
         "Sequential_0.ReLU_0",
         "Sequential_0.Linear_1",
     ]
+
+
+def test_memory_near_capacity_uses_the_allocator_total(tmp_path: Path) -> None:
+    import json
+
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::empty",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 10,
+            "args": {"External id": 1},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "fill_kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": 5,
+            "dur": 3,
+            "args": {"External id": 1},
+        },
+        {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "name": "[memory]",
+            "pid": 1,
+            "tid": 1,
+            "ts": 2,
+            "args": {"Bytes": 1024, "Total Allocated": 78 * 2**30, "Device Type": 1, "Device Id": 0},
+        },
+    ]
+    trace = {
+        "deviceProperties": [{"id": 0, "totalGlobalMem": 80 * 2**30, "computeMajor": 9}],
+        "traceEvents": events,
+    }
+    path = tmp_path / "full.json"
+    path.write_text(json.dumps(trace))
+    rules = {a.rule: a for a in analyze(path).advice}
+    assert "memory-near-capacity" in rules
+    assert rules["memory-near-capacity"].evidence["peak_bytes"] == 78 * 2**30
+    trace["traceEvents"][2]["args"]["Total Allocated"] = 10 * 2**30
+    path.write_text(json.dumps(trace))
+    assert "memory-near-capacity" not in {a.rule for a in analyze(path).advice}

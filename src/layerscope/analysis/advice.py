@@ -168,15 +168,17 @@ def channels_last(profile: Profile, device: DeviceReport | None) -> Advice | Non
 
 
 def memory_near_capacity(profile: Profile, device: DeviceReport | None) -> Advice | None:
-    props = profile.meta.get("trace", {}).get("device_properties") or []
+    trace = profile.meta.get("trace", {})
+    props = trace.get("device_properties") or []
     capacity = max([p.get("totalGlobalMem", 0) for p in props if isinstance(p, dict)] or [0])
-    peak = profile.totals.device_peak_bytes
+    # the allocator's own running total (absolute), else the live capture's per-scope peak
+    peak = (trace.get("peak_allocated_bytes") or {}).get("device", 0) or profile.totals.device_peak_bytes
     if not capacity or not peak or peak < 0.9 * capacity:
         return None
     return Advice(
         "memory-near-capacity",
-        f"peak device memory {fmt_bytes(peak)} is {100 * peak / capacity:.0f}% "
-        f"of {fmt_bytes(capacity)}: activation checkpointing, a smaller batch or bf16",
+        f"peak device memory {fmt_bytes(peak)} is {100 * peak / capacity:.0f}% of {fmt_bytes(capacity)}: "
+        "activation checkpointing, a smaller batch or bf16",
         "device",
         {"peak_bytes": peak, "capacity_bytes": capacity},
     )

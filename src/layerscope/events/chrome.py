@@ -95,6 +95,7 @@ class TraceTableBuilder:
         self.python_ids: dict[int, tuple[Any, Any]] = {}  # python span -> (Python id, Python parent id)
         self.skipped = 0
         self._flop_cache: dict[tuple[str, bytes, bytes], int] = {}
+        self.peak_allocated: dict[str, int] = {}  # highest "Total Allocated" seen, cpu / device
 
     def _flops(self, name: str, dims: Any, concrete: Any) -> int:
         """FLOPs of one op, computed once per distinct (name, shapes, scalar arguments): training
@@ -175,6 +176,10 @@ class TraceTableBuilder:
                     table.add_memory(
                         self._thread(ev), _ns(ev["ts"]), int(args.get("Bytes", 0)), on_device=device_type != 0
                     )
+                    where = "device" if device_type else "cpu"
+                    allocated = int(args.get("Total Allocated", 0) or 0)
+                    if allocated > self.peak_allocated.get(where, 0):
+                        self.peak_allocated[where] = allocated
                 elif ph in ("s", "f") and ev.get("cat") == "fwdbwd":
                     target = self.flow_starts if ph == "s" else self.flow_ends
                     target[ev.get("id")] = (self._thread(ev), _ns(ev["ts"]))
@@ -196,6 +201,7 @@ class TraceTableBuilder:
             "device_properties": header.get("deviceProperties") or [],
             "distributed": header.get("distributedInfo"),
             "skipped_events": self.skipped,
+            "peak_allocated_bytes": dict(self.peak_allocated),
             "schema_version": header.get("schemaVersion"),
         }
         return table

@@ -83,14 +83,9 @@ class _Source:
     """Bytes of a .json or .json.gz file, block by block, with the on-disk position for progress."""
 
     def __init__(self, path: Path) -> None:
-        try:
-            self.raw: IO[bytes] = open(path, "rb")  # noqa: SIM115 - closed in close()
-        except FileNotFoundError:
-            raise TraceFormatError(f"{path}: no such file") from None
-        except IsADirectoryError:
-            raise TraceFormatError(f"{path}: is a folder, not a file") from None
-        except OSError as exc:
-            raise TraceFormatError(f"{path}: cannot read: {exc.strerror}") from None
+        from layerscope.model.serialize import open_binary
+
+        self.raw: IO[bytes] = open_binary(path)
         self.size = os.fstat(self.raw.fileno()).st_size
         compressed = self.raw.read(2) == b"\x1f\x8b"
         self.raw.seek(0)

@@ -11,7 +11,7 @@ import gzip
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -198,16 +198,22 @@ def save_profile(profile: Profile, path: Path) -> Path:
     return write_atomic(path, payload)
 
 
-def read_json_bytes(path: Path) -> bytes:
-    """The bytes of a .json or .json.gz file (gzip detected by magic number, not by name)."""
+def open_binary(path: Path) -> BinaryIO:
+    """``path`` opened for reading, or TraceFormatError with a one-line reason."""
     try:
-        raw = Path(path).read_bytes()
+        return open(path, "rb")
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise TraceFormatError(f"{path}: is a folder, not a file") from None
     except OSError as exc:
         raise TraceFormatError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def read_json_bytes(path: Path) -> bytes:
+    """The bytes of a .json or .json.gz file (gzip detected by magic number, not by name)."""
+    with open_binary(path) as handle:
+        raw = handle.read()
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)

@@ -91,3 +91,12 @@ def test_diff_of_real_traces_normalises_step_numbers(real_traces: Path) -> None:
     assert d.per_step  # both traces hold two steps
     new = {r.key.split(" ")[0] for r in d.ops if r.status == "new"}
     assert "All2All_Pooled_Req" in new
+
+
+def test_diff_mixes_a_saved_profile_and_a_trace(
+    real_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ls.load(real_traces / "compare" / "base.json.gz").save(tmp_path / "base.json")
+    assert main(["diff", str(base), str(real_traces / "compare" / "test.json.gz"), "--format", "json"]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert data["per_step"] is True and any(r["status"] == "new" for r in data["ops"])

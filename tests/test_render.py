@@ -82,3 +82,18 @@ def test_other_units() -> None:
     assert fmt_bytes(25 << 30) == "25.0 GiB"
     assert fmt_si(1_230) == "1.23K" and fmt_si(4.5e12) == "4.50T" and fmt_si(12) == "12"
     assert fmt_share(1, 3) == "33.3%" and fmt_share(1, 0) == ""
+
+
+def test_names_that_look_like_markup_print_as_written() -> None:
+    from layerscope.build import module_range_name
+    from layerscope.events import EventKind, EventTable
+
+    t = EventTable()
+    t.add_span(module_range_name("", "Net"), EventKind.CPU_OP, 1, 0, 100_000)
+    t.add_span(module_range_name("heads.[bold]", "Linear"), EventKind.CPU_OP, 1, 10_000, 50_000)
+    t.add_span("[memory]", EventKind.CPU_OP, 1, 20_000, 10_000)
+    p = build_profile(t, None, {})
+    tree = render_to_text(tree_table(p, ascii_only=True), width=150)
+    assert "`-- [bold]" in tree
+    ops = render_to_text(ops_table(p.ops(group_by=("name", "module")), ascii_only=True), width=150)
+    assert "[memory]" in ops and "heads.[bold]" in ops

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from layerscope.analysis.diff import ProfileDiff, diff
+from layerscope.analysis.ranks import RankMerge, merge
 from layerscope.errors import CaptureError, LayerscopeError, TraceFormatError, UsageError, ValidationError
 from layerscope.loading import load
 from layerscope.model.metrics import Metrics
@@ -48,6 +49,7 @@ __all__ = [
     "Phase",
     "Profile",
     "ProfileDiff",
+    "RankMerge",
     "StepStats",
     "TraceFormatError",
     "UnattributedEntry",
@@ -56,6 +58,7 @@ __all__ = [
     "__version__",
     "diff",
     "load",
+    "merge",
     "print_summary",
     "profile",
     "save_to",

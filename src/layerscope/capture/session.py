@@ -327,6 +327,7 @@ class profile:
             "source": "live",
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "model": model_type,
+            "distributed": distributed_info(),
             "block_us": self._wall_ns / 1000.0,
             "devices": devices,
             "options": {
@@ -357,6 +358,29 @@ def _enable_all_threads(profiler_kwargs: dict[str, Any]) -> bool:
     except (ImportError, TypeError):  # older torch: the option does not exist
         return False
     return True
+
+
+def distributed_info() -> dict[str, Any] | None:
+    """rank, world size and backend of a torch.distributed job (or torchrun's environment)."""
+    import os
+
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return {
+            "rank": int(dist.get_rank()),
+            "world_size": int(dist.get_world_size()),
+            "backend": str(dist.get_backend()),
+        }
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        try:
+            return {
+                "rank": int(os.environ["RANK"]),
+                "world_size": int(os.environ["WORLD_SIZE"]),
+                "backend": None,
+            }
+        except ValueError:
+            return None
+    return None
 
 
 def _always_record(step: int) -> ProfilerAction:

@@ -202,7 +202,7 @@ class _FittedTable:
     def __init__(
         self,
         headers: list[str],
-        sections: list[list[tuple[Text | str, ...]]],
+        sections: Sequence[Sequence[tuple[Text | str, ...]]],
         ascii_only: bool,
         caption: str,
         drop_order: list[str],
@@ -265,15 +265,17 @@ class _FittedTable:
                 table.add_row(*(self._cell(row[k], limits[k]) for k in keep))
         yield table
 
-    def _cell(self, value: Text | str, width: int) -> Text | str:
-        """In ASCII mode, spell units and ellipses in ASCII and clip long text ourselves."""
+    def _cell(self, value: Text | str, width: int) -> Text:
+        """Cells are Text, never markup: module and op names such as ``[memory]`` or a ModuleDict key
+        ``[bold]`` must print as written. In ASCII mode, units and ellipses are spelled in ASCII and
+        long text is clipped here."""
         if not self.ascii_only:
-            return value
+            return value if isinstance(value, Text) else Text(value)
         plain = value.plain if isinstance(value, Text) else value
         plain = plain.replace("µ", "u").replace("…", "...").replace("—", "-")
         if len(plain) > width:
             plain = plain[: max(0, width - 3)] + "..."
-        return Text(plain, style=value.style) if isinstance(value, Text) else plain
+        return Text(plain, style=value.style) if isinstance(value, Text) else Text(plain)
 
 
 def _merge_unattributed(profile: Profile) -> list[tuple[str, Metrics, Metrics, int]]:

@@ -1,0 +1,185 @@
+"""Cross-rank views of a distributed job: per-module spread across ranks, per-rank time split, and
+the straggler (which rank, which module and phase, and whether the others wait for it)."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from layerscope.errors import UsageError
+from layerscope.model.profile import Profile
+
+#: Ops of collective communication (c10d, NCCL, gloo, MPI) as torch names them.
+COMMUNICATION = re.compile(
+    r"nccl|gloo|mpi:|c10d|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|broadcast|alltoall|"
+    r"all_to_all|barrier|ProcessGroup",
+    re.I,
+)
+
+
+def rank_of(profile: Profile, default: int) -> int:
+    """The profile's rank: from a live capture's meta, a trace's distributedInfo, else ``default``."""
+    for info in (profile.meta.get("distributed"), profile.meta.get("trace", {}).get("distributed")):
+        if isinstance(info, dict) and isinstance(info.get("rank"), int):
+            return int(info["rank"])
+    return default
+
+
+@dataclass(frozen=True, slots=True)
+class RankSummary:
+    """Where one rank's step went (per step when it has steps, else over the run).
+
+    ``module_us``: the model's own work (the root module, forward + backward); ``communication_us``:
+    time in collective ops (waiting for the other ranks included, any thread); ``other_us``: the rest
+    of the step's wall time (loss, optimizer, data, Python, idle).
+    """
+
+    rank: int
+    wall_us: float
+    module_us: float
+    communication_us: float
+
+    @property
+    def other_us(self) -> float:
+        """Wall time outside the model and outside collectives."""
+        return max(0.0, self.wall_us - self.module_us - self.communication_us)
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleAcrossRanks:
+    """One module and phase across ranks (self time: where the work itself happens)."""
+
+    path: str
+    phase: str
+    values: tuple[float | None, ...]  # per rank, in ``RankMerge.ranks`` order; None where absent
+
+    @property
+    def present(self) -> list[float]:
+        """Values of the ranks that have this module."""
+        return [v for v in self.values if v is not None]
+
+    @property
+    def mean(self) -> float:
+        """Mean over the ranks that have it."""
+        return statistics.fmean(self.present) if self.present else 0.0
+
+    @property
+    def skew(self) -> float:
+        """(max - min) / mean."""
+        values = self.present
+        return (max(values) - min(values)) / self.mean if values and self.mean > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    """The slowest rank and what makes it slow."""
+
+    rank: int
+    step_us: float  # the straggler's model work per step
+    median_step_us: float  # the other ranks' median model work per step
+    module: str | None
+    phase: str | None
+    module_excess_us: float
+    others_wait_us: float  # how much more the other ranks spend in collectives than the straggler
+
+    @property
+    def is_straggler(self) -> bool:
+        """Slower than the median of the other ranks by more than 5%."""
+        return self.step_us > 1.05 * self.median_step_us
+
+
+@dataclass(frozen=True)
+class RankMerge:
+    """A distributed job, merged from one profile per rank."""
+
+    ranks: tuple[int, ...]
+    metric: str
+    summaries: tuple[RankSummary, ...]
+    modules: tuple[ModuleAcrossRanks, ...]
+    straggler: Straggler | None
+    gaps: tuple[str, ...]  # module paths missing on some ranks
+
+    def slowest_rank(self, row: ModuleAcrossRanks) -> int | None:
+        """The rank with the largest value for ``row``."""
+        pairs = [(v, r) for v, r in zip(row.values, self.ranks, strict=True) if v is not None]
+        return max(pairs)[1] if pairs else None
+
+
+def merge(profiles: Sequence[Profile], ranks: Sequence[int] | None = None) -> RankMerge:
+    """Merge per-rank profiles. Values are per step when every rank has steps (so ranks that ran
+    different numbers of steps compare), device time when any rank has device time, else CPU time.
+    Modules are matched by path; one missing on some ranks keeps a gap (None) there."""
+    if len(profiles) < 2:
+        raise UsageError(f"merging needs at least two rank profiles, got {len(profiles)}")
+    rank_ids = tuple(ranks) if ranks is not None else tuple(rank_of(p, k) for k, p in enumerate(profiles))
+    if len(set(rank_ids)) != len(rank_ids):
+        rank_ids = tuple(range(len(profiles)))  # duplicated or missing rank info: file order
+    order = sorted(range(len(profiles)), key=lambda k: rank_ids[k])
+    profiles = [profiles[k] for k in order]
+    rank_ids = tuple(rank_ids[k] for k in order)
+    metric = "device_us" if any(p.has_device_time for p in profiles) else "cpu_us"
+    per_step = all(len(p.steps) > 0 for p in profiles)
+    scale = [1.0 / len(p.steps) if per_step else 1.0 for p in profiles]
+
+    summaries = tuple(_summary(p, r, s, metric) for p, r, s in zip(profiles, rank_ids, scale, strict=True))
+    self_metric = f"self_{metric}"
+    keys: dict[tuple[str, str], list[float | None]] = {}
+    paths_per_rank = []
+    for k, (p, s) in enumerate(zip(profiles, scale, strict=True)):
+        paths_per_rank.append({node.path for node in p.modules()})
+        for node in p.modules():
+            for phase in ("forward", "backward"):
+                value = float(getattr(getattr(node, phase), self_metric)) * s
+                row = keys.setdefault((node.path, phase), [None] * len(profiles))
+                row[k] = value
+    modules = tuple(
+        ModuleAcrossRanks(path, phase, tuple(values))
+        for (path, phase), values in keys.items()
+        if any(v for v in values)
+    )
+    all_paths = set().union(*paths_per_rank)
+    gaps = tuple(sorted(p for p in all_paths if not all(p in paths for paths in paths_per_rank)))
+    merged = RankMerge(rank_ids, metric, summaries, modules, None, gaps)
+    return RankMerge(rank_ids, metric, summaries, modules, _straggler(merged), gaps)
+
+
+def _summary(profile: Profile, rank: int, scale: float, metric: str) -> RankSummary:
+    if profile.steps:
+        wall = sum(s.wall_us for s in profile.steps) * scale
+    else:
+        wall = float(profile.meta.get("wall_us", profile.totals.cpu_us))
+    root = profile.root
+    modules = (getattr(root.forward, metric) + getattr(root.backward, metric)) * scale
+    comm = sum(r.metrics.self_cpu_us for r in profile.op_rows if COMMUNICATION.search(r.name)) * scale
+    return RankSummary(rank, wall, modules, comm)
+
+
+def _straggler(merged: RankMerge) -> Straggler | None:
+    """In synchronous training every rank's step lasts as long as the slowest one's: the straggler is
+    the rank whose model work is largest (the others spend that difference waiting in collectives)."""
+    work = [s.module_us for s in merged.summaries]
+    slow = max(range(len(work)), key=lambda k: work[k])
+    median = statistics.median([v for k, v in enumerate(work) if k != slow])
+    best: tuple[float, str, str] | None = None
+    for row in merged.modules:
+        value = row.values[slow]
+        rest = [v for k, v in enumerate(row.values) if k != slow and v is not None]
+        if value is None or not rest:
+            continue
+        excess = value - statistics.median(rest)
+        if best is None or excess > best[0]:
+            best = (excess, row.path, row.phase)
+    comm = [s.communication_us for s in merged.summaries]
+    others_comm = statistics.median([c for k, c in enumerate(comm) if k != slow])
+    found = best is not None and best[0] > 0
+    return Straggler(
+        rank=merged.ranks[slow],
+        step_us=work[slow],
+        median_step_us=median,
+        module=best[1] if found and best else None,
+        phase=best[2] if found and best else None,
+        module_excess_us=best[0] if found and best else 0.0,
+        others_wait_us=max(0.0, others_comm - comm[slow]),
+    )

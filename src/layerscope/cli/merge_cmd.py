@@ -1,0 +1,86 @@
+"""``layerscope merge DIR_OR_FILES``: one view of a distributed job from its per-rank files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from layerscope.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    """Add the ``merge`` subcommand."""
+    parser = sub.add_parser(
+        "merge",
+        help="merge per-rank profiles or traces: spread across ranks, straggler",
+        description="Merge one profile or trace per rank (files, or folders of them): the per-rank split of "
+        "a step, the modules that differ most across ranks, and the straggler.",
+    )
+    parser.add_argument("paths", nargs="+", metavar="DIR_OR_FILE")
+    parser.add_argument("-o", "--output", metavar="PATH", help="save the merge as JSON")
+    parser.add_argument("--top", type=int, default=10, metavar="N")
+    parser.add_argument("--ascii", action="store_true")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load every rank, merge, print, save."""
+    from layerscope.analysis.ranks import merge
+    from layerscope.loading import load, trace_files
+    from layerscope.model.serialize import write_atomic
+    from layerscope.render.console import make_console
+    from layerscope.render.ranks import ranks_view
+
+    files = [f for path in args.paths for f in trace_files(path)]
+    if len(files) < 2:
+        raise UsageError(f"merge needs at least two rank files, found {len(files)}")
+    merged = merge([load(f) for f in files])
+    make_console(sys.stdout).print(ranks_view(merged, top=args.top, ascii_only=True if args.ascii else None))
+    if args.output:
+        write_atomic(Path(args.output), orjson.dumps(_to_dict(merged), option=orjson.OPT_INDENT_2))
+    return 0
+
+
+def _to_dict(merged: Any) -> dict[str, Any]:
+    s = merged.straggler
+    return {
+        "format": "layerscope.merge",
+        "ranks": list(merged.ranks),
+        "metric": merged.metric,
+        "summaries": [
+            {
+                "rank": x.rank,
+                "step_us": x.wall_us,
+                "module_us": x.module_us,
+                "communication_us": x.communication_us,
+                "other_us": x.other_us,
+            }
+            for x in merged.summaries
+        ],
+        "modules": [
+            {
+                "path": m.path,
+                "phase": m.phase,
+                "values": list(m.values),
+                "mean": m.mean,
+                "skew": m.skew,
+                "slowest_rank": merged.slowest_rank(m),
+            }
+            for m in merged.modules
+        ],
+        "gaps": list(merged.gaps),
+        "straggler": None
+        if s is None
+        else {
+            "rank": s.rank,
+            "is_straggler": s.is_straggler,
+            "module": s.module,
+            "phase": s.phase,
+            "module_excess_us": s.module_excess_us,
+            "others_wait_us": s.others_wait_us,
+        },
+    }

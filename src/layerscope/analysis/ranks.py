@@ -165,7 +165,8 @@ def _straggler(merged: RankMerge) -> Straggler | None:
     best: tuple[float, str, str] | None = None
     for row in merged.modules:
         value = row.values[slow]
-        rest = [v for k, v in enumerate(row.values) if k != slow and v is not None]
+        # a module another rank does not have is work that rank does not do
+        rest = [v if v is not None else 0.0 for k, v in enumerate(row.values) if k != slow]
         if value is None or not rest:
             continue
         excess = value - statistics.median(rest)

@@ -19,15 +19,22 @@ from layerscope.model.serialize import FORMAT_TAG, profile_from_dict
 
 
 def _flop_counter() -> FlopCounter | None:
-    """torch's FLOP formulas when torch is installed; otherwise traces keep their own ``flops``."""
-    try:
-        from layerscope.capture.flops import FlopCalculator
-    except ImportError:
+    """torch's FLOP formulas when torch is installed; otherwise traces keep their own ``flops``.
+
+    torch is imported at the first op that needs a formula, not before: reading a saved profile,
+    or a trace without shapes, never pays for it."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
         return None
-    calculator = FlopCalculator()
+    calculator: list[Any] = []
 
     def count(name: str, dims: list[Any], concrete: list[Any]) -> int:
-        return calculator.count(name, dims, concrete) if calculator.needs(name) else 0
+        if not calculator:
+            from layerscope.capture.flops import FlopCalculator
+
+            calculator.append(FlopCalculator())
+        return calculator[0].count(name, dims, concrete) if calculator[0].needs(name) else 0
 
     return count
 
@@ -122,3 +129,17 @@ def analyze(path: str | Path, progress: Progress | None = None) -> Analysis:
         profile = build_profile(read, None, _trace_meta(path, read))
         device = device_report(read)
     return Analysis(str(path), profile, device, tuple(advise(profile, device)))
+
+
+def load_all(paths: list[Path], workers: int | None = None) -> list[Profile]:
+    """Load many profiles or traces (one per rank), in parallel processes when there are several
+    files and cores. Each worker turns one file into its Profile (a per-rank summary: no events),
+    so memory holds one file's events per worker at a time."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    count = workers if workers is not None else min(len(paths), os.cpu_count() or 1)
+    if count <= 1 or len(paths) <= 1:
+        return [load(p) for p in paths]
+    with ProcessPoolExecutor(max_workers=count) as pool:
+        return list(pool.map(load, paths, chunksize=max(1, len(paths) // (4 * count))))

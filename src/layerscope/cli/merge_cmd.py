@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load every rank, merge, print, save."""
     from layerscope.analysis.ranks import merge
-    from layerscope.loading import load, trace_files
+    from layerscope.loading import load_all, trace_files
     from layerscope.model.serialize import write_atomic
     from layerscope.render.console import make_console
     from layerscope.render.ranks import ranks_view
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     files = [f for path in args.paths for f in trace_files(path)]
     if len(files) < 2:
         raise UsageError(f"merge needs at least two rank files, found {len(files)}")
-    merged = merge([load(f) for f in files])
+    merged = merge(load_all(files))
     make_console(sys.stdout).print(ranks_view(merged, top=args.top, ascii_only=True if args.ascii else None))
     if args.output:
         write_atomic(Path(args.output), orjson.dumps(_to_dict(merged), option=orjson.OPT_INDENT_2))

@@ -90,3 +90,21 @@ def test_merge_real_two_rank_traces(real_traces: Path) -> None:
     merged = merge([ls.load(real_traces / "two_ranks" / f"rank-{k}.json.gz") for k in (0, 1)])
     assert merged.ranks == (0, 1) and merged.metric == "device_us"
     assert all(s.communication_us > 0 for s in merged.summaries)
+
+
+def test_collectives_with_message_sizes_and_groups(real_traces: Path) -> None:
+    import gzip
+
+    path = real_traces / "cuda_nccl_distributed.json.gz"
+    events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    expected = sum(
+        max(e["args"]["In msg nelems"], e["args"]["Out msg nelems"]) * 4
+        for e in events
+        if e.get("name") == "record_param_comms" and e["args"].get("Collective name") == "allreduce"
+    )
+    comm = ls.load(path).meta["trace"]["communication"]
+    allreduce = next(c for c in comm if c["collective"] == "allreduce")
+    assert (
+        allreduce["bytes"] == expected and allreduce["group"] == "default_pg" and allreduce["group_size"] == 2
+    )
+    assert allreduce["calls"] == 15 and allreduce["cpu_us"] > 0

@@ -54,7 +54,7 @@ class _Progress:
 def run(args: argparse.Namespace) -> int:
     """Analyse and print every trace found."""
     from layerscope.loading import analyze, trace_files
-    from layerscope.render.analysis import advice_list, device_section
+    from layerscope.render.analysis import advice_list, communication_table, device_section
     from layerscope.render.console import make_console
 
     check_view_options(args)
@@ -75,5 +75,7 @@ def run(args: argparse.Namespace) -> int:
         print_profile(result.profile, args)
         if result.device is not None:
             console.print(device_section(result.device, top=args.top, ascii_only=ascii_only))
+        if trace.get("communication"):
+            console.print(communication_table(trace["communication"], ascii_only=ascii_only))
         console.print(advice_list(result.advice, ascii_only=ascii_only))
     return 0

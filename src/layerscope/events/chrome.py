@@ -21,6 +21,27 @@ from layerscope.events.shapes import shapes_key
 from layerscope.events.table import EventKind, EventTable
 
 _NN_MODULE = "nn.Module: "
+#: Bytes per element of record_param_comms dtypes (unknown: 4).
+_DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "double": 8,
+    "float64": 8,
+    "long": 8,
+    "int64": 8,
+    "int": 4,
+    "int32": 4,
+    "byte": 1,
+    "uint8": 1,
+    "char": 1,
+    "int8": 1,
+    "bool": 1,
+    "short": 2,
+    "int16": 2,
+}
 
 _KIND_BY_CATEGORY: dict[str, EventKind] = {
     "cpu_op": EventKind.CPU_OP,
@@ -96,6 +117,7 @@ class TraceTableBuilder:
         self.skipped = 0
         self._flop_cache: dict[tuple[str, bytes, bytes], int] = {}
         self.peak_allocated: dict[str, int] = {}  # highest "Total Allocated" seen, cpu / device
+        self.collectives: dict[tuple[str, str, int, str], list[int]] = {}  # -> [calls, bytes, ns]
 
     def _flops(self, name: str, dims: Any, concrete: Any) -> int:
         """FLOPs of one op, computed once per distinct (name, shapes, scalar arguments): training
@@ -109,6 +131,21 @@ class TraceTableBuilder:
         if found is None:
             found = self._flop_cache[key] = self.flops(name, dims, parse_concrete(concrete))
         return found
+
+    def _collective(self, args: dict[str, Any], dur_ns: int) -> None:
+        """Aggregate one ``record_param_comms`` record: collective, process group, message size."""
+        dtype = str(args.get("dtype", ""))
+        key = (
+            str(args.get("Collective name", "?")),
+            str(args.get("Process Group Description") or args.get("Process Group Name") or ""),
+            int(args.get("Group size", 0) or 0),
+            dtype,
+        )
+        nelems = max(int(args.get("In msg nelems", 0) or 0), int(args.get("Out msg nelems", 0) or 0))
+        entry = self.collectives.setdefault(key, [0, 0, 0])
+        entry[0] += 1
+        entry[1] += nelems * _DTYPE_BYTES.get(dtype.lower(), 4)
+        entry[2] += dur_ns
 
     def _thread(self, ev: dict[str, Any]) -> int:
         key = (ev.get("pid"), ev.get("tid"))
@@ -154,6 +191,8 @@ class TraceTableBuilder:
                             args.get("Python id"),
                             args.get("Python parent id"),
                         )
+                    if name == "record_param_comms":
+                        self._collective(args, dur)
                     i = table.add_span(
                         name,
                         kind,
@@ -202,6 +241,18 @@ class TraceTableBuilder:
             "distributed": header.get("distributedInfo"),
             "skipped_events": self.skipped,
             "peak_allocated_bytes": dict(self.peak_allocated),
+            "communication": [
+                {
+                    "collective": c,
+                    "group": g,
+                    "group_size": n,
+                    "dtype": d,
+                    "calls": v[0],
+                    "bytes": v[1],
+                    "cpu_us": v[2] / 1000.0,
+                }
+                for (c, g, n, d), v in sorted(self.collectives.items(), key=lambda kv: -kv[1][1])
+            ],
             "schema_version": header.get("schemaVersion"),
         }
         return table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.text import Text
@@ -10,7 +11,7 @@ from rich.text import Text
 from layerscope.analysis.advice import Advice
 from layerscope.analysis.device import DeviceReport
 from layerscope.render.console import _FittedTable, _wants_ascii
-from layerscope.render.units import fmt_share, fmt_time_us
+from layerscope.render.units import fmt_bytes, fmt_share, fmt_time_us
 
 
 def device_section(report: DeviceReport, top: int = 10, ascii_only: bool | None = None) -> RenderableType:
@@ -87,6 +88,32 @@ def device_section(report: DeviceReport, top: int = 10, ascii_only: bool | None 
             )
         )
     return Group(*parts)
+
+
+def communication_table(records: Sequence[dict[str, Any]], ascii_only: bool | None = None) -> RenderableType:
+    """Collectives recorded by ``record_param_comms``: calls, bytes moved, CPU time, by process group."""
+    if ascii_only is None:
+        ascii_only = _wants_ascii()
+    body = [
+        (
+            str(r["collective"]),
+            f"{r['group']} ({r['group_size']})",
+            str(r["dtype"]),
+            str(r["calls"]),
+            fmt_bytes(r["bytes"]),
+            fmt_bytes(r["bytes"] / r["calls"]) if r["calls"] else "",
+            fmt_time_us(r["cpu_us"]),
+        )
+        for r in records
+    ]
+    return _FittedTable(
+        headers=["Collective", "Group (size)", "Dtype", "Calls", "Bytes", "Per call", "CPU"],
+        sections=[body],
+        ascii_only=ascii_only,
+        caption="",
+        drop_order=["Dtype", "Per call"],
+        text_columns={"Group (size)", "Dtype"},
+    )
 
 
 def advice_list(advice: Sequence[Advice], ascii_only: bool | None = None) -> RenderableType:

@@ -87,39 +87,14 @@ def build_profile(
     names = table.names
     n_spans = table.span_count
 
-    # ---- modules and per-name roles ---------------------------------------------------------------
-    found_ranges: dict[int, tuple[str, str]] = {}
-    for name_id, name in enumerate(names):
-        parsed = parse_module_range(name)
-        if parsed is not None:
-            found_ranges[name_id] = parsed
-    if catalog is None:
-        catalog = catalog_from_ranges(found_ranges.values())
-    module_index = {info.path: i for i, info in enumerate(catalog)}
-    extra = [pair for pair in found_ranges.values() if pair[0] not in module_index]
-    if extra:  # ranges of modules the catalog does not know (e.g. a foreign root): add them
-        catalog = _extend_catalog(catalog, extra)
-        module_index = {info.path: i for i, info in enumerate(catalog)}
-    roles = [_ROLE_PLAIN] * len(names)
-    role_module = [-1] * len(names)
-    for name_id, name in enumerate(names):
-        if name_id in found_ranges:
-            roles[name_id] = _ROLE_MODULE
-            role_module[name_id] = module_index[found_ranges[name_id][0]]
-        elif name.startswith(BACKWARD_NODE_PREFIX):
-            roles[name_id] = _ROLE_BACKWARD_NODE
-        elif name.startswith(STEP_PREFIX):
-            roles[name_id] = _ROLE_STEP
+    catalog, found_ranges, roles, role_module = _roles(names, catalog)
     buckets = _Buckets(len(catalog), [], {}, [])
 
     # ---- the sweep: nesting, exclusive time, buckets, FLOPs ---------------------------------------
     ts_arr = table.array("span_ts")
     dur_arr = table.array("span_dur")
     kind_arr = table.array("span_kind")
-    cpu_mask = np.isin(kind_arr, [int(k) for k in CPU_KINDS])
-    cpu_idx = np.flatnonzero(cpu_mask)
-    order_arr = cpu_idx[np.lexsort((-dur_arr[cpu_idx], ts_arr[cpu_idx]))]  # by start, longest first
-
+    order_arr = _time_order(table)
     sweep = _sweep(table, order_arr, roles, role_module, buckets)
     parent, excl, bucket = sweep.parent, sweep.excl, sweep.bucket
     span_name, span_dur = table.span_name, table.span_dur
@@ -296,6 +271,64 @@ def build_profile(
     return Profile(
         meta=full_meta, root=root, op_rows=op_rows, unattributed=unattributed, totals=totals, steps=steps
     )
+
+
+def _roles(
+    names: list[str], catalog: list[ModuleInfo] | None
+) -> tuple[list[ModuleInfo], dict[int, tuple[str, str]], list[int], list[int]]:
+    """The module catalog (discovered from range names when not given) and each name's role."""
+    found_ranges: dict[int, tuple[str, str]] = {}
+    for name_id, name in enumerate(names):
+        parsed = parse_module_range(name)
+        if parsed is not None:
+            found_ranges[name_id] = parsed
+    if catalog is None:
+        catalog = catalog_from_ranges(found_ranges.values())
+    module_index = {info.path: i for i, info in enumerate(catalog)}
+    extra = [pair for pair in found_ranges.values() if pair[0] not in module_index]
+    if extra:  # ranges of modules the catalog does not know (e.g. a foreign root): add them
+        catalog = _extend_catalog(catalog, extra)
+        module_index = {info.path: i for i, info in enumerate(catalog)}
+    roles = [_ROLE_PLAIN] * len(names)
+    role_module = [-1] * len(names)
+    for name_id, name in enumerate(names):
+        if name_id in found_ranges:
+            roles[name_id] = _ROLE_MODULE
+            role_module[name_id] = module_index[found_ranges[name_id][0]]
+        elif name.startswith(BACKWARD_NODE_PREFIX):
+            roles[name_id] = _ROLE_BACKWARD_NODE
+        elif name.startswith(STEP_PREFIX):
+            roles[name_id] = _ROLE_STEP
+    return catalog, found_ranges, roles, role_module
+
+
+def _time_order(table: EventTable) -> np.ndarray:
+    """CPU spans by start time, the longest first among equal starts (parents before children)."""
+    ts_arr, dur_arr = table.array("span_ts"), table.array("span_dur")
+    cpu_idx = np.flatnonzero(np.isin(table.array("span_kind"), [int(k) for k in CPU_KINDS]))
+    return cpu_idx[np.lexsort((-dur_arr[cpu_idx], ts_arr[cpu_idx]))]
+
+
+def backward_ranges(table: EventTable) -> list[tuple[str, int, int, int]]:
+    """``(module path, tid, start ns, end ns)`` for every run of consecutive backward nodes that one
+    module owns: where each layer's backward ran (for trace views)."""
+    catalog, _, roles, role_module = _roles(table.names, None)
+    buckets = _Buckets(len(catalog), [], {}, [])
+    sweep = _sweep(table, _time_order(table), roles, role_module, buckets)
+    ranges: list[tuple[str, int, int, int]] = []
+    two_m = 2 * len(catalog)
+    for i in sweep.backward_windows:
+        b = sweep.bucket[i]
+        if not (0 <= b < two_m and b & 1):
+            continue
+        path, tid = catalog[b // 2].path, table.span_tid[i]
+        start, end = table.span_ts[i], table.span_ts[i] + table.span_dur[i]
+        last = ranges[-1] if ranges else None
+        if last is not None and last[0] == path and last[1] == tid:
+            ranges[-1] = (path, tid, last[2], max(last[3], end))
+        else:
+            ranges.append((path, tid, start, end))
+    return ranges
 
 
 @dataclass

@@ -149,6 +149,7 @@ class profile:
         self._torch_profiler: torch.profiler.profile | None = None
         self._scopes: ModuleScopes | None = None
         self._profile: Profile | None = None
+        self._trace: dict[str, Any] | None = None
         self._catalog: list[Any] | None = None
         self._wall_ns = 0
         self._started_ns = 0
@@ -269,6 +270,29 @@ class profile:
         self.cycles.append(cycle)
         if self.on_trace_ready is not None:
             self.on_trace_ready(cycle)
+
+    # ----- exports -----------------------------------------------------------------------------------
+    def export_chrome_trace(self, path: str | Path) -> Path:
+        """Write the run's Chrome/Perfetto trace (``.json`` or ``.json.gz``) with a "modules (backward)"
+        track showing where each module's backward ran. Unlike torch's, it can be called again."""
+        import os
+        import tempfile
+
+        import orjson
+
+        from layerscope.render.chrome import with_backward_tracks, write_trace
+
+        if not self._finished:
+            raise CaptureError("export the trace after the `with layerscope.profile(...)` block")
+        if self._trace is None:
+            handle, tmp = tempfile.mkstemp(suffix=".json")
+            os.close(handle)
+            try:
+                self.torch_profiler.export_chrome_trace(tmp)
+                self._trace = with_backward_tracks(orjson.loads(Path(tmp).read_bytes()))
+            finally:
+                os.unlink(tmp)
+        return write_trace(self._trace, Path(path))
 
     # ----- results -----------------------------------------------------------------------------------
     @property

@@ -7,7 +7,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from layerscope.cli import analyze_cmd, diff_cmd, merge_cmd, profile_cmd, run_cmd, show_cmd
+from layerscope.cli import analyze_cmd, diff_cmd, merge_cmd, profile_cmd, report_cmd, run_cmd, show_cmd
 from layerscope.errors import LayerscopeError
 
 
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze_cmd.register(sub)
     diff_cmd.register(sub)
     merge_cmd.register(sub)
+    report_cmd.register(sub)
     return parser
 
 

@@ -1,0 +1,66 @@
+"""``layerscope report run.json -o OUT``: a saved profile (or trace) as CSV, collapsed stacks or JSON."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import UsageError
+
+FORMATS = ("csv", "collapsed", "json")
+
+
+def register(sub: Any) -> None:
+    """Add the ``report`` subcommand."""
+    parser = sub.add_parser(
+        "report",
+        help="export a profile: csv, collapsed stacks, json",
+        description="Export a saved profile or a trace. The format comes from --format or the output's "
+        "suffix: .csv (two files: NAME.modules.csv and NAME.ops.csv), .collapsed or .folded (flame-graph "
+        "stacks), .json / .json.gz (a layerscope profile).",
+    )
+    parser.add_argument("path", help="a saved layerscope profile or a torch.profiler trace")
+    parser.add_argument("-o", "--output", required=True, metavar="OUT")
+    parser.add_argument("--format", choices=FORMATS, help="default: from the output's suffix")
+    parser.add_argument(
+        "--metric",
+        default="cpu_us",
+        metavar="METRIC",
+        help="collapsed stacks: cpu_us, device_us, cpu_alloc_bytes, device_alloc_bytes or flops",
+    )
+    parser.set_defaults(run=run)
+
+
+def format_of(output: Path, given: str | None) -> str:
+    """The export format: given, or from the file's suffix."""
+    if given:
+        return given
+    name = output.name.lower()
+    if name.endswith(".csv"):
+        return "csv"
+    if name.endswith((".collapsed", ".folded", ".txt")):
+        return "collapsed"
+    if name.endswith((".json", ".json.gz")):
+        return "json"
+    raise UsageError(f"cannot tell the format of {output.name}; use --format {'|'.join(FORMATS)}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load and export."""
+    from layerscope.loading import load
+    from layerscope.model.serialize import write_atomic
+    from layerscope.render.exports import collapsed_stacks, modules_csv, ops_csv
+
+    output = Path(args.output)
+    fmt = format_of(output, args.format)
+    profile = load(args.path)
+    if fmt == "csv":
+        stem = output.name[: -len(".csv")] if output.name.lower().endswith(".csv") else output.name
+        write_atomic(output.with_name(f"{stem}.modules.csv"), modules_csv(profile).encode())
+        write_atomic(output.with_name(f"{stem}.ops.csv"), ops_csv(profile).encode())
+    elif fmt == "collapsed":
+        write_atomic(output, collapsed_stacks(profile, args.metric).encode())
+    else:
+        profile.save(output)
+    return 0

@@ -1,0 +1,89 @@
+"""File exports of a Profile: CSV (module rows and op rows) and collapsed stacks for flame graphs."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from layerscope.errors import UsageError
+from layerscope.model.metrics import FIELD_NAMES, Metrics
+from layerscope.model.profile import ModuleNode, Phase, Profile
+
+#: Metrics a collapsed-stack export can weigh frames by (their self figure is used).
+STACK_METRICS = ("cpu_us", "device_us", "cpu_alloc_bytes", "device_alloc_bytes", "flops")
+
+
+def modules_csv(profile: Profile) -> str:
+    """One row per module and phase: path, type, calls, params, and every metric."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["path", "type", "calls", "params_total", "phase", *FIELD_NAMES])
+    for node in profile.modules():
+        for phase in ("forward", "backward"):
+            metrics: Metrics = getattr(node, phase)
+            writer.writerow(
+                [node.path, node.type_name, node.calls, node.params_total, phase, *metrics.to_list()]
+            )
+    return out.getvalue()
+
+
+def ops_csv(profile: Profile) -> str:
+    """One row per op row: name, phase, module (or the unattributed label), input shapes, metrics."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["name", "phase", "module", "unattributed", "input_shapes", "calls", *FIELD_NAMES])
+    for row in profile.op_rows:
+        writer.writerow(
+            [
+                row.name,
+                row.phase.value if row.phase else "",
+                row.module if row.module is not None else "",
+                row.scope,
+                row.input_shapes or "",
+                row.calls,
+                *row.metrics.to_list(),
+            ]
+        )
+    return out.getvalue()
+
+
+def collapsed_stacks(profile: Profile, metric: str = "cpu_us") -> str:
+    """``frame;frame;op value`` lines (FlameGraph, speedscope and Perfetto read them): module frames
+    from the root down, then the op; a module's own Python time as ``[python]``; backward work under a
+    ``[backward]`` root, unattributed work under ``[unattributed]``. Values are integers (µs, bytes,
+    FLOPs) of the metric's self figure; zero lines are left out."""
+    if metric not in STACK_METRICS:
+        raise UsageError(f"cannot weigh stacks by {metric!r}; choose from {', '.join(STACK_METRICS)}")
+    self_field = f"self_{metric}"
+    root_name = profile.root.type_name or "(root)"
+    frames: dict[str, list[str]] = {}
+    for node in profile.modules():
+        frames[node.path] = [root_name, *(node.path.split(".") if node.path else [])]
+    lines: dict[str, float] = {}
+
+    def add(stack: list[str], value: float) -> None:
+        if value > 0:
+            key = ";".join(f.replace(";", ",").replace(" ", "_") for f in stack)
+            lines[key] = lines.get(key, 0.0) + value
+
+    op_self: dict[tuple[str, Phase], float] = {}
+    for row in profile.op_rows:
+        value = float(getattr(row.metrics, self_field))
+        if row.module is not None and row.phase is not None:
+            op_self[(row.module, row.phase)] = op_self.get((row.module, row.phase), 0.0) + value
+            prefix = ["[backward]"] if row.phase is Phase.BACKWARD else []
+            add([*prefix, *frames.get(row.module, [root_name, row.module]), row.name], value)
+        else:
+            add(["[unattributed]", row.scope or "(other)", row.name], value)
+
+    def own(node: ModuleNode, phase: Phase) -> None:
+        metrics: Metrics = node.backward if phase is Phase.BACKWARD else node.forward
+        rest = float(getattr(metrics, self_field)) - op_self.get((node.path, phase), 0.0)
+        prefix = ["[backward]"] if phase is Phase.BACKWARD else []
+        add([*prefix, *frames[node.path], "[python]"], rest)
+
+    if metric == "cpu_us":  # time in a module that no op covers: its Python code
+        for node in profile.modules():
+            own(node, Phase.FORWARD)
+            own(node, Phase.BACKWARD)
+    return "".join(f"{stack} {round(value)}\n" for stack, value in lines.items() if round(value) > 0)

@@ -1,0 +1,76 @@
+"""Exports: Chrome trace with backward module tracks, collapsed stacks, CSV, the report command."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import orjson
+import pytest
+import torch
+
+import layerscope as ls
+from layerscope.cli import main
+from layerscope.errors import UsageError
+from layerscope.render.chrome import BACKWARD_TRACK
+from layerscope.render.exports import collapsed_stacks, modules_csv, ops_csv
+from tests.fixtures.models import TinyMLP
+
+
+@pytest.fixture(scope="module")
+def session() -> ls.profile:
+    model = TinyMLP()
+    with ls.profile(model, memory=True) as prof:
+        model(torch.randn(4, 8)).sum().backward()
+    return prof
+
+
+def test_chrome_trace_has_backward_tracks_and_exports_twice(session: ls.profile, tmp_path: Path) -> None:
+    first = session.export_chrome_trace(tmp_path / "a.json")
+    second = session.export_chrome_trace(tmp_path / "b.json.gz")  # torch's own refuses a second export
+    events = orjson.loads(first.read_bytes())["traceEvents"]
+    backward = [e for e in events if e.get("tid") == BACKWARD_TRACK and e["ph"] == "X"]
+    names = [e["name"] for e in backward]
+    assert {"fc1", "fc2", "act"} <= set(names)
+    assert names.index("fc2") < names.index("fc1")  # backward runs from the last layer to the first
+    assert any(e["ph"] == "M" and e.get("tid") == BACKWARD_TRACK for e in events)
+    forward = [e for e in events if str(e.get("name", "")).startswith("ls:fc1:")]
+    assert forward  # forward module ranges are there too
+    assert ls.load(second).find("fc1").calls == 1
+
+
+def test_collapsed_stacks_account_for_all_cpu_time(session: ls.profile) -> None:
+    p = session.profile
+    text = collapsed_stacks(p, "cpu_us")
+    lines = text.splitlines()
+    assert any(line.startswith("TinyMLP;fc1;aten::linear ") for line in lines)
+    assert any(line.startswith("[backward];TinyMLP;fc2;") for line in lines)
+    assert any(line.startswith("[unattributed];") for line in lines)
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in lines)
+    assert abs(total - p.totals.cpu_us) <= len(lines)  # each line rounds by at most 0.5 µs (+ dropped zeros)
+    flops = collapsed_stacks(p, "flops")
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in flops.splitlines()) == p.totals.flops
+    with pytest.raises(UsageError):
+        collapsed_stacks(p, "speed")
+
+
+def test_csv_rows(session: ls.profile) -> None:
+    p = session.profile
+    modules = list(csv.DictReader(io.StringIO(modules_csv(p))))
+    assert len(modules) == 2 * len(list(p.modules()))
+    fc1 = next(r for r in modules if r["path"] == "fc1" and r["phase"] == "forward")
+    assert float(fc1["cpu_us"]) == p.find("fc1").forward.cpu_us and fc1["type"] == "Linear"
+    ops = list(csv.DictReader(io.StringIO(ops_csv(p))))
+    assert len(ops) == len(p.op_rows) and sum(int(r["calls"]) for r in ops) == sum(r.calls for r in p.op_rows)
+
+
+def test_report_command(session: ls.profile, tmp_path: Path) -> None:
+    saved = session.profile.save(tmp_path / "run.json")
+    assert main(["report", str(saved), "-o", str(tmp_path / "r.csv")]) == 0
+    assert (tmp_path / "r.modules.csv").exists() and (tmp_path / "r.ops.csv").exists()
+    assert main(["report", str(saved), "-o", str(tmp_path / "r.folded"), "--metric", "cpu_alloc_bytes"]) == 0
+    assert (tmp_path / "r.folded").read_text().strip()
+    assert main(["report", str(saved), "-o", str(tmp_path / "copy.json.gz")]) == 0
+    assert ls.load(tmp_path / "copy.json.gz") == session.profile
+    assert main(["report", str(saved), "-o", str(tmp_path / "r.xyz")]) == 2

@@ -74,3 +74,34 @@ def test_report_command(session: ls.profile, tmp_path: Path) -> None:
     assert main(["report", str(saved), "-o", str(tmp_path / "copy.json.gz")]) == 0
     assert ls.load(tmp_path / "copy.json.gz") == session.profile
     assert main(["report", str(saved), "-o", str(tmp_path / "r.xyz")]) == 2
+
+
+def test_svg_flamegraph_structure_and_escaping(session: ls.profile, tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import xml.dom.minidom
+
+    from layerscope.build import build_profile, module_range_name
+    from layerscope.events import EventKind, EventTable
+    from layerscope.render.flamegraph import flamegraph_svg
+
+    svg = flamegraph_svg(session.profile)
+    doc = xml.dom.minidom.parseString(svg.encode())
+    frames = [g for g in doc.getElementsByTagName("g") if g.getAttribute("class") == "f"]
+    names = {g.getElementsByTagName("title")[0].firstChild.data.split(" — ")[0] for g in frames}
+    assert {"all", "TinyMLP", "fc1", "[backward]"} <= names
+    root = next(g for g in frames if g.getAttribute("data-d") == "0")
+    assert float(root.getAttribute("data-w")) == 1.0
+    # a hostile module name is text, not markup
+    t = EventTable()
+    t.add_span(module_range_name("", "Net"), EventKind.CPU_OP, 1, 0, 100_000)
+    t.add_span(
+        module_range_name("<img src=x onerror=alert(1)>", "Linear"), EventKind.CPU_OP, 1, 10_000, 50_000
+    )
+    hostile = flamegraph_svg(build_profile(t, None, {}))
+    assert "<img" not in hostile and "&lt;img src=x onerror=alert(1)&gt;" in hostile
+    xml.dom.minidom.parseString(hostile.encode())
+    if shutil.which("node"):  # the inlined script at least parses
+        script = tmp_path / "flame.js"
+        script.write_text(svg.split("<![CDATA[", 1)[1].split("]]>", 1)[0])
+        assert subprocess.run(["node", "--check", str(script)], check=False).returncode == 0

@@ -8,14 +8,14 @@ from typing import Any
 
 from layerscope.errors import UsageError
 
-FORMATS = ("csv", "collapsed", "json")
+FORMATS = ("csv", "collapsed", "svg", "json")
 
 
 def register(sub: Any) -> None:
     """Add the ``report`` subcommand."""
     parser = sub.add_parser(
         "report",
-        help="export a profile: csv, collapsed stacks, json",
+        help="export a profile: csv, collapsed stacks, SVG flame graph, json",
         description="Export a saved profile or a trace. The format comes from --format or the output's "
         "suffix: .csv (two files: NAME.modules.csv and NAME.ops.csv), .collapsed or .folded (flame-graph "
         "stacks), .json / .json.gz (a layerscope profile).",
@@ -41,6 +41,8 @@ def format_of(output: Path, given: str | None) -> str:
         return "csv"
     if name.endswith((".collapsed", ".folded", ".txt")):
         return "collapsed"
+    if name.endswith(".svg"):
+        return "svg"
     if name.endswith((".json", ".json.gz")):
         return "json"
     raise UsageError(f"cannot tell the format of {output.name}; use --format {'|'.join(FORMATS)}")
@@ -61,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(output.with_name(f"{stem}.ops.csv"), ops_csv(profile).encode())
     elif fmt == "collapsed":
         write_atomic(output, collapsed_stacks(profile, args.metric).encode())
+    elif fmt == "svg":
+        from layerscope.render.flamegraph import flamegraph_svg
+
+        write_atomic(output, flamegraph_svg(profile, args.metric).encode())
     else:
         profile.save(output)
     return 0

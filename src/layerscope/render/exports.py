@@ -7,7 +7,7 @@ import io
 
 from layerscope.errors import UsageError
 from layerscope.model.metrics import FIELD_NAMES, Metrics
-from layerscope.model.profile import ModuleNode, Phase, Profile
+from layerscope.model.profile import Phase, Profile
 
 #: Metrics a collapsed-stack export can weigh frames by (their self figure is used).
 STACK_METRICS = ("cpu_us", "device_us", "cpu_alloc_bytes", "device_alloc_bytes", "flops")
@@ -47,11 +47,11 @@ def ops_csv(profile: Profile) -> str:
     return out.getvalue()
 
 
-def collapsed_stacks(profile: Profile, metric: str = "cpu_us") -> str:
-    """``frame;frame;op value`` lines (FlameGraph, speedscope and Perfetto read them): module frames
-    from the root down, then the op; a module's own Python time as ``[python]``; backward work under a
-    ``[backward]`` root, unattributed work under ``[unattributed]``. Values are integers (µs, bytes,
-    FLOPs) of the metric's self figure; zero lines are left out."""
+def stack_values(profile: Profile, metric: str = "cpu_us") -> dict[tuple[str, ...], float]:
+    """Stack (frames from the root down, ending in an op or ``[python]``) -> the metric's self value.
+
+    Module frames from the root down, then the op; a module's own Python time as ``[python]``;
+    backward work under a ``[backward]`` root, unattributed work under ``[unattributed]``."""
     if metric not in STACK_METRICS:
         raise UsageError(f"cannot weigh stacks by {metric!r}; choose from {', '.join(STACK_METRICS)}")
     self_field = f"self_{metric}"
@@ -59,12 +59,12 @@ def collapsed_stacks(profile: Profile, metric: str = "cpu_us") -> str:
     frames: dict[str, list[str]] = {}
     for node in profile.modules():
         frames[node.path] = [root_name, *(node.path.split(".") if node.path else [])]
-    lines: dict[str, float] = {}
+    values: dict[tuple[str, ...], float] = {}
 
     def add(stack: list[str], value: float) -> None:
         if value > 0:
-            key = ";".join(f.replace(";", ",").replace(" ", "_") for f in stack)
-            lines[key] = lines.get(key, 0.0) + value
+            key = tuple(stack)
+            values[key] = values.get(key, 0.0) + value
 
     op_self: dict[tuple[str, Phase], float] = {}
     for row in profile.op_rows:
@@ -75,15 +75,23 @@ def collapsed_stacks(profile: Profile, metric: str = "cpu_us") -> str:
             add([*prefix, *frames.get(row.module, [root_name, row.module]), row.name], value)
         else:
             add(["[unattributed]", row.scope or "(other)", row.name], value)
-
-    def own(node: ModuleNode, phase: Phase) -> None:
-        metrics: Metrics = node.backward if phase is Phase.BACKWARD else node.forward
-        rest = float(getattr(metrics, self_field)) - op_self.get((node.path, phase), 0.0)
-        prefix = ["[backward]"] if phase is Phase.BACKWARD else []
-        add([*prefix, *frames[node.path], "[python]"], rest)
-
     if metric == "cpu_us":  # time in a module that no op covers: its Python code
         for node in profile.modules():
-            own(node, Phase.FORWARD)
-            own(node, Phase.BACKWARD)
-    return "".join(f"{stack} {round(value)}\n" for stack, value in lines.items() if round(value) > 0)
+            for phase in (Phase.FORWARD, Phase.BACKWARD):
+                metrics: Metrics = node.backward if phase is Phase.BACKWARD else node.forward
+                rest = float(getattr(metrics, self_field)) - op_self.get((node.path, phase), 0.0)
+                prefix = ["[backward]"] if phase is Phase.BACKWARD else []
+                add([*prefix, *frames[node.path], "[python]"], rest)
+    return values
+
+
+def collapsed_stacks(profile: Profile, metric: str = "cpu_us") -> str:
+    """``frame;frame;op value`` lines (FlameGraph, speedscope and Perfetto read them), from
+    :func:`stack_values`. Values are integers (µs, bytes, FLOPs); zero lines are left out."""
+    lines = []
+    for stack, value in stack_values(profile, metric).items():
+        if round(value) > 0:
+            lines.append(
+                ";".join(f.replace(";", ",").replace(" ", "_") for f in stack) + f" {round(value)}\n"
+            )
+    return "".join(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from layerscope.errors import UsageError
-from layerscope.model.metrics import FIELD_NAMES, Metrics
+from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import OpStats, Phase, Profile
 
 GROUP_KEYS = ("name", "input_shapes", "module", "phase")
@@ -85,9 +85,4 @@ def _merge(rows: list[OpStats], group_by: Sequence[str]) -> OpStats:
     )
 
 
-def total_of(rows: Sequence[OpStats], field: str) -> float:
-    """Sum of one metric over rows (a helper for views and tests)."""
-    return float(sum(getattr(r.metrics, field) for r in rows))
-
-
-__all__ = ["GROUP_KEYS", "SORT_KEYS", "Metrics", "op_table", "total_of"]
+__all__ = ["GROUP_KEYS", "SORT_KEYS", "op_table"]

@@ -10,7 +10,6 @@ reader maps internal ids to trace threads (falling back to the only forward thre
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -63,18 +62,6 @@ _KIND_BY_CATEGORY: dict[str, EventKind] = {
 
 #: A FLOP counter for (op name, input shapes, concrete inputs); None when torch is unavailable.
 FlopCounter = Callable[[str, list[Any], list[Any]], int]
-
-
-def load_trace_json(path: Path) -> dict[str, Any]:
-    """Parse a trace file into its top-level object (TraceFormatError on anything unreadable)."""
-    from layerscope.model.serialize import read_json
-
-    data = read_json(path)
-    if isinstance(data, list):  # the bare-array form of the Chrome trace format
-        data = {"traceEvents": data}
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise TraceFormatError(f"{path}: not a Chrome/Kineto trace (no traceEvents list)")
-    return data
 
 
 def parse_concrete(values: Any) -> list[Any]:
@@ -259,7 +246,7 @@ class TraceTableBuilder:
 
 
 def table_from_trace(data: dict[str, Any], flops: FlopCounter | None = None, source: str = "") -> EventTable:
-    """Build an EventTable from a parsed trace (see :func:`load_trace_json`)."""
+    """Build an EventTable from a parsed trace (a dict with ``traceEvents``)."""
     builder = TraceTableBuilder(flops, source)
     builder.add_events(data["traceEvents"])
     return builder.finish(data)
@@ -319,9 +306,3 @@ def _resolve_forward_threads(
     }
     only = next(iter(forward_threads)) if len(forward_threads) == 1 else 0
     return [0 if f == 0 else mapping.get(f, only or -1) for f in raw]
-
-
-def read_trace(path: str | Path, flops: FlopCounter | None = None) -> EventTable:
-    """Read a trace file into an EventTable."""
-    path = Path(path)
-    return table_from_trace(load_trace_json(path), flops=flops, source=str(path))

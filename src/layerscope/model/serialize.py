@@ -208,26 +208,3 @@ def open_binary(path: Path) -> BinaryIO:
         raise TraceFormatError(f"{path}: is a folder, not a file") from None
     except OSError as exc:
         raise TraceFormatError(f"{path}: cannot read: {exc.strerror}") from None
-
-
-def read_json_bytes(path: Path) -> bytes:
-    """The bytes of a .json or .json.gz file (gzip detected by magic number, not by name)."""
-    with open_binary(path) as handle:
-        raw = handle.read()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            raise TraceFormatError(f"{path}: corrupt gzip data ({exc})") from None
-    return raw
-
-
-def read_json(path: str | Path) -> Any:
-    """Parse a .json or .json.gz file; TraceFormatError (with the path) for empty or invalid files."""
-    raw = read_json_bytes(Path(path))
-    if not raw.strip():
-        raise TraceFormatError(f"{path}: empty file")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise TraceFormatError(f"{path}: not valid JSON ({exc})") from None

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-import layerscope as ls
 from tests.fixtures.models import tiny_resnet
 
 

@@ -55,7 +55,8 @@ def _kind(name: str, depth: int, leaf: bool) -> str:
     return "op" if leaf and depth > 1 else "module"
 
 
-def flamegraph_svg(profile: Profile, metric: str = "cpu_us", title: str | None = None) -> str:
+def flamegraph_svg(profile: Profile, metric: str = "cpu_us", title: str | None = None,
+                   standalone: bool = True) -> str:
     """The flame graph of ``profile`` weighted by ``metric`` (see ``STACK_METRICS``), as SVG text."""
     stacks = stack_values(profile, metric)
     root = _tree(stacks, "all")
@@ -90,8 +91,8 @@ def flamegraph_svg(profile: Profile, metric: str = "cpu_us", title: str | None =
     draw(root, 0, 0.0)
     height = TOP + (max_depth + 1) * ROW + 40
     heading = escape(title or f"layerscope flame graph — {metric}")
-    return f"""<?xml version="1.0" encoding="UTF-8"?>
-<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}"
+    declaration = '<?xml version="1.0" encoding="UTF-8"?>\n' if standalone else ""
+    return declaration + f"""<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}"
      font-family="Verdana, sans-serif" font-size="{FONT}" data-total="{total:.3f}" data-unit="{unit}"
      data-char="{CHAR}">
 <style>
@@ -102,9 +103,9 @@ def flamegraph_svg(profile: Profile, metric: str = "cpu_us", title: str | None =
 </style>
 <rect width="100%" height="100%" fill="#fafafa"/>
 <text x="10" y="20" font-size="16" font-weight="bold">{heading}</text>
-<text id="reset" class="button" x="{WIDTH - 170}" y="20" style="pointer-events: all">Reset zoom</text>
-<text id="search" class="button" x="{WIDTH - 70}" y="20" style="pointer-events: all">Search</text>
-<text id="details" x="10" y="{height - 15}"> </text>
+<text class="button reset" x="{WIDTH - 170}" y="20" style="pointer-events: all">Reset zoom</text>
+<text class="button search" x="{WIDTH - 70}" y="20" style="pointer-events: all">Search</text>
+<text class="details" x="10" y="{height - 15}"> </text>
 {"".join(frames)}
 <script><![CDATA[
 {_script()}

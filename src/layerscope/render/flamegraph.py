@@ -92,9 +92,9 @@ def flamegraph_svg(profile: Profile, metric: str = "cpu_us", title: str | None =
     height = TOP + (max_depth + 1) * ROW + 40
     heading = escape(title or f"layerscope flame graph — {metric}")
     declaration = '<?xml version="1.0" encoding="UTF-8"?>\n' if standalone else ""
-    return declaration + f"""<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}"
-     font-family="Verdana, sans-serif" font-size="{FONT}" data-total="{total:.3f}" data-unit="{unit}"
-     data-char="{CHAR}">
+    return declaration + f"""<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}"
+     viewBox="0 0 {WIDTH} {height}" font-family="Verdana, sans-serif" font-size="{FONT}"
+     data-total="{total:.3f}" data-unit="{unit}" data-char="{CHAR}">
 <style>
   text {{ pointer-events: none; fill: #111; }}
   .f:hover rect {{ stroke: #000; stroke-width: 0.7; }}

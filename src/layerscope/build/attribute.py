@@ -21,6 +21,7 @@ for nesting and bucket assignment, then numpy ``bincount`` for all the sums.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -268,6 +269,11 @@ def build_profile(
             "wall_us", float((ts_arr + dur_arr)[order_arr].max() - ts_arr[order_arr].min()) / 1000.0
         )
     full_meta.setdefault("trace", {k: v for k, v in table.meta.items() if _is_json_scalar_tree(v)})
+    if n_mem:
+        start = int(ts_arr[order_arr].min()) if order_arr.size else int(min(table.mem_ts))
+        full_meta.setdefault(
+            "memory_timeline", _memory_timeline(table, mem_span, bucket, buckets, catalog, start)
+        )
     return Profile(
         meta=full_meta, root=root, op_rows=op_rows, unattributed=unattributed, totals=totals, steps=steps
     )
@@ -646,6 +652,50 @@ def _op_rows(
             )
         )
     return tuple(result)
+
+
+def _memory_timeline(
+    table: EventTable,
+    owners: list[int],
+    bucket: list[int],
+    buckets: _Buckets,
+    catalog: list[ModuleInfo],
+    start_ns: int,
+    points: int = 800,
+) -> dict[str, Any]:
+    """Memory in use over time (bytes allocated since the window began; CPU and device), sampled to
+    at most ``points`` points that keep every local maximum's bucket, and the peak with its owner."""
+    ts = table.array("mem_ts")
+    by_time = np.argsort(ts, kind="stable")
+    nbytes = table.array("mem_bytes")[by_time]
+    on_device = table.array("mem_on_device")[by_time]
+    cpu = np.cumsum(np.where(on_device, 0, nbytes))
+    device = np.cumsum(np.where(on_device, nbytes, 0))
+    watched = device if on_device.any() else cpu
+    peak = int(np.argmax(watched))
+    # keep the highest point of each of `points` slices, so the plot never hides a peak
+    edges = np.linspace(0, by_time.size, num=min(points, by_time.size) + 1).astype(np.int64)
+    keep = sorted(
+        {int(lo + np.argmax(watched[lo:hi])) for lo, hi in itertools.pairwise(edges) if hi > lo}
+        | {0, by_time.size - 1, peak}
+    )
+    owner = owners[int(by_time[peak])]
+    b = bucket[owner] if owner >= 0 else -1
+    two_m = 2 * buckets.module_count
+    where = "(outside ops)" if b < 0 else catalog[b // 2].path if b < two_m else buckets.labels[b - two_m][0]
+    phase = None if b < 0 else str(buckets.phase_of(b))
+    return {
+        "t_us": [round((int(ts[by_time[k]]) - start_ns) / 1000.0, 3) for k in keep],
+        "cpu_bytes": [int(cpu[k]) for k in keep],
+        "device_bytes": [int(device[k]) for k in keep] if on_device.any() else [],
+        "peak": {
+            "t_us": round((int(ts[by_time[peak]]) - start_ns) / 1000.0, 3),
+            "bytes": int(watched[peak]),
+            "device": bool(on_device.any()),
+            "module": where,
+            "phase": phase,
+        },
+    }
 
 
 def _is_json_scalar_tree(value: Any) -> bool:

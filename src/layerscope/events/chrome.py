@@ -84,6 +84,12 @@ def parse_concrete(values: Any) -> list[Any]:
     return out
 
 
+def _args(ev: dict[str, Any]) -> dict[str, Any]:
+    """An event's args, or {} when absent or not an object."""
+    args = ev.get("args")
+    return args if isinstance(args, dict) else {}
+
+
 def _ns(value: Any) -> int:
     return round(float(value) * 1000.0)
 
@@ -155,7 +161,7 @@ class TraceTableBuilder:
                     if kind is None:
                         continue
                     tid = self._thread(ev)
-                    args = ev.get("args") or {}
+                    args = _args(ev)
                     ts = _ns(ev["ts"])
                     dur = max(0, _ns(ev.get("dur", 0)))
                     name = str(ev.get("name", ""))
@@ -197,7 +203,7 @@ class TraceTableBuilder:
                     if kind in (EventKind.CPU_OP, EventKind.USER_ANNOTATION):
                         self.span_at.setdefault((tid, ts), i)
                 elif ph == "i" and ev.get("name") == "[memory]":
-                    args = ev.get("args") or {}
+                    args = _args(ev)
                     device_type = int(args.get("Device Type", 0) or 0)
                     table.add_memory(
                         self._thread(ev), _ns(ev["ts"]), int(args.get("Bytes", 0)), on_device=device_type != 0
@@ -209,7 +215,7 @@ class TraceTableBuilder:
                 elif ph in ("s", "f") and ev.get("cat") == "fwdbwd":
                     target = self.flow_starts if ph == "s" else self.flow_ends
                     target[ev.get("id")] = (self._thread(ev), _ns(ev["ts"]))
-            except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
                 what = str(ev.get("name", ""))[:60]
                 where = self.source or "trace"
                 raise TraceFormatError(f"{where}: malformed {ph!r} event {what!r}: {exc}") from None

@@ -55,8 +55,9 @@ def _kind(name: str, depth: int, leaf: bool) -> str:
     return "op" if leaf and depth > 1 else "module"
 
 
-def flamegraph_svg(profile: Profile, metric: str = "cpu_us", title: str | None = None,
-                   standalone: bool = True) -> str:
+def flamegraph_svg(
+    profile: Profile, metric: str = "cpu_us", title: str | None = None, standalone: bool = True
+) -> str:
     """The flame graph of ``profile`` weighted by ``metric`` (see ``STACK_METRICS``), as SVG text."""
     stacks = stack_values(profile, metric)
     root = _tree(stacks, "all")
@@ -92,7 +93,9 @@ def flamegraph_svg(profile: Profile, metric: str = "cpu_us", title: str | None =
     height = TOP + (max_depth + 1) * ROW + 40
     heading = escape(title or f"layerscope flame graph — {metric}")
     declaration = '<?xml version="1.0" encoding="UTF-8"?>\n' if standalone else ""
-    return declaration + f"""<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}"
+    return (
+        declaration
+        + f"""<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}"
      viewBox="0 0 {WIDTH} {height}" font-family="Verdana, sans-serif" font-size="{FONT}"
      data-total="{total:.3f}" data-unit="{unit}" data-char="{CHAR}">
 <style>
@@ -112,6 +115,7 @@ def flamegraph_svg(profile: Profile, metric: str = "cpu_us", title: str | None =
 ]]></script>
 </svg>
 """
+    )
 
 
 def _script() -> str:

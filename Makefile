@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit browser bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,16 @@ lint: $(VENV)/.test
 typecheck: $(VENV)/.test
 	$(BIN)/mypy
 
-unit: $(VENV)/.test
+# The HTML report's browser tests need Debian's chromium. Installing it is best effort (root and
+# apt only): without it those tests skip with their reason and everything else still runs.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    (apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1)); } || \
+	  echo "chromium not installed: the HTML report's browser tests will skip"
+
+unit: $(VENV)/.test browser
 	$(BIN)/python -m pytest
 
 test: lint typecheck unit

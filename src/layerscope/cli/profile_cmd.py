@@ -58,6 +58,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs")
     parser.add_argument("-o", "--output", metavar="PATH", help="save the profile (.json or .json.gz)")
+    parser.add_argument("--html", metavar="PATH", help="also write the HTML report")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (use with -o)")
     add_view_options(parser)
     parser.set_defaults(run=run)
@@ -169,6 +170,11 @@ def run(args: argparse.Namespace) -> int:
     profile = prof.profile
     if args.output:
         profile.save(args.output)
+    if args.html:
+        from layerscope.model.serialize import write_atomic
+        from layerscope.render.html import html_report
+
+        write_atomic(Path(args.html), html_report(profile).encode())
     if not args.quiet:
         print_profile(profile, args)
         if args.output:

@@ -8,17 +8,17 @@ from typing import Any
 
 from layerscope.errors import UsageError
 
-FORMATS = ("csv", "collapsed", "svg", "json")
+FORMATS = ("html", "csv", "collapsed", "svg", "json")
 
 
 def register(sub: Any) -> None:
     """Add the ``report`` subcommand."""
     parser = sub.add_parser(
         "report",
-        help="export a profile: csv, collapsed stacks, SVG flame graph, json",
+        help="export a profile: HTML report, csv, collapsed stacks, SVG flame graph, json",
         description="Export a saved profile or a trace. The format comes from --format or the output's "
-        "suffix: .csv (two files: NAME.modules.csv and NAME.ops.csv), .collapsed or .folded (flame-graph "
-        "stacks), .json / .json.gz (a layerscope profile).",
+        "suffix: .html (a self-contained report), .csv (two files: NAME.modules.csv and NAME.ops.csv), "
+        ".collapsed or .folded (flame-graph stacks), .json / .json.gz (a layerscope profile).",
     )
     parser.add_argument("path", help="a saved layerscope profile or a torch.profiler trace")
     parser.add_argument("-o", "--output", required=True, metavar="OUT")
@@ -43,6 +43,8 @@ def format_of(output: Path, given: str | None) -> str:
         return "collapsed"
     if name.endswith(".svg"):
         return "svg"
+    if name.endswith((".html", ".htm")):
+        return "html"
     if name.endswith((".json", ".json.gz")):
         return "json"
     raise UsageError(f"cannot tell the format of {output.name}; use --format {'|'.join(FORMATS)}")
@@ -63,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(output.with_name(f"{stem}.ops.csv"), ops_csv(profile).encode())
     elif fmt == "collapsed":
         write_atomic(output, collapsed_stacks(profile, args.metric).encode())
+    elif fmt == "html":
+        from layerscope.render.html import html_report
+
+        write_atomic(output, html_report(profile).encode())
     elif fmt == "svg":
         from layerscope.render.flamegraph import flamegraph_svg
 

@@ -1,0 +1,242 @@
+(function () {
+  "use strict";
+  var D = JSON.parse(document.getElementById("data").textContent);
+  var S = D.strings, F = D.fields, FI = {};
+  F.forEach(function (f, i) { FI[f] = i; });
+  function str(i) { return i < 0 ? "" : S[i]; }
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);  // text only, never HTML
+    return e;
+  }
+  function time(us) {
+    if (!us) return "";
+    var a = Math.abs(us);
+    return a < 1000 ? us.toFixed(1) + "\u00b5s" : a < 1e6 ? (us / 1000).toFixed(2) + "ms" : (us / 1e6).toFixed(3) + "s";
+  }
+  function bytes(n) {
+    if (!n) return "";
+    var a = Math.abs(n), u = [["GiB", 1073741824], ["MiB", 1048576], ["KiB", 1024]];
+    for (var i = 0; i < u.length; i++) if (a >= u[i][1]) return (n / u[i][1]).toFixed(2) + " " + u[i][0];
+    return n + " B";
+  }
+  function si(n) {
+    if (!n) return "";
+    var u = [["P", 1e15], ["T", 1e12], ["G", 1e9], ["M", 1e6], ["K", 1e3]];
+    for (var i = 0; i < u.length; i++) if (Math.abs(n) >= u[i][1]) return (n / u[i][1]).toFixed(2) + u[i][0];
+    return String(Math.round(n));
+  }
+  var shareField = D.totals.device_us > 0 ? "device_us" : "cpu_us";
+  var whole = D.totals[shareField] || 1;
+
+  // ----- header -------------------------------------------------------------------------------
+  document.getElementById("title").textContent = "layerscope \u00b7 " + (D.meta.model || "profile");
+  document.getElementById("sub").textContent = [
+    "torch " + (D.meta.torch_version || "?"), "layerscope " + (D.meta.layerscope_version || "?"),
+    D.meta.created_at || "", D.meta.devices && D.meta.devices.length ? D.meta.devices.map(function (d) { return d.name; }).join(", ") : "CPU",
+    "options: " + JSON.stringify(D.meta.options || {})].filter(Boolean).join(" \u00b7 ");
+  var cards = document.getElementById("cards");
+  var achieved = D.totals.flops ? D.totals.flops / ((D.totals.device_us || D.totals.cpu_us) / 1e6) : 0;
+  [["CPU time", time(D.totals.cpu_us)], ["Device time", time(D.totals.device_us)],
+   ["Peak memory", bytes(Math.max(D.totals.cpu_peak_bytes, D.totals.device_peak_bytes))],
+   ["FLOPs", si(D.totals.flops)], ["Achieved", achieved ? si(achieved) + "FLOP/s" : ""],
+   ["Wall", time(D.meta.wall_us)]].forEach(function (c) {
+    if (!c[1]) return;
+    var card = el("div", "card"); card.appendChild(el("div", "v", c[1])); card.appendChild(el("div", "k", c[0]));
+    cards.appendChild(card);
+  });
+
+  // ----- module tree --------------------------------------------------------------------------
+  var M = D.modules, n = M.path.length, children = [], phase = "both", sortKey = null, sortAsc = false;
+  for (var i = 0; i < n; i++) children.push([]);
+  for (i = 1; i < n; i++) if (M.parent[i] >= 0) children[M.parent[i]].push(i);
+  var order0 = children.map(function (c) { return c.slice(); });
+  function val(i, field) {
+    var f = M.fwd[i][FI[field]], b = M.bwd[i][FI[field]];
+    return phase === "forward" ? f : phase === "backward" ? b : f + b;
+  }
+  var depth = new Array(n).fill(0);
+  for (i = 1; i < n; i++) depth[i] = depth[M.parent[i]] + 1;
+  var open = new Array(n).fill(false);
+  for (i = 0; i < n; i++) open[i] = depth[i] < 2;
+  var hottest = [];
+  for (i = 0; i < n; i++) if (!children[i].length) hottest.push(i);
+  hottest.sort(function (a, b) { return (M.fwd[b][FI[shareField]] + M.bwd[b][FI[shareField]]) - (M.fwd[a][FI[shareField]] + M.bwd[a][FI[shareField]]); });
+  var hot = document.getElementById("hot");
+  hottest.slice(0, 5).forEach(function (k) {
+    var li = el("li", null, (str(M.path[k]) || "(root)") + " (" + str(M.type[k]) + "): ");
+    li.appendChild(el("b", null, time(M.fwd[k][FI[shareField]] + M.bwd[k][FI[shareField]])));
+    hot.appendChild(li);
+  });
+  var COLS = [["Module", null], ["Type", null], ["Calls", "calls"], ["Self", "self_cpu_us"], ["Total", "cpu_us"],
+              ["Device", "device_us"], ["Alloc", "cpu_alloc_bytes"], ["Retained", "retained_bytes"],
+              ["FLOPs", "flops"], ["Params", "params"], ["Share", "share"]];
+  function cellValue(i, key) {
+    if (key === "calls") return M.calls[i];
+    if (key === "params") return M.params[i];
+    if (key === "share") return val(i, shareField);
+    if (key === "cpu_alloc_bytes") return val(i, "cpu_alloc_bytes") + val(i, "device_alloc_bytes");
+    return val(i, key);
+  }
+  var thead = document.querySelector("#tree thead tr"), tbody = document.querySelector("#tree tbody");
+  COLS.forEach(function (c, k) {
+    var th = el("th", k < 2 ? "l" : "", c[0]);
+    if (c[1]) th.addEventListener("click", function () {
+      if (sortKey === c[1]) sortAsc = !sortAsc; else { sortKey = c[1]; sortAsc = false; }
+      Array.prototype.forEach.call(thead.children, function (h) { h.classList.remove("sorted", "asc"); });
+      th.classList.add("sorted"); if (sortAsc) th.classList.add("asc");
+      renderTree();
+    });
+    thead.appendChild(th);
+  });
+  var filter = "";
+  function matches(i) { return !filter || str(M.path[i]).toLowerCase().indexOf(filter) >= 0; }
+  function anyMatch(i) { if (matches(i)) return true; for (var k = 0; k < children[i].length; k++) if (anyMatch(children[i][k])) return true; return false; }
+  function renderTree() {
+    tbody.textContent = "";
+    (function walk(i) {
+      if (filter && !anyMatch(i)) return;
+      var tr = el("tr"); tr.dataset.path = str(M.path[i]);
+      var name = el("td", "l");
+      name.style.paddingLeft = (8 + 16 * depth[i]) + "px";
+      var tog = el("span", "tog", children[i].length ? (open[i] || filter ? "\u25be" : "\u25b8") : "");
+      if (children[i].length) tog.addEventListener("click", function () { open[i] = !open[i]; renderTree(); });
+      name.appendChild(tog);
+      name.appendChild(el("span", null, i === 0 ? (str(M.path[i]) || "(root)") : str(M.path[i]).split(".").pop()));
+      tr.appendChild(name);
+      tr.appendChild(el("td", "l type", str(M.type[i])));
+      tr.appendChild(el("td", null, M.calls[i]));
+      tr.appendChild(el("td", null, time(val(i, "self_cpu_us"))));
+      tr.appendChild(el("td", null, time(val(i, "cpu_us"))));
+      tr.appendChild(el("td", null, time(val(i, "device_us"))));
+      tr.appendChild(el("td", null, bytes(val(i, "cpu_alloc_bytes") + val(i, "device_alloc_bytes"))));
+      tr.appendChild(el("td", null, bytes(val(i, "retained_bytes"))));
+      tr.appendChild(el("td", null, si(val(i, "flops"))));
+      tr.appendChild(el("td", null, si(M.params[i])));
+      var share = el("td", null, (100 * val(i, shareField) / whole).toFixed(1) + "%");
+      var bar = el("span", "bar"); bar.style.width = Math.round(60 * val(i, shareField) / whole) + "px";
+      share.appendChild(bar); tr.appendChild(share);
+      tbody.appendChild(tr);
+      if (!(open[i] || filter)) return;
+      var kids = order0[i].slice();
+      if (sortKey) kids.sort(function (a, b) { var d = cellValue(a, sortKey) - cellValue(b, sortKey); return sortAsc ? d : -d; });
+      kids.forEach(walk);
+    })(0);
+  }
+  document.querySelectorAll("#phase button").forEach(function (b) {
+    b.addEventListener("click", function () {
+      phase = b.dataset.phase;
+      document.querySelectorAll("#phase button").forEach(function (x) { x.classList.toggle("on", x === b); });
+      renderTree();
+    });
+  });
+  document.getElementById("treefilter").addEventListener("input", function (e) { filter = e.target.value.toLowerCase(); renderTree(); });
+  renderTree();
+
+  // ----- flame charts -------------------------------------------------------------------------
+  var pick = document.getElementById("flamemetric");
+  function showFlame() {
+    document.querySelectorAll(".flame").forEach(function (f) { f.style.display = f.dataset.metric === pick.value ? "" : "none"; });
+  }
+  pick.addEventListener("change", showFlame); showFlame();
+
+  // ----- ops ----------------------------------------------------------------------------------
+  var O = D.ops, opSort = "self_cpu_us", opAsc = false, opFilter = "", group = "name";
+  var OCOLS = [["Op", "name"], ["Phase", "phase"], ["Module", "module"], ["Input shapes", "shapes"], ["Calls", "calls"],
+               ["Self CPU", "self_cpu_us"], ["CPU total", "cpu_us"], ["Self device", "self_device_us"],
+               ["Alloc", "cpu_alloc_bytes"], ["FLOPs", "flops"]];
+  var ohead = document.querySelector("#ops thead tr"), obody = document.querySelector("#ops tbody");
+  OCOLS.forEach(function (c, k) {
+    var th = el("th", k < 4 ? "l" : "", c[0]);
+    th.addEventListener("click", function () { if (opSort === c[1]) opAsc = !opAsc; else { opSort = c[1]; opAsc = false; } renderOps(); });
+    ohead.appendChild(th);
+  });
+  function renderOps() {
+    var rows = {}, keys = [];
+    for (var r = 0; r < O.name.length; r++) {
+      var name = str(O.name[r]), module = O.module[r] >= 0 ? str(O.module[r]) : "[" + str(O.scope[r]) + "]";
+      if (opFilter && (name + " " + module).toLowerCase().indexOf(opFilter) < 0) continue;
+      var key = name + (group === "shapes" ? "\u0000" + str(O.shapes[r]) : group === "module" ? "\u0000" + module : "");
+      var row = rows[key];
+      if (!row) { row = rows[key] = {name: name, phase: O.phase[r], module: group === "module" ? module : "", shapes: group === "shapes" ? str(O.shapes[r]) : "", calls: 0, m: new Array(F.length).fill(0)}; keys.push(key); }
+      if (row.phase !== O.phase[r]) row.phase = "";
+      row.calls += O.calls[r];
+      for (var f = 0; f < F.length; f++) row.m[f] += O.m[r][f];
+    }
+    var list = keys.map(function (k) { return rows[k]; });
+    function get(x, key) { return key in FI ? (key === "cpu_alloc_bytes" ? x.m[FI.cpu_alloc_bytes] + x.m[FI.device_alloc_bytes] : x.m[FI[key]]) : x[key]; }
+    list.sort(function (a, b) {
+      var va = get(a, opSort), vb = get(b, opSort), d = typeof va === "string" ? String(va).localeCompare(vb) : va - vb;
+      return opAsc ? d : -d;
+    });
+    obody.textContent = "";
+    list.slice(0, 300).forEach(function (x) {
+      var tr = el("tr");
+      tr.appendChild(el("td", "l", x.name)); tr.appendChild(el("td", "l", x.phase || ""));
+      tr.appendChild(el("td", "l", x.module)); tr.appendChild(el("td", "l", x.shapes));
+      tr.appendChild(el("td", null, x.calls)); tr.appendChild(el("td", null, time(get(x, "self_cpu_us"))));
+      tr.appendChild(el("td", null, time(get(x, "cpu_us")))); tr.appendChild(el("td", null, time(get(x, "self_device_us"))));
+      tr.appendChild(el("td", null, bytes(get(x, "cpu_alloc_bytes")))); tr.appendChild(el("td", null, si(get(x, "flops"))));
+      obody.appendChild(tr);
+    });
+    document.getElementById("opcount").textContent = list.length + " rows" + (list.length > 300 ? " (first 300 shown)" : "");
+  }
+  document.getElementById("opgroup").addEventListener("change", function (e) { group = e.target.value; renderOps(); });
+  document.getElementById("opfilter").addEventListener("input", function (e) { opFilter = e.target.value.toLowerCase(); renderOps(); });
+  renderOps();
+
+  // ----- memory -------------------------------------------------------------------------------
+  var mem = D.memory, plot = document.getElementById("memplot");
+  if (mem && mem.t_us.length) {
+    var NS = "http://www.w3.org/2000/svg", W = 1100, H = 220, P = 40;
+    var ys = mem.device_bytes.length ? mem.device_bytes : mem.cpu_bytes;
+    var tmax = Math.max.apply(null, mem.t_us) || 1, ymax = Math.max.apply(null, ys) || 1, ymin = Math.min(0, Math.min.apply(null, ys));
+    var svg = document.createElementNS(NS, "svg"); svg.setAttribute("width", W); svg.setAttribute("height", H + 30);
+    function X(t) { return P + (W - 2 * P) * t / tmax; }
+    function Y(v) { return H - (H - 20) * (v - ymin) / (ymax - ymin || 1); }
+    var pts = mem.t_us.map(function (t, k) { return X(t).toFixed(1) + "," + Y(ys[k]).toFixed(1); }).join(" ");
+    var line = document.createElementNS(NS, "polyline");
+    line.setAttribute("points", pts); line.setAttribute("fill", "none"); line.setAttribute("stroke", "#1570a6"); line.setAttribute("stroke-width", "1.5");
+    svg.appendChild(line);
+    var dot = document.createElementNS(NS, "circle");
+    dot.setAttribute("cx", X(mem.peak.t_us)); dot.setAttribute("cy", Y(mem.peak.bytes)); dot.setAttribute("r", 5); dot.setAttribute("fill", "#b42318");
+    svg.appendChild(dot);
+    var label = document.createElementNS(NS, "text");
+    label.setAttribute("x", Math.min(X(mem.peak.t_us) + 8, W - 360)); label.setAttribute("y", Math.max(Y(mem.peak.bytes) - 6, 12));
+    label.setAttribute("font-size", "12");
+    label.textContent = "peak " + bytes(mem.peak.bytes) + " in " + (mem.peak.module || "(root)") + (mem.peak.phase ? " (" + mem.peak.phase + ")" : "");
+    svg.appendChild(label);
+    var axis = document.createElementNS(NS, "text");
+    axis.setAttribute("x", P); axis.setAttribute("y", H + 22); axis.setAttribute("font-size", "11"); axis.setAttribute("fill", "#667085");
+    axis.textContent = (mem.device_bytes.length ? "device" : "CPU") + " memory allocated since the window began, over " + time(tmax);
+    svg.appendChild(axis);
+    plot.appendChild(svg);
+  } else {
+    plot.appendChild(el("p", "muted", "No memory events in this profile (profile with memory=True or --memory)."));
+  }
+  var mbody = document.querySelector("#memtable tbody"), idx = [];
+  for (i = 0; i < n; i++) if (!children[i].length) idx.push(i);
+  idx.sort(function (a, b) { return (M.fwd[b][FI.cpu_alloc_bytes] + M.fwd[b][FI.device_alloc_bytes]) - (M.fwd[a][FI.cpu_alloc_bytes] + M.fwd[a][FI.device_alloc_bytes]); });
+  idx.slice(0, 15).forEach(function (k) {
+    var tr = el("tr");
+    tr.appendChild(el("td", "l", str(M.path[k]) || "(root)"));
+    tr.appendChild(el("td", null, bytes(M.fwd[k][FI.cpu_alloc_bytes] + M.fwd[k][FI.device_alloc_bytes])));
+    tr.appendChild(el("td", null, bytes(M.fwd[k][FI.retained_bytes])));
+    tr.appendChild(el("td", null, bytes(Math.max(M.fwd[k][FI.cpu_peak_bytes], M.fwd[k][FI.device_peak_bytes]))));
+    mbody.appendChild(tr);
+  });
+
+  // ----- steps --------------------------------------------------------------------------------
+  var steps = document.getElementById("steps");
+  if (D.steps.length > 1) {
+    var sbody = steps.querySelector("tbody");
+    D.steps.forEach(function (s) {
+      var tr = el("tr", s[6] ? "outlier" : "");
+      [s[0], time(s[1]), time(s[2]), time(s[3]), time(s[4]), time(s[5]), s[7] || ""].forEach(function (v, k) { tr.appendChild(el("td", k === 6 ? "l" : null, v)); });
+      sbody.appendChild(tr);
+    });
+  } else {
+    steps.style.display = "none";
+  }
+})();

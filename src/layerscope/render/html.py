@@ -1,0 +1,159 @@
+"""The HTML report: one self-contained file (no network), our own small JS and CSS inlined, the
+profile embedded as compact columnar JSON with a string table. Every name reaches the page through
+``textContent`` (never as HTML), and the embedded JSON cannot close its script element."""
+
+from __future__ import annotations
+
+from html import escape
+from importlib.resources import files
+from typing import Any
+
+import orjson
+
+from layerscope.analysis.steps import step_rows
+from layerscope.model.metrics import FIELD_NAMES
+from layerscope.model.profile import Profile
+from layerscope.render.flamegraph import flamegraph_svg
+
+FLAME_METRICS = (
+    ("cpu_us", "CPU time"),
+    ("device_us", "device time"),
+    ("cpu_alloc_bytes", "memory allocated"),
+    ("flops", "FLOPs"),
+)
+
+
+def _asset(name: str) -> str:
+    return (files("layerscope.render") / "assets" / name).read_text(encoding="utf-8")
+
+
+def report_data(profile: Profile) -> dict[str, Any]:
+    """The page's data: columnar, names in one string table."""
+    strings: dict[str, int] = {}
+
+    def sid(value: str | None) -> int:
+        if value is None:
+            return -1
+        found = strings.get(value)
+        if found is None:
+            found = strings[value] = len(strings)
+        return found
+
+    nodes = list(profile.modules())
+    index = {node.path: k for k, node in enumerate(nodes)}
+    parent = [-1] * len(nodes)
+    for node in nodes:
+        for child in node.children:
+            parent[index[child.path]] = index[node.path]
+    rows = profile.op_rows
+    meta = profile.meta
+    totals = profile.totals
+    return {
+        "fields": list(FIELD_NAMES),
+        "meta": {
+            key: meta.get(key)
+            for key in (
+                "model",
+                "torch_version",
+                "layerscope_version",
+                "created_at",
+                "devices",
+                "options",
+                "wall_us",
+                "source",
+                "trace_file",
+            )
+        },
+        "totals": {
+            "cpu_us": totals.cpu_us,
+            "device_us": totals.device_us,
+            "flops": totals.flops,
+            "cpu_peak_bytes": totals.cpu_peak_bytes,
+            "device_peak_bytes": totals.device_peak_bytes,
+        },
+        "modules": {
+            "path": [sid(n.path) for n in nodes],
+            "type": [sid(n.type_name) for n in nodes],
+            "parent": parent,
+            "calls": [n.calls for n in nodes],
+            "params": [n.params_total for n in nodes],
+            "fwd": [n.forward.to_list() for n in nodes],
+            "bwd": [n.backward.to_list() for n in nodes],
+        },
+        "ops": {
+            "name": [sid(r.name) for r in rows],
+            "phase": [r.phase.value if r.phase else "" for r in rows],
+            "module": [sid(r.module) for r in rows],
+            "shapes": [sid(r.input_shapes) for r in rows],
+            "scope": [sid(r.scope) for r in rows],
+            "calls": [r.calls for r in rows],
+            "m": [r.metrics.to_list() for r in rows],
+        },
+        "steps": [
+            [
+                r.step,
+                r.wall_us,
+                r.cpu_us,
+                r.device_us,
+                r.forward_us,
+                r.backward_us,
+                r.outlier,
+                f"slow: {r.cause}" if r.outlier else "",
+            ]
+            for r in step_rows(profile.steps)
+        ],
+        "memory": meta.get("memory_timeline"),
+        "strings": list(strings),
+    }
+
+
+def _embedded_json(data: dict[str, Any]) -> str:
+    # "</script" would end the element early and "<!--" changes how it is parsed: "<" is written as
+    # the JSON escape \u003c (still valid JSON), so no name can ever reach the markup.
+    return orjson.dumps(data).decode().replace("<", "\\u003c")
+
+
+def html_report(profile: Profile) -> str:
+    """The whole page as one string."""
+    flames = []
+    options = []
+    for metric, label in FLAME_METRICS:
+        total = profile.totals.flops if metric == "flops" else getattr(profile.totals, metric)
+        if not total:
+            continue
+        options.append(f'<option value="{metric}">{escape(label)}</option>')
+        svg = flamegraph_svg(profile, metric, title=f"modules and ops by {label}", standalone=False)
+        flames.append(f'<div class="flame" data-metric="{metric}">{svg}</div>')
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
+<title>layerscope report</title>
+<style>{_asset("report.css")}</style></head>
+<body>
+<header><h1 id="title">layerscope</h1><div class="sub" id="sub"></div></header>
+<main>
+<section id="summary"><h2>Summary</h2><div class="cards" id="cards"></div>
+<p class="muted">Hottest modules:</p><ol id="hot"></ol></section>
+<section id="modules"><h2>Modules</h2>
+<div class="controls"><span id="phase"><button data-phase="forward">forward</button>
+<button data-phase="backward">backward</button><button data-phase="both" class="on">both</button></span>
+<input type="search" id="treefilter" placeholder="filter modules by name"></div>
+<div class="scroll"><table id="tree"><thead><tr></tr></thead><tbody></tbody></table></div></section>
+<section id="flames"><h2>Flame chart</h2>
+<div class="controls">weigh by <select id="flamemetric">{"".join(options)}</select>
+<span class="muted">click a frame to zoom, "Reset zoom" to go back</span></div>{"".join(flames)}</section>
+<section id="opsection"><h2>Ops</h2>
+<div class="controls">group by <select id="opgroup"><option value="name">name</option>
+<option value="shapes">name and input shapes</option><option value="module">name and module</option></select>
+<input type="search" id="opfilter" placeholder="filter ops or modules">
+<span class="muted" id="opcount"></span></div>
+<div class="scroll"><table id="ops"><thead><tr></tr></thead><tbody></tbody></table></div></section>
+<section id="memory"><h2>Memory</h2><div id="memplot"></div>
+<table id="memtable"><thead><tr><th class="l">Module (forward)</th><th>Allocated</th>
+<th>Retained</th><th>Peak</th></tr></thead><tbody></tbody></table></section>
+<section id="steps"><h2>Steps</h2><table><thead><tr><th>Step</th><th>Wall</th><th>CPU</th><th>Device</th>
+<th>Forward</th><th>Backward</th><th class="l">Note</th></tr></thead><tbody></tbody></table></section>
+</main>
+<script type="application/json" id="data">{_embedded_json(report_data(profile))}</script>
+<script>{_asset("report.js")}</script>
+</body></html>
+"""

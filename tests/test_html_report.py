@@ -1,0 +1,188 @@
+"""The HTML report: its data and markup (always), and its behaviour in a real headless Chromium
+(when Chromium and Playwright are installed; ``make test`` installs both where it can)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import torch
+from torch import nn
+
+import layerscope as ls
+from layerscope.cli import main
+from layerscope.render.html import html_report, report_data
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+ARTIFACTS = Path(__file__).parent / "artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+class HostileNames(nn.Module):
+    """A model whose child is named like an HTML injection: the report must show it as text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.add_module(HOSTILE, nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        head: nn.Module = getattr(self, HOSTILE)
+        return head(self.body(x))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def profile() -> ls.Profile:
+    model = HostileNames()
+    with ls.profile(model, memory=True, schedule=ls.schedule(active=2, repeat=1)) as prof:
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    result = prof.profile
+    result.validate()
+    return result
+
+
+def _embedded(page: str) -> dict[str, Any]:
+    match = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
+    assert match is not None
+    return orjson.loads(match.group(1))  # type: ignore[no-any-return]
+
+
+def test_report_is_self_contained_and_carries_the_profile(profile: ls.Profile) -> None:
+    page = html_report(profile)
+    # no network: nothing is loaded from anywhere
+    assert not re.search(r'\b(src|href)="(https?:)?//', page)
+    data = _embedded(page)
+    assert data == orjson.loads(orjson.dumps(report_data(profile)))
+    strings = data["strings"]
+    assert HOSTILE in strings
+    # the hostile name never appears as markup: only inside JSON (escaped) and SVG text (escaped)
+    assert HOSTILE not in page
+    assert "\\u003cimg" in page
+    assert page.count("</script>") == page.count("<script")
+
+
+def test_report_sections_hold_steps_memory_and_all_modules(profile: ls.Profile) -> None:
+    data = report_data(profile)
+    modules = data["modules"]
+    assert len(modules["path"]) == len(list(profile.modules()))
+    assert len(data["steps"]) == 2
+    assert data["memory"]["t_us"], "a memory profile must give the page a memory timeline"
+    assert sum(data["ops"]["calls"]) == sum(row.calls for row in profile.op_rows)
+
+
+def test_report_command_writes_html_atomically(profile: ls.Profile, tmp_path: Path) -> None:
+    saved = profile.save(tmp_path / "run.json")
+    out = tmp_path / "report.html"
+    assert main(["report", str(saved), "-o", str(out)]) == 0
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    # written through a temp file and renamed: nothing else is left beside it
+    assert {p.name for p in tmp_path.iterdir()} == {"run.json", "report.html"}
+
+
+# --- in a real browser -------------------------------------------------------------------------
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser_page(profile: ls.Profile, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium)")
+    report = tmp_path_factory.mktemp("html") / "report.html"
+    report.write_text(html_report(profile), encoding="utf-8")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        problems: list[str] = []
+        page.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+        page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+        page.goto(report.as_uri())
+        page.wait_for_selector("#tree tbody tr")
+        page.problems = problems
+        yield page
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        browser.close()
+
+
+def _column(page: Any, table: str, header: str) -> list[str]:
+    return page.evaluate(  # type: ignore[no-any-return]
+        """([table, header]) => {
+            const heads = [...document.querySelectorAll(`#${table} thead th`)].map(h => h.textContent);
+            const k = heads.indexOf(header);
+            return [...document.querySelectorAll(`#${table} tbody tr`)].map(r => r.children[k].textContent);
+        }""",
+        [table, header],
+    )
+
+
+def test_page_loads_without_errors_and_shows_names_as_text(browser_page: Any) -> None:
+    assert browser_page.problems == []
+    names = browser_page.evaluate(
+        "[...document.querySelectorAll('#tree tbody td:first-child')].map(td => td.textContent)"
+    )
+    assert any(HOSTILE in name for name in names)
+    assert browser_page.evaluate("document.querySelectorAll('img').length") == 0
+    steps = browser_page.evaluate("document.querySelectorAll('#steps tbody tr').length")
+    assert steps == 2
+    assert browser_page.evaluate("document.querySelectorAll('#memplot svg polyline').length") == 1
+
+
+def test_tree_rows_expand_and_collapse(browser_page: Any) -> None:
+    rows = "document.querySelectorAll('#tree tbody tr').length"
+    opened = browser_page.evaluate(rows)
+    assert opened > 1
+    browser_page.click("#tree tbody tr:first-child .tog")
+    assert browser_page.evaluate(rows) == 1
+    browser_page.click("#tree tbody tr:first-child .tog")
+    assert browser_page.evaluate(rows) == opened
+
+
+def test_sorting_the_op_table_reorders_it(browser_page: Any) -> None:
+    browser_page.click("#ops thead th:text-is('Calls')")
+    first = [int(v) for v in _column(browser_page, "ops", "Calls")]
+    assert first == sorted(first, reverse=True)
+    browser_page.click("#ops thead th:text-is('Calls')")
+    second = [int(v) for v in _column(browser_page, "ops", "Calls")]
+    assert second == sorted(second) and second != first
+
+
+def test_clicking_a_flame_frame_zooms_into_it(browser_page: Any) -> None:
+    flame = "div.flame[data-metric='cpu_us'] svg"
+    assert browser_page.evaluate(f'document.querySelectorAll("{flame} g.f").length') > 3
+    hidden = f"[...document.querySelectorAll(\"{flame} g.f\")].filter(g => g.style.display === 'none').length"
+    assert browser_page.evaluate(hidden) == 0
+    target = browser_page.evaluate_handle(
+        f"""[...document.querySelectorAll("{flame} g.f")]
+            .filter(g => +g.dataset.d === 2 && +g.dataset.w < 0.9 && +g.dataset.w > 0.05)[0]"""
+    )
+    target.as_element().dispatch_event("click")
+    assert browser_page.evaluate(hidden) > 0
+    width = float(target.as_element().evaluate("g => g.querySelector('rect').getAttribute('width')"))
+    full = float(browser_page.evaluate(f"document.querySelector(\"{flame}\").getAttribute('width')"))
+    assert width > 0.95 * full
+    browser_page.evaluate(f"document.querySelector(\"{flame} .reset\").dispatchEvent(new Event('click'))")
+    assert browser_page.evaluate(hidden) == 0

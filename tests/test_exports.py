@@ -40,6 +40,23 @@ def test_chrome_trace_has_backward_tracks_and_exports_twice(session: ls.profile,
     assert ls.load(second).find("fc1").calls == 1
 
 
+def test_report_chrome_adds_backward_track_to_a_plain_trace(session: ls.profile, tmp_path: Path) -> None:
+    import gzip
+
+    exported = orjson.loads(session.export_chrome_trace(tmp_path / "a.json").read_bytes())
+    ours = [e for e in exported["traceEvents"] if e.get("tid") == BACKWARD_TRACK]
+    kept = [e for e in exported["traceEvents"] if e.get("tid") != BACKWARD_TRACK]
+    plain = {**exported, "traceEvents": kept}
+    (tmp_path / "plain.json").write_bytes(orjson.dumps(plain))
+    out = tmp_path / "out.json.gz"
+    assert main(["report", str(tmp_path / "plain.json"), "--format", "chrome", "-o", str(out)]) == 0
+    again = orjson.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    assert [e for e in again if e.get("tid") == BACKWARD_TRACK] == ours
+    saved = session.profile.save(tmp_path / "run.json")
+    assert main(["report", str(saved), "--format", "chrome", "-o", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_collapsed_stacks_account_for_all_cpu_time(session: ls.profile) -> None:
     p = session.profile
     text = collapsed_stacks(p, "cpu_us")

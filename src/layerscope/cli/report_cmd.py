@@ -8,7 +8,7 @@ from typing import Any
 
 from layerscope.errors import UsageError
 
-FORMATS = ("html", "csv", "collapsed", "svg", "json")
+FORMATS = ("html", "csv", "collapsed", "svg", "json", "chrome")
 
 
 def register(sub: Any) -> None:
@@ -18,7 +18,8 @@ def register(sub: Any) -> None:
         help="export a profile: HTML report, csv, collapsed stacks, SVG flame graph, json",
         description="Export a saved profile or a trace. The format comes from --format or the output's "
         "suffix: .html (a self-contained report), .csv (two files: NAME.modules.csv and NAME.ops.csv), "
-        ".collapsed or .folded (flame-graph stacks), .json / .json.gz (a layerscope profile).",
+        ".collapsed or .folded (flame-graph stacks), .svg (a flame graph), .json / .json.gz (a layerscope "
+        "profile); --format chrome re-writes a torch.profiler trace with a 'modules (backward)' track.",
     )
     parser.add_argument("path", help="a saved layerscope profile or a torch.profiler trace")
     parser.add_argument("-o", "--output", required=True, metavar="OUT")
@@ -58,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
     output = Path(args.output)
     fmt = format_of(output, args.format)
+    if fmt == "chrome":
+        _export_chrome(Path(args.path), output)
+        return 0
     profile = load(args.path)
     if fmt == "csv":
         stem = output.name[: -len(".csv")] if output.name.lower().endswith(".csv") else output.name
@@ -76,3 +80,26 @@ def run(args: argparse.Namespace) -> int:
     else:
         profile.save(output)
     return 0
+
+
+def _export_chrome(source: Path, output: Path) -> None:
+    """A torch.profiler trace, re-written with layerscope's "modules (backward)" track added."""
+    import gzip
+
+    import orjson
+
+    from layerscope.render.chrome import with_backward_tracks, write_trace
+
+    if not source.is_file():
+        raise UsageError(f"{source}: no such file")
+    raw = source.read_bytes()
+    try:
+        trace = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, EOFError, orjson.JSONDecodeError) as exc:
+        raise UsageError(f"{source}: not a JSON trace ({exc})") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise UsageError(
+            f"{source}: --format chrome needs a torch.profiler trace as input "
+            "(a saved layerscope profile holds no events)"
+        )
+    write_trace(with_backward_tracks(trace), output)

@@ -186,3 +186,37 @@ def test_clicking_a_flame_frame_zooms_into_it(browser_page: Any) -> None:
     assert width > 0.95 * full
     browser_page.evaluate(f"document.querySelector(\"{flame} .reset\").dispatchEvent(new Event('click'))")
     assert browser_page.evaluate(hidden) == 0
+
+
+def test_ranks_page_renders_in_the_browser(tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium)")
+    from layerscope.analysis.ranks import merge
+    from layerscope.render.ranks_html import ranks_html
+    from tests.test_ranks import one
+
+    paths = ["enc", "mid", HOSTILE]
+    fast = {"enc": 100, "mid": 80, HOSTILE: 50}
+    profiles = [one(paths, {**fast, "mid": 80 + 200 * (rank == 2)}) for rank in range(4)]
+    page_file = tmp_path / "ranks.html"
+    page_file.write_text(ranks_html(merge(profiles)), encoding="utf-8")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1200, "height": 800})
+        problems: list[str] = []
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("dialog", lambda d: (problems.append(d.message), d.dismiss()))
+        page.goto(page_file.as_uri())
+        straggler = page.inner_text("#heatmap td.straggler")
+        names = page.eval_on_selector_all(
+            "#heatmap tbody td:first-child", "tds => tds.map(t => t.textContent)"
+        )
+        bars = page.eval_on_selector_all("#ranks .seg", "s => s.map(x => x.getBoundingClientRect().width)")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ranks.png"), full_page=True)
+        browser.close()
+    assert problems == []
+    assert straggler.strip() and names[0] == "mid" and HOSTILE in names
+    assert len(bars) == 3 * 4 and max(bars) > 0

@@ -108,3 +108,40 @@ def test_collectives_with_message_sizes_and_groups(real_traces: Path) -> None:
         allreduce["bytes"] == expected and allreduce["group"] == "default_pg" and allreduce["group_size"] == 2
     )
     assert allreduce["calls"] == 15 and allreduce["cpu_us"] > 0
+
+
+def test_ranks_html_heatmap_marks_the_straggler_and_escapes_names(tmp_path: Path) -> None:
+    import xml.dom.minidom
+
+    from layerscope.render.ranks_html import heatmap_rows, ranks_html
+
+    hostile = "<img src=x onerror=alert(1)>"
+    fast = {"enc": 100, hostile: 50}
+    profiles = [
+        one(["enc", hostile], fast),
+        one(["enc", hostile], {"enc": 300, hostile: 50}),
+        one(["enc", hostile], fast),
+    ]
+    merged = merge(profiles)
+    page = ranks_html(merged, top=5)
+    assert hostile not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    heatmap = page[
+        page.index('<table id="heatmap">') : page.index("</table>", page.index('<table id="heatmap">'))
+    ]
+    doc = xml.dom.minidom.parseString((heatmap + "</table>").encode())
+    rows = doc.getElementsByTagName("tbody")[0].getElementsByTagName("tr")
+    assert len(rows) == len(heatmap_rows(merged, 5))
+    assert all(len(r.getElementsByTagName("td")) == 2 + len(merged.ranks) for r in rows)
+    first = rows[0].getElementsByTagName("td")
+    assert first[0].firstChild.data == "enc"  # the largest spread comes first
+    marked = [td for td in doc.getElementsByTagName("td") if "straggler" in td.getAttribute("class")]
+    assert len(marked) == 1 and marked[0] is first[2 + merged.ranks.index(1)]
+    assert marked[0].getAttribute("style").startswith("background:rgb(255,")  # slower than the median: red
+
+
+def test_merge_cli_writes_the_html_page(ddp_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ranks.html"
+    assert main(["merge", str(ddp_run), "--html", str(out), "--ascii"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "Straggler: rank 1" in page and "module.slow" in page
+    assert page.count('<td class="l">rank ') == 2

@@ -22,6 +22,9 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("paths", nargs="+", metavar="DIR_OR_FILE")
     parser.add_argument("-o", "--output", metavar="PATH", help="save the merge as JSON")
+    parser.add_argument(
+        "--html", metavar="PATH", help="also write an HTML page: step split per rank, modules x ranks heatmap"
+    )
     parser.add_argument("--top", type=int, default=10, metavar="N")
     parser.add_argument("--ascii", action="store_true")
     parser.set_defaults(run=run)
@@ -42,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     make_console(sys.stdout).print(ranks_view(merged, top=args.top, ascii_only=True if args.ascii else None))
     if args.output:
         write_atomic(Path(args.output), orjson.dumps(_to_dict(merged), option=orjson.OPT_INDENT_2))
+    if args.html:
+        from layerscope.render.ranks_html import ranks_html
+
+        write_atomic(Path(args.html), ranks_html(merged).encode())
     return 0
 
 

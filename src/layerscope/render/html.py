@@ -23,7 +23,8 @@ FLAME_METRICS = (
 )
 
 
-def _asset(name: str) -> str:
+def asset_text(name: str) -> str:
+    """The text of one of the report's inlined assets (render/assets/NAME)."""
     return (files("layerscope.render") / "assets" / name).read_text(encoding="utf-8")
 
 
@@ -127,7 +128,7 @@ def html_report(profile: Profile) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>layerscope report</title>
-<style>{_asset("report.css")}</style></head>
+<style>{asset_text("report.css")}</style></head>
 <body>
 <header><h1 id="title">layerscope</h1><div class="sub" id="sub"></div></header>
 <main>
@@ -154,6 +155,6 @@ def html_report(profile: Profile) -> str:
 <th>Forward</th><th>Backward</th><th class="l">Note</th></tr></thead><tbody></tbody></table></section>
 </main>
 <script type="application/json" id="data">{_embedded_json(report_data(profile))}</script>
-<script>{_asset("report.js")}</script>
+<script>{asset_text("report.js")}</script>
 </body></html>
 """

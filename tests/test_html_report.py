@@ -105,27 +105,42 @@ def _chromium() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def browser_page(profile: ls.Profile, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def browser() -> Iterator[Any]:
+    """One headless Chromium for the module (playwright's sync API allows one session at a time)."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     executable = _chromium()
     if executable is None:
         pytest.skip("no chromium on PATH (apt-get install chromium)")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def _open(browser: Any, path: Path, ready: str, width: int = 1400) -> Any:
+    """A page showing ``path``, with ``page.problems`` collecting console errors, page errors, dialogs."""
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+    page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+    page.goto(path.as_uri())
+    page.wait_for_selector(ready)
+    page.problems = problems
+    return page
+
+
+@pytest.fixture(scope="module")
+def browser_page(
+    browser: Any, profile: ls.Profile, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     report = tmp_path_factory.mktemp("html") / "report.html"
     report.write_text(html_report(profile), encoding="utf-8")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        problems: list[str] = []
-        page.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type == "error" else None)
-        page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
-        page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
-        page.goto(report.as_uri())
-        page.wait_for_selector("#tree tbody tr")
-        page.problems = problems
-        yield page
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
-        browser.close()
+    page = _open(browser, report, "#tree tbody tr")
+    yield page
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+    page.close()
 
 
 def _column(page: Any, table: str, header: str) -> list[str]:
@@ -188,11 +203,7 @@ def test_clicking_a_flame_frame_zooms_into_it(browser_page: Any) -> None:
     assert browser_page.evaluate(hidden) == 0
 
 
-def test_ranks_page_renders_in_the_browser(tmp_path: Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    executable = _chromium()
-    if executable is None:
-        pytest.skip("no chromium on PATH (apt-get install chromium)")
+def test_ranks_page_renders_in_the_browser(browser: Any, tmp_path: Path) -> None:
     from layerscope.analysis.ranks import merge
     from layerscope.render.ranks_html import ranks_html
     from tests.test_ranks import one
@@ -202,21 +213,13 @@ def test_ranks_page_renders_in_the_browser(tmp_path: Path) -> None:
     profiles = [one(paths, {**fast, "mid": 80 + 200 * (rank == 2)}) for rank in range(4)]
     page_file = tmp_path / "ranks.html"
     page_file.write_text(ranks_html(merge(profiles)), encoding="utf-8")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1200, "height": 800})
-        problems: list[str] = []
-        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-        page.on("dialog", lambda d: (problems.append(d.message), d.dismiss()))
-        page.goto(page_file.as_uri())
-        straggler = page.inner_text("#heatmap td.straggler")
-        names = page.eval_on_selector_all(
-            "#heatmap tbody td:first-child", "tds => tds.map(t => t.textContent)"
-        )
-        bars = page.eval_on_selector_all("#ranks .seg", "s => s.map(x => x.getBoundingClientRect().width)")
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "ranks.png"), full_page=True)
-        browser.close()
-    assert problems == []
+    page = _open(browser, page_file, "#heatmap tbody tr", width=1200)
+    straggler = page.inner_text("#heatmap td.straggler")
+    names = page.eval_on_selector_all("#heatmap tbody td:first-child", "tds => tds.map(t => t.textContent)")
+    bars = page.eval_on_selector_all("#ranks .seg", "s => s.map(x => x.getBoundingClientRect().width)")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ranks.png"), full_page=True)
+    page.close()
+    assert page.problems == []
     assert straggler.strip() and names[0] == "mid" and HOSTILE in names
     assert len(bars) == 3 * 4 and max(bars) > 0

@@ -30,17 +30,32 @@ from layerscope.model.profile import (
 FORMAT_TAG = "layerscope.profile"
 
 
-def profile_to_dict(profile: Profile) -> dict[str, Any]:
-    """The JSON-ready dict form of a profile."""
-    strings: dict[str, int] = {}
+class StringTable:
+    """Interns strings for columnar JSON: ``table.id(name)`` is the name's index in ``table.strings``
+    (-1 for None), so repeated module and op names are stored once."""
 
-    def sid(value: str | None) -> int:
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def id(self, value: str | None) -> int:
+        """The index of ``value`` (added on first sight), or -1 for None."""
         if value is None:
             return -1
-        found = strings.get(value)
+        found = self._ids.get(value)
         if found is None:
-            found = strings[value] = len(strings)
+            found = self._ids[value] = len(self._ids)
         return found
+
+    @property
+    def strings(self) -> list[str]:
+        """Every string, in index order."""
+        return list(self._ids)
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    """The JSON-ready dict form of a profile."""
+    table = StringTable()
+    sid = table.id
 
     rows = profile.op_rows
     ops = {
@@ -73,7 +88,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
             }
             for s in profile.steps
         ],
-        "strings": list(strings),
+        "strings": table.strings,
         "ops": ops,
     }
 

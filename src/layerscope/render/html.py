@@ -13,6 +13,7 @@ import orjson
 from layerscope.analysis.steps import step_rows
 from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import Profile
+from layerscope.model.serialize import StringTable
 from layerscope.render.flamegraph import flamegraph_svg
 
 FLAME_METRICS = (
@@ -30,15 +31,8 @@ def asset_text(name: str) -> str:
 
 def report_data(profile: Profile) -> dict[str, Any]:
     """The page's data: columnar, names in one string table."""
-    strings: dict[str, int] = {}
-
-    def sid(value: str | None) -> int:
-        if value is None:
-            return -1
-        found = strings.get(value)
-        if found is None:
-            found = strings[value] = len(strings)
-        return found
+    table = StringTable()
+    sid = table.id
 
     nodes = list(profile.modules())
     index = {node.path: k for k, node in enumerate(nodes)}
@@ -104,7 +98,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
             for r in step_rows(profile.steps)
         ],
         "memory": meta.get("memory_timeline"),
-        "strings": list(strings),
+        "strings": table.strings,
     }
 
 

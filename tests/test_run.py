@@ -71,6 +71,18 @@ def test_run_script_with_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str
         assert step.cpu_us <= step.wall_us * 1.001
 
 
+def test_run_saves_trace_and_html_per_cycle(tmp_path: Path) -> None:
+    script = write_script(tmp_path)
+    out = tmp_path / "runs"
+    assert main(["run", "-q", "--steps", "2", "--trace", "--html", "-o", str(out), str(script), "4"]) == 0
+    profile, trace, page = saved(out), sorted(out.glob("*.pt.trace.json.gz")), sorted(out.glob("*.html"))
+    assert len(profile) == 2 and len(trace) == 1 and len(page) == 1  # the glob also matches the trace
+    stem = trace[0].name.removesuffix(".pt.trace.json.gz")
+    assert page[0].name == f"{stem}.html"
+    text = page[0].read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and "Net.encoder" in text
+
+
 def test_run_schedule_options_and_sys_argv(tmp_path: Path) -> None:
     script = write_script(tmp_path)
     out = tmp_path / "runs"

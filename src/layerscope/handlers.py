@@ -50,11 +50,12 @@ def _unused(path: Path) -> Path:
 
 
 def save_to(
-    directory: str | Path, *, trace: bool = False, rank: int | None = None
+    directory: str | Path, *, trace: bool = False, html: bool = False, rank: int | None = None
 ) -> Callable[[Cycle], None]:
-    """A handler writing each cycle's profile (``.json.gz``) into ``directory`` and, with ``trace``,
-    its Chrome trace (``.pt.trace.json.gz``). Names carry rank, step range and time; nothing is
-    overwritten. The paths written are kept in the handler's ``written`` list."""
+    """A handler writing each cycle's profile (``.json.gz``) into ``directory``; with ``trace``, its
+    Chrome trace (``.pt.trace.json.gz``); with ``html``, its HTML report (``.html``). Names carry
+    rank, step range and time; nothing is overwritten. The paths written are kept in the handler's
+    ``written`` list."""
     folder = Path(directory)
     written: list[Path] = []
 
@@ -66,6 +67,12 @@ def save_to(
         if trace:
             trace_path = _unused(target.with_name(target.name.replace(".json.gz", ".pt.trace.json.gz")))
             written.append(cycle.export_chrome_trace(trace_path))
+        if html:
+            from layerscope.model.serialize import write_atomic
+            from layerscope.render.html import html_report
+
+            page = _unused(target.with_name(target.name.replace(".json.gz", ".html")))
+            written.append(write_atomic(page, html_report(cycle.profile).encode()))
 
     handler.written = written  # type: ignore[attr-defined]
     return handler

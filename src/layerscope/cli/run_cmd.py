@@ -53,6 +53,7 @@ def register(sub: Any) -> None:
         help="where each cycle's profile is saved (default ./layerscope_runs)",
     )
     parser.add_argument("--trace", action="store_true", help="also save each cycle's Chrome trace")
+    parser.add_argument("--html", action="store_true", help="also save each cycle's HTML report")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line and no summary")
     add_view_options(parser)
     parser.set_defaults(run=run, top=10)
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     import layerscope as ls
     from layerscope.handlers import save_to
 
-    saver = save_to(args.output_dir, trace=args.trace)
+    saver = save_to(args.output_dir, trace=args.trace, html=args.html)
     progress = _Progress(sys.stderr, args.quiet)
     schedule = ls.schedule(**schedule_args) if schedule_args is not None else None
     session = ls.profile(

@@ -97,7 +97,8 @@ def test_transformers_trainer_callback(tmp_path: Path) -> None:
     attention = profile.find("transformer.h.0.attn")
     assert attention.forward.cpu_us > 0 and attention.backward.cpu_us > 0
     names = sorted(p.name for p in (tmp_path / "layerscope").iterdir())
-    assert len(names) == 2 and names[0].startswith("rank0_steps2-3_") and names[1].endswith(".txt")
+    assert len(names) == 3 and all(n.startswith("rank0_steps2-3_") for n in names)
+    assert [n.rsplit(".", 1)[1] for n in names] == ["html", "gz", "txt"]
     assert not any(m._forward_hooks for m in model.modules())  # hooks gone after training
 
 
@@ -131,7 +132,7 @@ def test_accelerate_profile_kwargs(tmp_path: Path) -> None:
     p.validate()
     assert len(p.steps) == 2 and p.find("0").forward.flops > 0 and p.find("2").backward.cpu_us > 0
     written = prof.on_trace_ready.written
-    assert [w.name.split("_")[0] for w in written] == ["rank0"] * 3  # profile, trace, report
+    assert [w.name.split("_")[0] for w in written] == ["rank0"] * 4  # profile, trace, HTML, text
     assert any(".pt.trace.json.gz" in w.name for w in written)
 
 
@@ -172,7 +173,7 @@ def test_lightning_profiler(tmp_path: Path) -> None:
     assert len(p.steps) == 3
     assert p.find("encoder.0").type_name == "Linear" and p.find("head").backward.cpu_us > 0
     files = sorted((tmp_path / "layerscope").iterdir())
-    assert [f.name.startswith("rank0_steps2-4_") for f in files] == [True, True]
+    assert [f.name.startswith("rank0_steps2-4_") for f in files] == [True, True, True]  # json.gz, html, txt
     assert "encoder" in profiler.summary()
 
 

@@ -32,14 +32,16 @@ def text_report(cycle: Cycle) -> str:
 def save_with_report(
     directory: str | Path, *, trace: bool = False, rank: int | None = None, report: bool = True
 ) -> Callable[[Cycle], None]:
-    """``save_to`` plus, per cycle, a ``.txt`` report beside the profile."""
-    saver = save_to(directory, trace=trace, rank=rank)
+    """``save_to`` plus, per cycle, a ``.txt`` report and the HTML report beside the profile."""
+    saver = save_to(directory, trace=trace, html=report, rank=rank)
     written: list[Path] = saver.written  # type: ignore[attr-defined]
 
     def handler(cycle: Cycle) -> None:
         saver(cycle)
         if report:
-            profile_path = next(p for p in reversed(written) if ".pt.trace." not in p.name)
+            profile_path = next(
+                p for p in reversed(written) if p.name.endswith(".json.gz") and ".pt.trace." not in p.name
+            )
             target = profile_path.with_name(profile_path.name.replace(".json.gz", ".txt"))
             written.append(write_atomic(target, text_report(cycle).encode()))
 

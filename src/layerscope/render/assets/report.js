@@ -39,7 +39,10 @@
   var cards = document.getElementById("cards");
   var achieved = D.totals.flops ? D.totals.flops / ((D.totals.device_us || D.totals.cpu_us) / 1e6) : 0;
   [["CPU time", time(D.totals.cpu_us)], ["Device time", time(D.totals.device_us)],
-   ["Peak memory", bytes(Math.max(D.totals.cpu_peak_bytes, D.totals.device_peak_bytes))],
+   // two different peaks: the window's (what the memory plot shows: allocations since the window
+   // began, activations kept for backward included) and the largest reached within one module call
+   ["Peak allocated (window)", D.memory && D.memory.peak ? bytes(D.memory.peak.bytes) : ""],
+   ["Peak in one call", bytes(Math.max(D.totals.cpu_peak_bytes, D.totals.device_peak_bytes))],
    ["FLOPs", si(D.totals.flops)], ["Achieved", achieved ? si(achieved) + "FLOP/s" : ""],
    ["Wall", time(D.meta.wall_us)]].forEach(function (c) {
     if (!c[1]) return;
@@ -189,10 +192,10 @@
   // ----- memory -------------------------------------------------------------------------------
   var mem = D.memory, plot = document.getElementById("memplot");
   if (mem && mem.t_us.length) {
-    var NS = "http://www.w3.org/2000/svg", W = 1100, H = 220, P = 40;
+    var NS = "http://www.w3.org/2000/svg", W = 1100, H = 220, P = 70;
     var ys = mem.device_bytes.length ? mem.device_bytes : mem.cpu_bytes;
     var tmax = Math.max.apply(null, mem.t_us) || 1, ymax = Math.max.apply(null, ys) || 1, ymin = Math.min(0, Math.min.apply(null, ys));
-    var svg = document.createElementNS(NS, "svg"); svg.setAttribute("width", W); svg.setAttribute("height", H + 30);
+    var svg = document.createElementNS(NS, "svg"); svg.setAttribute("width", W); svg.setAttribute("height", H + 34);
     function X(t) { return P + (W - 2 * P) * t / tmax; }
     function Y(v) { return H - (H - 20) * (v - ymin) / (ymax - ymin || 1); }
     var pts = mem.t_us.map(function (t, k) { return X(t).toFixed(1) + "," + Y(ys[k]).toFixed(1); }).join(" ");
@@ -207,8 +210,22 @@
     label.setAttribute("font-size", "12");
     label.textContent = "peak " + bytes(mem.peak.bytes) + " in " + (mem.peak.module || "(root)") + (mem.peak.phase ? " (" + mem.peak.phase + ")" : "");
     svg.appendChild(label);
+    // light gridlines with their values: bytes on the left, time along the bottom
+    function tick(x, y, anchor, text) {
+      var t = document.createElementNS(NS, "text");
+      t.setAttribute("x", x); t.setAttribute("y", y); t.setAttribute("font-size", "10");
+      t.setAttribute("fill", "#667085"); t.setAttribute("text-anchor", anchor);
+      t.textContent = text; svg.appendChild(t);
+    }
+    [ymin, (ymin + ymax) / 2, ymax].forEach(function (v) {
+      var g = document.createElementNS(NS, "line");
+      g.setAttribute("x1", P); g.setAttribute("x2", W - P); g.setAttribute("y1", Y(v)); g.setAttribute("y2", Y(v));
+      g.setAttribute("stroke", "#eef0f3"); svg.insertBefore(g, line);
+      tick(P - 4, Y(v) + 3, "end", v === 0 ? "0 B" : bytes(v));
+    });
+    [0, 0.25, 0.5, 0.75, 1].forEach(function (f) { tick(X(f * tmax), H + 10, "middle", f === 0 ? "0" : time(f * tmax)); });
     var axis = document.createElementNS(NS, "text");
-    axis.setAttribute("x", P); axis.setAttribute("y", H + 22); axis.setAttribute("font-size", "11"); axis.setAttribute("fill", "#667085");
+    axis.setAttribute("x", P); axis.setAttribute("y", H + 26); axis.setAttribute("font-size", "11"); axis.setAttribute("fill", "#667085");
     axis.textContent = (mem.device_bytes.length ? "device" : "CPU") + " memory allocated since the window began, over " + time(tmax);
     svg.appendChild(axis);
     plot.appendChild(svg);

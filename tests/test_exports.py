@@ -122,3 +122,29 @@ def test_svg_flamegraph_structure_and_escaping(session: ls.profile, tmp_path: Pa
         script = tmp_path / "flame.js"
         script.write_text(svg.split("<![CDATA[", 1)[1].split("]]>", 1)[0])
         assert subprocess.run(["node", "--check", str(script)], check=False).returncode == 0
+
+
+def test_flamegraph_with_thousands_of_frames_culls_sub_pixel_ones() -> None:
+    import xml.dom.minidom
+
+    from layerscope.build import build_profile, module_range_name
+    from layerscope.events import EventKind, EventTable
+    from layerscope.render.flamegraph import WIDTH, flamegraph_svg
+
+    # 1,000 modules of 1 µs each and one of 1 ms in 2.05 ms: the small ones are ~0.59 px wide
+    t = EventTable()
+    t.add_span(module_range_name("", "Net"), EventKind.CPU_OP, 1, 0, 2_050_000)
+    for k in range(1000):
+        t.add_span(module_range_name(f"blocks.{k}", "Linear"), EventKind.CPU_OP, 1, 10_000 + k * 1_000, 1_000)
+    t.add_span(module_range_name("big", "Linear"), EventKind.CPU_OP, 1, 1_020_000, 1_000_000)
+    t.add_span(module_range_name("tiny", "Linear"), EventKind.CPU_OP, 1, 2_030_000, 100)  # 0.06 px
+    profile = build_profile(t, None, {})
+    profile.validate()
+    doc = xml.dom.minidom.parseString(flamegraph_svg(profile).encode())
+    frames = [g for g in doc.getElementsByTagName("g") if g.getAttribute("class") == "f"]
+    widths = [float(g.getAttribute("data-w")) * WIDTH for g in frames]
+    assert all(w >= 0.5 for w in widths)
+    names = {g.getElementsByTagName("title")[0].firstChild.data.split(" — ")[0] for g in frames}
+    assert "big" in names and len(frames) > 1000  # every frame of at least half a pixel is drawn
+    assert "tiny" not in names
+    assert int(doc.documentElement.getAttribute("height")) < 300  # no empty rows for culled depths

@@ -68,10 +68,10 @@ def flamegraph_svg(
 
     def draw(node: _Frame, depth: int, x: float) -> None:
         nonlocal max_depth
-        max_depth = max(max_depth, depth)
         width = node.value / total * WIDTH
-        if width < 0.5:
+        if width < 0.5:  # like FlameGraph's minwidth: sub-pixel frames would only add weight
             return
+        max_depth = max(max_depth, depth)
         leaf = not node.children
         kind = _kind(node.name, depth, leaf)
         share = 100.0 * node.value / total

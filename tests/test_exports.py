@@ -55,6 +55,12 @@ def test_report_chrome_adds_backward_track_to_a_plain_trace(session: ls.profile,
     saved = session.profile.save(tmp_path / "run.json")
     assert main(["report", str(saved), "--format", "chrome", "-o", str(tmp_path / "x.json")]) == 2
     assert not (tmp_path / "x.json").exists()
+    (tmp_path / "garbage.json").write_bytes(b"\x1f\x8bnot gzip")
+    assert (
+        main(["report", str(tmp_path / "garbage.json"), "--format", "chrome", "-o", str(tmp_path / "y.json")])
+        == 2
+    )
+    assert not (tmp_path / "y.json").exists()
 
 
 def test_collapsed_stacks_account_for_all_cpu_time(session: ls.profile) -> None:

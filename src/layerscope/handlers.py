@@ -68,11 +68,10 @@ def save_to(
             trace_path = _unused(target.with_name(target.name.replace(".json.gz", ".pt.trace.json.gz")))
             written.append(cycle.export_chrome_trace(trace_path))
         if html:
-            from layerscope.model.serialize import write_atomic
-            from layerscope.render.html import html_report
+            from layerscope.render.html import write_html_report
 
             page = _unused(target.with_name(target.name.replace(".json.gz", ".html")))
-            written.append(write_atomic(page, html_report(cycle.profile).encode()))
+            written.append(write_html_report(cycle.profile, page))
 
     handler.written = written  # type: ignore[attr-defined]
     return handler

@@ -671,7 +671,8 @@ def _memory_timeline(
     on_device = table.array("mem_on_device")[by_time]
     cpu = np.cumsum(np.where(on_device, 0, nbytes))
     device = np.cumsum(np.where(on_device, nbytes, 0))
-    watched = device if on_device.any() else cpu
+    has_device = bool(on_device.any())
+    watched = device if has_device else cpu
     peak = int(np.argmax(watched))
     # keep the highest point of each of `points` slices, so the plot never hides a peak
     edges = np.linspace(0, by_time.size, num=min(points, by_time.size) + 1).astype(np.int64)
@@ -687,11 +688,11 @@ def _memory_timeline(
     return {
         "t_us": [round((int(ts[by_time[k]]) - start_ns) / 1000.0, 3) for k in keep],
         "cpu_bytes": [int(cpu[k]) for k in keep],
-        "device_bytes": [int(device[k]) for k in keep] if on_device.any() else [],
+        "device_bytes": [int(device[k]) for k in keep] if has_device else [],
         "peak": {
             "t_us": round((int(ts[by_time[peak]]) - start_ns) / 1000.0, 3),
             "bytes": int(watched[peak]),
-            "device": bool(on_device.any()),
+            "device": has_device,
             "module": where,
             "phase": phase,
         },

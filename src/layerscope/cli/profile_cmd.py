@@ -171,10 +171,9 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         profile.save(args.output)
     if args.html:
-        from layerscope.model.serialize import write_atomic
-        from layerscope.render.html import html_report
+        from layerscope.render.html import write_html_report
 
-        write_atomic(Path(args.html), html_report(profile).encode())
+        write_html_report(profile, Path(args.html))
     if not args.quiet:
         print_profile(profile, args)
         if args.output:

@@ -70,9 +70,9 @@ def run(args: argparse.Namespace) -> int:
     elif fmt == "collapsed":
         write_atomic(output, collapsed_stacks(profile, args.metric).encode())
     elif fmt == "html":
-        from layerscope.render.html import html_report
+        from layerscope.render.html import write_html_report
 
-        write_atomic(output, html_report(profile).encode())
+        write_html_report(profile, output)
     elif fmt == "svg":
         from layerscope.render.flamegraph import flamegraph_svg
 
@@ -84,19 +84,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _export_chrome(source: Path, output: Path) -> None:
     """A torch.profiler trace, re-written with layerscope's "modules (backward)" track added."""
-    import gzip
-
-    import orjson
-
+    from layerscope.model.serialize import read_json
     from layerscope.render.chrome import with_backward_tracks, write_trace
 
-    if not source.is_file():
-        raise UsageError(f"{source}: no such file")
-    raw = source.read_bytes()
-    try:
-        trace = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (OSError, EOFError, orjson.JSONDecodeError) as exc:
-        raise UsageError(f"{source}: not a JSON trace ({exc})") from None
+    trace = read_json(source)
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise UsageError(
             f"{source}: --format chrome needs a torch.profiler trace as input "

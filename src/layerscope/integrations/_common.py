@@ -37,11 +37,10 @@ def save_with_report(
     written: list[Path] = saver.written  # type: ignore[attr-defined]
 
     def handler(cycle: Cycle) -> None:
+        first = len(written)
         saver(cycle)
         if report:
-            profile_path = next(
-                p for p in reversed(written) if p.name.endswith(".json.gz") and ".pt.trace." not in p.name
-            )
+            profile_path = written[first]  # save_to writes the profile first, then trace and HTML
             target = profile_path.with_name(profile_path.name.replace(".json.gz", ".txt"))
             written.append(write_atomic(target, text_report(cycle).encode()))
 

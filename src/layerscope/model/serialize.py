@@ -205,12 +205,28 @@ def write_atomic(path: Path, payload: bytes) -> Path:
     return path
 
 
-def save_profile(profile: Profile, path: Path) -> Path:
-    """Save as JSON, gzipped when the name ends in ``.gz``."""
-    payload = orjson.dumps(profile_to_dict(profile))
+def write_json(path: Path, data: Any) -> Path:
+    """``data`` as JSON at ``path``, gzipped when the name ends in ``.gz``, written atomically."""
+    payload = orjson.dumps(data)
     if path.name.endswith(".gz"):
         payload = gzip.compress(payload, compresslevel=6)
     return write_atomic(path, payload)
+
+
+def read_json(path: Path) -> Any:
+    """A whole ``.json`` or ``.json.gz`` document (gzip detected by content), or TraceFormatError
+    with a one-line reason. For big traces use ``events.stream``, which reads in blocks."""
+    with open_binary(path) as source:
+        raw = source.read()
+    try:
+        return orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, EOFError, orjson.JSONDecodeError) as exc:
+        raise TraceFormatError(f"{path}: not a JSON document ({exc})") from None
+
+
+def save_profile(profile: Profile, path: Path) -> Path:
+    """Save as JSON, gzipped when the name ends in ``.gz``."""
+    return write_json(path, profile_to_dict(profile))
 
 
 def open_binary(path: Path) -> BinaryIO:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from layerscope.build.attribute import backward_ranges
 from layerscope.events.chrome import table_from_trace
-from layerscope.model.serialize import write_atomic
+from layerscope.model.serialize import write_json
 
 BACKWARD_TRACK = "modules (backward)"
 
@@ -52,7 +49,4 @@ def with_backward_tracks(trace: dict[str, Any]) -> dict[str, Any]:
 
 def write_trace(trace: dict[str, Any], path: Path) -> Path:
     """Write a trace as .json, or gzipped when the name ends in .gz (atomically)."""
-    payload = orjson.dumps(trace)
-    if path.name.endswith(".gz"):
-        payload = gzip.compress(payload, compresslevel=6)
-    return write_atomic(path, payload)
+    return write_json(path, trace)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from html import escape
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -13,7 +14,7 @@ import orjson
 from layerscope.analysis.steps import step_rows
 from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import Profile
-from layerscope.model.serialize import StringTable
+from layerscope.model.serialize import StringTable, write_atomic
 from layerscope.render.flamegraph import flamegraph_svg
 
 FLAME_METRICS = (
@@ -106,6 +107,11 @@ def _embedded_json(data: dict[str, Any]) -> str:
     # "</script" would end the element early and "<!--" changes how it is parsed: "<" is written as
     # the JSON escape \u003c (still valid JSON), so no name can ever reach the markup.
     return orjson.dumps(data).decode().replace("<", "\\u003c")
+
+
+def write_html_report(profile: Profile, path: Path) -> Path:
+    """Write the HTML report of ``profile`` to ``path`` (atomically)."""
+    return write_atomic(path, html_report(profile).encode())
 
 
 def html_report(profile: Profile) -> str:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from layerscope.analysis.ranks import merge
-from layerscope.build import build_profile, module_range_name
+from layerscope.attribution import build_profile, module_range_name
 from layerscope.events import EventKind, EventTable
 from layerscope.loading import load_all
 

@@ -11,7 +11,7 @@ import pytest
 import layerscope as ls
 from layerscope.analysis.advice import advise
 from layerscope.analysis.device import device_report, kernel_kind
-from layerscope.build import build_profile
+from layerscope.attribution import build_profile
 from layerscope.cli import main
 from layerscope.events import EventKind, EventTable
 from layerscope.loading import analyze

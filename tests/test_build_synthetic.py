@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from layerscope.build import ModuleInfo, build_profile, module_range_name
+from layerscope.attribution import ModuleInfo, build_profile, module_range_name
 from layerscope.events import EventKind, EventTable
 from layerscope.model.profile import Phase
 

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 import layerscope as ls
-from layerscope.build import build_profile, module_range_name
+from layerscope.attribution import build_profile, module_range_name
 from layerscope.cli import main
 from layerscope.errors import UsageError
 from layerscope.events import EventKind, EventTable

@@ -104,7 +104,7 @@ def test_svg_flamegraph_structure_and_escaping(session: ls.profile, tmp_path: Pa
     import subprocess
     import xml.dom.minidom
 
-    from layerscope.build import build_profile, module_range_name
+    from layerscope.attribution import build_profile, module_range_name
     from layerscope.events import EventKind, EventTable
     from layerscope.render.flamegraph import flamegraph_svg
 
@@ -133,7 +133,7 @@ def test_svg_flamegraph_structure_and_escaping(session: ls.profile, tmp_path: Pa
 def test_flamegraph_with_thousands_of_frames_culls_sub_pixel_ones() -> None:
     import xml.dom.minidom
 
-    from layerscope.build import build_profile, module_range_name
+    from layerscope.attribution import build_profile, module_range_name
     from layerscope.events import EventKind, EventTable
     from layerscope.render.flamegraph import WIDTH, flamegraph_svg
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import layerscope as ls
 from layerscope.analysis.ops import GROUP_KEYS, op_table
-from layerscope.build import build_profile, module_range_name
+from layerscope.attribution import build_profile, module_range_name
 from layerscope.events import EventKind, EventTable
 from layerscope.model.metrics import ADDITIVE_PAIRS
 

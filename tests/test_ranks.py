@@ -11,7 +11,7 @@ import pytest
 
 import layerscope as ls
 from layerscope.analysis.ranks import COMMUNICATION, merge
-from layerscope.build import build_profile, module_range_name
+from layerscope.attribution import build_profile, module_range_name
 from layerscope.cli import main
 from layerscope.errors import UsageError
 from layerscope.events import EventKind, EventTable

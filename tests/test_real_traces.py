@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 import layerscope as ls
-from layerscope.build.attribute import LABEL_UNLINKED_DEVICE
+from layerscope.attribution.attribute import LABEL_UNLINKED_DEVICE
 
 TRACES = [
     "cuda_alexnet.json.gz",

@@ -6,9 +6,9 @@ import io
 
 import pytest
 
-from layerscope.build import build_profile
+from layerscope.attribution import build_profile
 from layerscope.render.console import make_console, ops_table, render_to_text, tree_table
-from layerscope.render.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
+from layerscope.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
 from tests.test_build_synthetic import CATALOG, forward_backward_table
 
 
@@ -85,7 +85,7 @@ def test_other_units() -> None:
 
 
 def test_names_that_look_like_markup_print_as_written() -> None:
-    from layerscope.build import module_range_name
+    from layerscope.attribution import module_range_name
     from layerscope.events import EventKind, EventTable
 
     t = EventTable()

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 import layerscope as ls
-from layerscope.build import build_profile
+from layerscope.attribution import build_profile
 from layerscope.events.chrome import TraceTableBuilder, table_from_trace
 from layerscope.events.stream import stream_trace
 

@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING, Any
 from layerscope.analysis.diff import ProfileDiff, diff
 from layerscope.analysis.ranks import RankMerge, merge
 from layerscope.errors import CaptureError, LayerscopeError, TraceFormatError, UsageError, ValidationError
+from layerscope.handlers import print_summary, save_to
 from layerscope.loading import load
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, StepStats, UnattributedEntry
-
-__version__ = "0.1.0"
-
-from layerscope.handlers import print_summary, save_to
+from layerscope.version import __version__
 
 if TYPE_CHECKING:
     from layerscope.capture.schedule import schedule

@@ -8,7 +8,7 @@ from typing import Any
 
 from layerscope.analysis.advice import Advice, advise
 from layerscope.analysis.device import DeviceReport, device_report
-from layerscope.build.attribute import build_profile
+from layerscope.attribution.attribute import build_profile
 from layerscope.errors import TraceFormatError
 from layerscope.events.chrome import FlopCounter, TraceTableBuilder
 from layerscope.events.stream import Progress, stream_trace

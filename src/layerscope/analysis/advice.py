@@ -13,7 +13,7 @@ from typing import Any
 
 from layerscope.analysis.device import DeviceReport
 from layerscope.model.profile import Profile
-from layerscope.render.units import fmt_bytes, fmt_time_us
+from layerscope.units import fmt_bytes, fmt_time_us
 
 
 def _short(name: str, width: int = 60) -> str:

@@ -1,6 +1,13 @@
-"""Attribution: turning an :class:`~layerscope.events.EventTable` into a :class:`~layerscope.Profile`."""
+"""Attribution: turning an :class:`~layerscope.events.EventTable` into a :class:`~layerscope.Profile`.
 
-from layerscope.build.attribute import build_profile
-from layerscope.build.catalog import ModuleInfo, module_range_name, parse_module_range
+``build_profile`` (in ``attribute.py``) is the one entry point; the modules beside it each do one
+step of its recipe: ``buckets`` (what a name means, where work can go), ``nesting`` (the sweep over
+CPU spans), ``devices`` (kernels to their launching op), ``memory`` (owners, peaks, timeline),
+``op_rows`` (the op table), ``tree``, ``steps`` and ``catalog``.
+"""
+
+from layerscope.attribution.attribute import build_profile
+from layerscope.attribution.catalog import ModuleInfo
+from layerscope.events.module_ranges import module_range_name, parse_module_range
 
 __all__ = ["ModuleInfo", "build_profile", "module_range_name", "parse_module_range"]

@@ -1,12 +1,9 @@
-"""The module catalog: which modules exist, how they nest, and how their ranges are named in traces."""
+"""The module catalog: which modules exist and how they nest."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-#: Prefix of the record_function ranges layerscope opens around every module call.
-MODULE_RANGE_PREFIX = "ls:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,21 +17,6 @@ class ModuleInfo:
     params_total: int = 0
     input_shapes: str | None = None
     output_shapes: str | None = None
-
-
-def module_range_name(path: str, type_name: str) -> str:
-    """The range name for a module call: ``ls:<path>:<Type>`` (type names never contain ':')."""
-    return f"{MODULE_RANGE_PREFIX}{path}:{type_name}"
-
-
-def parse_module_range(name: str) -> tuple[str, str] | None:
-    """``(path, type_name)`` of a layerscope module range name, or None for any other name."""
-    if not name.startswith(MODULE_RANGE_PREFIX):
-        return None
-    body, sep, type_name = name[len(MODULE_RANGE_PREFIX) :].rpartition(":")
-    if not sep or not type_name:
-        return None
-    return body, type_name
 
 
 def parent_path(path: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from layerscope.build.catalog import ModuleInfo
+from layerscope.attribution.catalog import ModuleInfo
 from layerscope.events.table import EventTable
 from layerscope.model.profile import StepStats
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from layerscope.build.catalog import ModuleInfo
+from layerscope.attribution.catalog import ModuleInfo
 from layerscope.model.metrics import ADDITIVE_PAIRS, PEAK_FIELDS, Metrics
 from layerscope.model.profile import ModuleNode
 

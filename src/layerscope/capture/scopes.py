@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from layerscope.build.catalog import ModuleInfo, module_range_name
+from layerscope.attribution.catalog import ModuleInfo
+from layerscope.events.module_ranges import module_range_name
 
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 GLOBAL_ROOT_TYPE = "(all modules)"

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from layerscope.build.attribute import build_profile
+from layerscope.attribution.attribute import build_profile
 from layerscope.capture.flops import FlopCalculator
 from layerscope.capture.kineto import table_from_kineto
 from layerscope.capture.scopes import ModuleScopes
@@ -335,7 +335,7 @@ class profile:
         return build_profile(table, catalog, meta)
 
     def _meta(self) -> dict[str, Any]:
-        from layerscope import __version__
+        from layerscope.version import __version__
 
         model_type = type(self.model).__name__ if self.model is not None else None
         devices: list[dict[str, Any]] = []

@@ -24,7 +24,7 @@ from torch import nn
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import OpStats, Phase
 from layerscope.model.profile import Profile as LsProfile
-from layerscope.render.units import fmt_bytes
+from layerscope.units import fmt_bytes
 
 #: torchprof's trace record: the module's path (a tuple starting with the root's class name),
 #: whether it is a leaf, and the module itself.

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from layerscope.build.catalog import MODULE_RANGE_PREFIX, module_range_name
 from layerscope.errors import TraceFormatError
+from layerscope.events.module_ranges import MODULE_RANGE_PREFIX, module_range_name
 from layerscope.events.shapes import shapes_key
 from layerscope.events.table import EventKind, EventTable
 

@@ -11,7 +11,7 @@ from rich.text import Text
 from layerscope.analysis.advice import Advice
 from layerscope.analysis.device import DeviceReport
 from layerscope.render.console import _FittedTable, _wants_ascii
-from layerscope.render.units import fmt_bytes, fmt_share, fmt_time_us
+from layerscope.units import fmt_bytes, fmt_share, fmt_time_us
 
 
 def device_section(report: DeviceReport, top: int = 10, ascii_only: bool | None = None) -> RenderableType:

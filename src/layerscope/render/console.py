@@ -17,7 +17,7 @@ from layerscope.analysis.steps import StepRow, module_spread
 from layerscope.analysis.transform import fold_depth, prune_min_share
 from layerscope.model.metrics import FIELD_NAMES, Metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile
-from layerscope.render.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
+from layerscope.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
 
 TREE_SORT_KEYS = ("execution", *FIELD_NAMES, "calls", "params")
 

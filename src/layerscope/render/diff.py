@@ -10,7 +10,7 @@ from rich.text import Text
 
 from layerscope.analysis.diff import DiffRow, ProfileDiff
 from layerscope.render.console import _FittedTable, _wants_ascii
-from layerscope.render.units import fmt_bytes, fmt_si, fmt_time_us
+from layerscope.units import fmt_bytes, fmt_si, fmt_time_us
 
 
 def value_formatter(metric: str) -> Callable[[float], str]:

@@ -7,7 +7,7 @@ from rich.text import Text
 
 from layerscope.analysis.ranks import RankMerge
 from layerscope.render.console import _FittedTable, _wants_ascii
-from layerscope.render.units import fmt_time_us
+from layerscope.units import fmt_time_us
 
 
 def straggler_line(merged: RankMerge) -> str:

@@ -11,7 +11,7 @@ from html import escape
 from layerscope.analysis.ranks import ModuleAcrossRanks, RankMerge
 from layerscope.render.html import asset_text
 from layerscope.render.ranks import straggler_line
-from layerscope.render.units import fmt_time_us
+from layerscope.units import fmt_time_us
 
 SPLIT_PARTS = (("module_us", "model", "#4f8bd6"), ("communication_us", "collectives", "#e8a33d"))
 OTHER_COLOUR = "#c9ced8"

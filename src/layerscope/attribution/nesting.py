@@ -1,0 +1,195 @@
+"""Nesting: one sweep over CPU spans in time order gives each span its parent, exclusive time and bucket.
+
+The rules (see docs/architecture.md):
+
+* CPU spans nest per thread by time (torch's own rule: a child starts inside its parent and ends
+  no later). A span's *exclusive* time is its duration minus its direct children's.
+* Forward: a span inside a layerscope module range belongs to the innermost such range.
+* Backward: an ``autograd::engine::evaluate_function: X`` span carries the sequence number and
+  forward thread of the op that created its autograd node; it belongs to that op's module, in the
+  backward phase. Its children inherit it. Nodes without a forward owner (gradient accumulation,
+  the loss's backward) become unattributed backward entries named after the node.
+* FLOPs: a span's FLOPs count only if no enclosing span already counted FLOPs (``aten::convolution``
+  counts, the ``aten::_convolution`` inside it does not), which is what FlopCounterMode does.
+
+The sweep is the one Python loop of attribution (a hot path); the helpers after it work a nesting
+level at a time with numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from layerscope.attribution.buckets import (
+    BACKWARD_NODE_PREFIX,
+    LABEL_STEP_GAPS,
+    ROLE_BACKWARD_NODE,
+    ROLE_MODULE,
+    ROLE_PLAIN,
+    ROLE_STEP,
+    Buckets,
+)
+from layerscope.events.table import CPU_KINDS, EventTable
+from layerscope.model.profile import Phase
+
+
+def time_order(table: EventTable) -> np.ndarray:
+    """CPU spans by start time, the longest first among equal starts (parents before children)."""
+    ts_arr, dur_arr = table.array("span_ts"), table.array("span_dur")
+    cpu_idx = np.flatnonzero(np.isin(table.array("span_kind"), [int(k) for k in CPU_KINDS]))
+    return cpu_idx[np.lexsort((-dur_arr[cpu_idx], ts_arr[cpu_idx]))]
+
+
+@dataclass
+class Sweep:
+    """What the sweep over CPU spans finds: nesting, exclusive time, buckets, module calls."""
+
+    parent: list[int]  # enclosing span, -1 at top level
+    excl: list[int]  # duration minus direct children's, ns
+    bucket: list[int]  # -1 for spans that are not CPU spans
+    module_calls: list[int]
+    module_windows: list[int]  # module-range spans, in time order
+    backward_windows: list[int]  # backward-node spans
+    step_spans: list[int]  # ProfilerStep#N spans
+    top_level_ns: int  # total duration of top-level spans: the run's CPU total
+
+
+def sweep(
+    table: EventTable, order: np.ndarray, roles: list[int], role_module: list[int], buckets: Buckets
+) -> Sweep:
+    """One pass over CPU spans in time order: nesting by torch's rule with a stack per thread,
+    exclusive time, and each span's bucket (module range, backward node, inherited, or a label)."""
+    span_name, span_tid, span_ts, span_dur = table.span_name, table.span_tid, table.span_ts, table.span_dur
+    span_seq, span_fwd_tid = table.span_seq, table.span_fwd_tid
+    n_spans = table.span_count
+    parent = [-1] * n_spans
+    excl = list(span_dur)
+    bucket = [-1] * n_spans
+    stacks: dict[int, tuple[list[int], list[int]]] = {}
+    # Forward ops by (thread, sequence number). Sequence numbers never repeat on a thread, and a
+    # backward node always starts after its forward op, so the sweep below finds the forward op's
+    # bucket already set. Where several ops share a number (aten::linear and the aten::t inside),
+    # the innermost, which ran last, wins; both sit in the same module.
+    seq_arr = table.array("span_seq")
+    is_forward_op = (seq_arr >= 0) & (table.array("span_fwd_tid") == 0)
+    forward_ops = order[is_forward_op[order]]
+    forward_op_of: dict[tuple[int, int], int] = dict(
+        zip(
+            zip(
+                table.array("span_tid")[forward_ops].tolist(),
+                seq_arr[forward_ops].tolist(),
+                strict=True,
+            ),
+            forward_ops.tolist(),
+            strict=True,
+        )
+    )
+    module_calls = [0] * buckets.module_count
+    module_windows: list[int] = []  # module-range spans (for peaks)
+    backward_windows: list[int] = []  # backward-node spans (for peaks)
+    step_spans: list[int] = []
+    top_level_ns = 0
+    two_m = 2 * buckets.module_count
+    names = table.names
+    current_tid = None
+    open_idx: list[int] = []
+    open_end: list[int] = []
+
+    # The hot loop (one iteration per CPU span): keep it to list indexing and local names.
+    for i in order.tolist():
+        tid = span_tid[i]
+        if tid != current_tid:
+            frames = stacks.get(tid)
+            if frames is None:
+                frames = stacks[tid] = ([], [])
+            open_idx, open_end = frames
+            current_tid = tid
+        start = span_ts[i]
+        end = start + span_dur[i]
+        while open_end:
+            top = open_end[-1]
+            if start < top and end <= top:
+                break
+            open_idx.pop()
+            open_end.pop()
+        if open_idx:
+            p = open_idx[-1]
+            parent[i] = p
+            excl[p] -= span_dur[i]
+        else:
+            p = -1
+            top_level_ns += span_dur[i]
+        open_idx.append(i)
+        open_end.append(end)
+
+        name_id = span_name[i]
+        role = roles[name_id]
+        if role == ROLE_PLAIN and p >= 0 and roles[span_name[p]] != ROLE_STEP:
+            b = bucket[p]
+        elif role == ROLE_MODULE:
+            m = role_module[name_id]
+            b = 2 * m
+            module_calls[m] += 1
+            module_windows.append(i)
+        elif role == ROLE_BACKWARD_NODE:
+            owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
+            fb = bucket[owner] if owner >= 0 else -1
+            if 0 <= fb < two_m and not fb & 1:
+                b = fb + 1
+            else:
+                b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX) :], Phase.BACKWARD)
+            backward_windows.append(i)
+        elif role == ROLE_STEP:
+            b = buckets.unattributed(LABEL_STEP_GAPS, Phase.OTHER)
+            step_spans.append(i)
+        else:
+            b = buckets.unattributed(names[name_id], Phase.OTHER)
+        bucket[i] = b
+
+    return Sweep(
+        parent, excl, bucket, module_calls, module_windows, backward_windows, step_spans, top_level_ns
+    )
+
+
+def depths(parent: np.ndarray) -> np.ndarray:
+    """Nesting depth of every span (0 = top level), one numpy step per level."""
+    depth = np.zeros(parent.size, dtype=np.int64)
+    up = parent.copy()
+    while True:
+        has = up >= 0
+        if not has.any():
+            return depth
+        depth += has
+        up = np.where(has, parent[np.maximum(up, 0)], -1)
+
+
+def levels(order: np.ndarray, depth: np.ndarray) -> list[np.ndarray]:
+    """Span indices grouped by nesting depth (level 0 = top-level spans)."""
+    if not order.size:
+        return []
+    d = depth[order]
+    return [order[d == k] for k in range(int(d.max()) + 1)]
+
+
+def inclusive(own: np.ndarray, parent: np.ndarray, levels: list[np.ndarray]) -> np.ndarray:
+    """Per-span totals including all nested spans: children added to parents, deepest level first."""
+    total = np.asarray(own, dtype=np.float64).copy()
+    if not total.any():
+        return total
+    for level in reversed(levels[1:]):
+        total += np.bincount(parent[level], weights=total[level], minlength=total.size)
+    return total
+
+
+def outermost_flops(flops: list[int], parent: np.ndarray, levels: list[np.ndarray]) -> np.ndarray:
+    """FLOPs that count: a span's own FLOPs unless an enclosing span already counted FLOPs."""
+    values = np.asarray(flops, dtype=np.int64)
+    if not values.any():
+        return values
+    covered = np.zeros(values.size, dtype=bool)  # some ancestor has FLOPs
+    for level in levels[1:]:
+        p = parent[level]
+        covered[level] = covered[p] | (values[p] > 0)
+    return np.where(covered, 0, values)

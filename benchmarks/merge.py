@@ -2,6 +2,12 @@
 ``layerscope merge`` does (parallel loading, then the cross-rank merge). Reports time and peak RSS.
 
     python benchmarks/merge.py --ranks 64
+
+With ``--scheduler``: N synthetic per-rank *traces* (Chrome JSON, the raw files a job writes), read
+on a Dask LocalCluster (127.0.0.1) of 1 and then 2 worker processes; reports time, the per-file cost
+and the client's peak RSS (only Profiles come back to the client, never trace bytes).
+
+    python benchmarks/merge.py --scheduler --ranks 16 --steps 3000
 """
 
 from __future__ import annotations
@@ -14,10 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from layerscope.analysis.ranks import merge
+import layerscope as ls
 from layerscope.attribution import build_profile, module_range_name
 from layerscope.events import EventKind, EventTable
-from layerscope.loading import load_all
 
 US = 1000
 
@@ -55,12 +60,59 @@ def rank_profile(rank: int, slow_rank: int, modules: int, steps: int) -> EventTa
     return t
 
 
+def on_dask(ranks: int, steps: int) -> None:
+    """Raw traces read on a LocalCluster of 1, then 2 workers."""
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fixtures.rank_traces import write_rank_traces
+
+    folder = Path(tempfile.mkdtemp(prefix="layerscope-dask-"))
+    slow = ranks // 2 + 1
+    files = write_rank_traces(folder, ranks, slow, steps=steps)
+    size_mb = sum(f.stat().st_size for f in files) / 1e6
+    results = []
+    for workers in (1, 2):
+        with (
+            LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                host="127.0.0.1",
+                dashboard_address=None,
+                silence_logs=logging.ERROR,
+            ) as cluster,
+            Client(cluster, set_as_default=False) as client,
+        ):
+            t0 = time.perf_counter()
+            merged = ls.merge(files, scheduler=client)
+            elapsed = time.perf_counter() - t0
+        s = merged.straggler
+        assert s is not None and s.rank == slow and s.module == "layers.3" and not merged.failed, s
+        client_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        per_file = elapsed * workers / ranks
+        print(
+            f"{ranks} traces ({size_mb:.0f} MB, {steps} steps each) on {workers} Dask worker(s): "
+            f"{elapsed:.2f}s, {per_file:.3f} worker-s per file, client peak RSS {client_rss:.0f} MiB"
+        )
+        results.append({"workers": workers, "seconds": elapsed, "worker_s_per_file": per_file})
+    print(json.dumps({"benchmark": "merge-dask", "ranks": ranks, "mb": size_mb, "runs": results}))
+    for f in files:
+        f.unlink()
+    folder.rmdir()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--modules", type=int, default=200)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--scheduler", action="store_true", help="raw traces on a Dask LocalCluster")
     args = parser.parse_args()
+    if args.scheduler:
+        on_dask(args.ranks, args.steps)
+        return
     folder = Path(tempfile.mkdtemp(prefix="layerscope-merge-"))
     slow = args.ranks // 2 + 1
     for rank in range(args.ranks):
@@ -70,7 +122,7 @@ def main() -> None:
         )
     files = sorted(folder.glob("*.json.gz"))
     t0 = time.perf_counter()
-    merged = merge(load_all(files))
+    merged = ls.merge(files)
     elapsed = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     worker_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

@@ -204,7 +204,7 @@ def test_clicking_a_flame_frame_zooms_into_it(browser_page: Any) -> None:
 
 
 def test_ranks_page_renders_in_the_browser(browser: Any, tmp_path: Path) -> None:
-    from layerscope.analysis.ranks import merge
+    from layerscope.analysis.ranks import merge_profiles as merge
     from layerscope.render.ranks_html import ranks_html
     from tests.test_ranks import one
 

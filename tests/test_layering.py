@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"attribution"},
     {"analysis"},
     {"render"},
-    {"capture", "loading", "handlers", "models"},
+    {"capture", "loading", "filemap", "merging", "handlers", "models"},
     {"cli", "integrations", "compat", "__init__", "__main__"},
 ]
 LAYER_OF = {unit: level for level, units in enumerate(LAYERS) for unit in units}

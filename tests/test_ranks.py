@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 import layerscope as ls
-from layerscope.analysis.ranks import COMMUNICATION, merge
+from layerscope.analysis.ranks import COMMUNICATION
+from layerscope.analysis.ranks import merge_profiles as merge
 from layerscope.attribution import build_profile, module_range_name
 from layerscope.cli import main
 from layerscope.errors import UsageError

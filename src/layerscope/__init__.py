@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from layerscope.analysis.diff import ProfileDiff, diff
-from layerscope.analysis.ranks import RankMerge, merge
+from layerscope.analysis.ranks import RankMerge
 from layerscope.errors import CaptureError, LayerscopeError, TraceFormatError, UsageError, ValidationError
 from layerscope.handlers import print_summary, save_to
 from layerscope.loading import load
+from layerscope.merging import merge
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, StepStats, UnattributedEntry
 from layerscope.version import __version__

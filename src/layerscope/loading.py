@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerscope.analysis.advice import Advice, advise
 from layerscope.analysis.device import DeviceReport, device_report
@@ -13,9 +14,13 @@ from layerscope.errors import TraceFormatError
 from layerscope.events.chrome import FlopCounter, TraceTableBuilder
 from layerscope.events.stream import Progress, stream_trace
 from layerscope.events.table import EventTable
+from layerscope.filemap import FileResults, map_files
 from layerscope.gcpause import gc_paused
 from layerscope.model.profile import SCHEMA_VERSION, Profile
 from layerscope.model.serialize import FORMAT_TAG, profile_from_dict
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 
 def _flop_counter() -> FlopCounter | None:
@@ -131,15 +136,10 @@ def analyze(path: str | Path, progress: Progress | None = None) -> Analysis:
     return Analysis(str(path), profile, device, tuple(advise(profile, device)))
 
 
-def load_all(paths: list[Path], workers: int | None = None) -> list[Profile]:
-    """Load many profiles or traces (one per rank), in parallel processes when there are several
-    files and cores. Each worker turns one file into its Profile (a per-rank summary: no events),
-    so memory holds one file's events per worker at a time."""
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
-    count = workers if workers is not None else min(len(paths), os.cpu_count() or 1)
-    if count <= 1 or len(paths) <= 1:
-        return [load(p) for p in paths]
-    with ProcessPoolExecutor(max_workers=count) as pool:
-        return list(pool.map(load, paths, chunksize=max(1, len(paths) // (4 * count))))
+def load_many(
+    paths: Sequence[Path], scheduler: str | Client | None = None, workers: int | None = None
+) -> FileResults[Profile]:
+    """Load many profiles or traces (one per rank) into Profiles, a per-rank summary with no events:
+    in local processes, or on the Dask cluster at ``scheduler`` (see :mod:`layerscope.filemap`).
+    A file that cannot be loaded is listed in ``failures``; the others still load."""
+    return map_files(load, paths, scheduler=scheduler, workers=workers, what="loaded")

@@ -100,6 +100,7 @@ class RankMerge:
     modules: tuple[ModuleAcrossRanks, ...]
     straggler: Straggler | None
     gaps: tuple[str, ...]  # module paths missing on some ranks
+    failed: tuple[tuple[str, str], ...] = ()  # (file, reason) of rank files that could not be loaded
 
     def slowest_rank(self, row: ModuleAcrossRanks) -> int | None:
         """The rank with the largest value for ``row``."""
@@ -107,7 +108,7 @@ class RankMerge:
         return max(pairs)[1] if pairs else None
 
 
-def merge(profiles: Sequence[Profile], ranks: Sequence[int] | None = None) -> RankMerge:
+def merge_profiles(profiles: Sequence[Profile], ranks: Sequence[int] | None = None) -> RankMerge:
     """Merge per-rank profiles. Values are per step when every rank has steps (so ranks that ran
     different numbers of steps compare), device time when any rank has device time, else CPU time.
     Modules are matched by path; one missing on some ranks keeps a gap (None) there."""

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from layerscope.cli.views import add_view_options, check_view_options, print_profile
+from layerscope.cli.views import (
+    add_scheduler_options,
+    add_view_options,
+    check_view_options,
+    print_profile,
+    scheduler_of,
+)
 
 
 def register(sub: Any) -> None:
@@ -20,6 +28,7 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("path", help="a trace file or a folder of traces")
     add_view_options(parser)
+    add_scheduler_options(parser)
     parser.set_defaults(run=run, top=10)
 
 
@@ -53,16 +62,24 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Analyse and print every trace found."""
-    from layerscope.loading import analyze, trace_files
+    from layerscope.filemap import map_files
+    from layerscope.loading import Analysis, analyze, trace_files
     from layerscope.render.analysis import advice_list, communication_table, device_section
     from layerscope.render.console import make_console
 
     check_view_options(args)
+    scheduler = scheduler_of(args)
     files = trace_files(args.path)
     console = make_console(sys.stdout)
     ascii_only = True if args.ascii else None
-    for k, path in enumerate(files):
-        result = analyze(path, progress=_Progress(path))
+    results: Iterable[tuple[Path, Analysis]]
+    failures: tuple[tuple[Path, str], ...] = ()
+    if scheduler is None and args.workers is None:  # one file at a time here, with a progress line
+        results = ((path, analyze(path, progress=_Progress(path))) for path in files)
+    else:
+        mapped = map_files(analyze, files, scheduler=scheduler, workers=args.workers, what="analysed")
+        results, failures = zip(mapped.paths, mapped.results, strict=True), mapped.failures
+    for k, (path, result) in enumerate(results):
         trace = result.profile.meta.get("trace", {})
         if trace.get("truncated"):
             print(
@@ -78,4 +95,6 @@ def run(args: argparse.Namespace) -> int:
         if trace.get("communication"):
             console.print(communication_table(trace["communication"], ascii_only=ascii_only))
         console.print(advice_list(result.advice, ascii_only=ascii_only))
-    return 0
+    for path, why in failures:
+        print(f"layerscope: error: {path}: {why}", file=sys.stderr)
+    return 1 if failures else 0

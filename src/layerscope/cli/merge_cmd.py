@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from layerscope.cli.views import add_scheduler_options, scheduler_of
 from layerscope.errors import UsageError
 
 
@@ -25,6 +26,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--html", metavar="PATH", help="also write an HTML page: step split per rank, modules x ranks heatmap"
     )
+    add_scheduler_options(parser)
     parser.add_argument("--top", type=int, default=10, metavar="N")
     parser.add_argument("--ascii", action="store_true")
     parser.set_defaults(run=run)
@@ -32,8 +34,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load every rank, merge, print, save."""
-    from layerscope.analysis.ranks import merge
-    from layerscope.loading import load_all, trace_files
+    from layerscope.loading import trace_files
+    from layerscope.merging import merge
     from layerscope.model.serialize import write_atomic
     from layerscope.render.console import make_console
     from layerscope.render.ranks import ranks_view
@@ -41,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     files = [f for path in args.paths for f in trace_files(path)]
     if len(files) < 2:
         raise UsageError(f"merge needs at least two rank files, found {len(files)}")
-    merged = merge(load_all(files))
+    merged = merge(files, scheduler=scheduler_of(args), workers=args.workers)
+    for path, why in merged.failed:
+        print(f"layerscope: warning: {path} left out: {why}", file=sys.stderr)
     make_console(sys.stdout).print(ranks_view(merged, top=args.top, ascii_only=True if args.ascii else None))
     if args.output:
         write_atomic(Path(args.output), orjson.dumps(_to_dict(merged), option=orjson.OPT_INDENT_2))
@@ -80,6 +84,7 @@ def _to_dict(merged: Any) -> dict[str, Any]:
             for m in merged.modules
         ],
         "gaps": list(merged.gaps),
+        "failed": [{"path": path, "reason": why} for path, why in merged.failed],
         "straggler": None
         if s is None
         else {

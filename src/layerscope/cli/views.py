@@ -92,3 +92,33 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
                 title=f"Top {len(rows)} ops by {args.op_sort}",
             )
         )
+
+
+def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
+    """--scheduler ADDRESS (a Dask cluster) and --workers N (local processes)."""
+    group = parser.add_argument_group("many files")
+    group.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="read the files on the Dask cluster at ADDRESS (tcp://host:8786); its workers read them by "
+        "path, so they must see the same filesystem (needs layerscope[dask])",
+    )
+    group.add_argument(
+        "--workers", type=int, metavar="N", help="local processes reading files (default: one per core)"
+    )
+
+
+def scheduler_of(args: argparse.Namespace) -> str | None:
+    """The --scheduler address, checked: Dask must be importable before any file is read."""
+    address: str | None = args.scheduler
+    if address is None:
+        if args.workers is not None and args.workers < 1:
+            raise UsageError("--workers must be at least 1")
+        return None
+    from layerscope.filemap import DASK_INSTALL_HINT
+
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise UsageError(DASK_INSTALL_HINT) from None
+    return address

@@ -1,0 +1,51 @@
+"""``ls.merge``: per-rank profiles, or the files and folders that hold them, merged into one view."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from layerscope.analysis.ranks import RankMerge, merge_profiles
+from layerscope.errors import TraceFormatError
+from layerscope.loading import load_many, trace_files
+from layerscope.model.profile import Profile
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+
+def merge(
+    sources: Sequence[Profile | str | Path] | str | Path,
+    ranks: Sequence[int] | None = None,
+    scheduler: str | Client | None = None,
+    workers: int | None = None,
+) -> RankMerge:
+    """Merge one profile per rank: spread of every module across ranks, per-rank step split, straggler.
+
+    ``sources`` are Profiles, or paths of saved profiles / torch.profiler traces / folders of them
+    (a single path is a folder). Paths are loaded in local processes (``workers``), or on the Dask
+    cluster at ``scheduler`` (``"tcp://host:8786"`` or a ``distributed.Client``; workers read the
+    files by path, so they must see the same filesystem). Files that fail to load are listed in
+    ``RankMerge.failed`` and the others still merge.
+    """
+    items: list[Profile | str | Path] = [sources] if isinstance(sources, str | Path) else list(sources)
+    files = [f for item in items if not isinstance(item, Profile) for f in trace_files(item)]
+    loaded = load_many(files, scheduler=scheduler, workers=workers) if files else None
+    by_path = dict(zip(loaded.paths, loaded.results, strict=True)) if loaded else {}
+    profiles: list[Profile] = []
+    for item in items:
+        if isinstance(item, Profile):
+            profiles.append(item)
+        else:
+            profiles.extend(by_path[f] for f in trace_files(item) if f in by_path)
+    if loaded and loaded.failures and len(profiles) < 2:
+        path, why = loaded.failures[0]
+        raise TraceFormatError(
+            f"only {len(loaded.results)} of {len(files)} rank files could be loaded; {path}: {why}"
+        )
+    merged = merge_profiles(profiles, ranks)
+    if loaded and loaded.failures:
+        merged = dataclasses.replace(merged, failed=tuple((str(p), why) for p, why in loaded.failures))
+    return merged

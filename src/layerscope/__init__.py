@@ -21,16 +21,21 @@ from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, StepSt
 from layerscope.version import __version__
 
 if TYPE_CHECKING:
+    from layerscope.capture.compiled import compile_info
     from layerscope.capture.schedule import schedule
-    from layerscope.capture.session import Cycle, profile
+    from layerscope.capture.session import CompileInfoWarning, Cycle, profile
 
 
 def __getattr__(name: str) -> Any:
     # torch is imported only when capture is used: analysis and rendering work without it.
-    if name in ("profile", "Cycle"):
+    if name in ("profile", "Cycle", "CompileInfoWarning"):
         from layerscope.capture import session
 
         return getattr(session, name)
+    if name == "compile_info":
+        from layerscope.capture.compiled import compile_info
+
+        return compile_info
     if name == "schedule":
         from layerscope.capture.schedule import schedule
 
@@ -40,6 +45,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CaptureError",
+    "CompileInfoWarning",
     "Cycle",
     "LayerscopeError",
     "Metrics",
@@ -55,6 +61,7 @@ __all__ = [
     "UsageError",
     "ValidationError",
     "__version__",
+    "compile_info",
     "diff",
     "load",
     "merge",

@@ -20,6 +20,7 @@ from layerscope.attribution.buckets import (
     name_roles,
 )
 from layerscope.attribution.catalog import ModuleInfo
+from layerscope.attribution.compiled import attribute_compiled_kernels, extra_module_ranges, graphs_from_meta
 from layerscope.attribution.devices import link_device_work
 from layerscope.attribution.memory import (
     bucket_memory,
@@ -47,16 +48,32 @@ def build_profile(
     the layerscope ranges found in the trace.
     """
     table.check()
-    named = name_roles(table.names, catalog)
+    found = table.meta.get("layerscope")
+    saved: dict[str, Any] = found if isinstance(found, dict) else {}
+    graph_entries = (meta or {}).get("compiled_graphs") or saved.get("compiled_graphs")
+    named = name_roles(table.names, catalog, _saved_modules(saved) + extra_module_ranges(graph_entries))
     catalog = named.catalog
     buckets = Buckets(len(catalog))
 
     # ---- nest: parents, exclusive time, buckets, FLOPs that count ------------------------------------
     order = time_order(table)
     swept = sweep(table, order, named.roles, named.role_module, buckets)
+    compiled = attribute_compiled_kernels(
+        table,
+        order.tolist(),
+        swept.parent,
+        swept.bucket,
+        swept.compiled_graph_spans,
+        graphs_from_meta(graph_entries),
+        catalog,
+        swept.module_calls,
+    )
     parent = np.asarray(swept.parent, dtype=np.int64)
+    bucket_arr = np.asarray(swept.bucket, dtype=np.int64)
     by_level = levels(order, depths(parent))
-    counted_flops = outermost_flops(table.span_flops, parent, by_level)
+    # Ops run while compiling work on fake tensors: their FLOPs are no work done.
+    compiling = bucket_arr == swept.compiling_bucket if swept.compiling_bucket >= 0 else None
+    counted_flops = outermost_flops(table.span_flops, parent, by_level, compiling)
 
     # ---- link devices: kernels to their launching op ------------------------------------------------
     device = link_device_work(table, order, swept.parent)
@@ -74,7 +91,7 @@ def build_profile(
 
     # ---- sums per bucket ---------------------------------------------------------------------------
     nb = buckets.count
-    bucket = np.asarray(swept.bucket, dtype=np.int64)
+    bucket = bucket_arr
     excl = np.asarray(swept.excl, dtype=np.int64)
     b_order = bucket[order]
     self_cpu_ns = np.bincount(b_order, weights=excl[order], minlength=nb)
@@ -163,8 +180,15 @@ def build_profile(
         [label for label, _ in buckets.labels],
         {node.path for node in root.walk()},
     )
+    full_meta = _full_meta(table, order, owners, swept.bucket, buckets, catalog, meta)
+    if compiled.graph_calls:
+        full_meta["compiled"] = {
+            "graph_calls": compiled.graph_calls,
+            "mapped_graph_calls": compiled.matched_calls,
+            "kernels_placed": compiled.moved,
+        }
     return Profile(
-        meta=_full_meta(table, order, owners, swept.bucket, buckets, catalog, meta),
+        meta=full_meta,
         root=root,
         op_rows=rows,
         unattributed=unattributed,
@@ -193,6 +217,15 @@ def backward_ranges(table: EventTable) -> list[tuple[str, int, int, int]]:
         else:
             ranges.append((path, tid, start, end))
     return ranges
+
+
+def _saved_modules(saved: dict[str, Any]) -> list[tuple[str, str]]:
+    """(path, type) of the modules layerscope saved with a trace (modules without ranges of their own,
+    such as those inside compiled regions)."""
+    modules = saved.get("modules")
+    if not isinstance(modules, list):
+        return []
+    return [(str(m[0]), str(m[1])) for m in modules if isinstance(m, list | tuple) and len(m) == 2]
 
 
 def _full_meta(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from layerscope.attribution.catalog import ModuleInfo, catalog_from_ranges
+from layerscope.attribution.compiled import COMPILED_GRAPH_PREFIX, is_compiling_range
 from layerscope.attribution.steps import STEP_PREFIX
 from layerscope.events.module_ranges import parse_module_range
 from layerscope.model.profile import Phase
@@ -19,7 +20,7 @@ LABEL_MEMORY_OUTSIDE_OPS = "(memory outside ops)"
 LABEL_UNLINKED_DEVICE = "(device work without a launching op)"
 
 # Per-name roles, precomputed once per distinct name.
-ROLE_PLAIN, ROLE_MODULE, ROLE_BACKWARD_NODE, ROLE_STEP = 0, 1, 2, 3
+ROLE_PLAIN, ROLE_MODULE, ROLE_BACKWARD_NODE, ROLE_STEP, ROLE_COMPILING, ROLE_COMPILED_GRAPH = 0, 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -73,15 +74,19 @@ class NameRoles:
     role_module: list[int]  # per name id: the catalog index of a module range, else -1
 
 
-def name_roles(names: list[str], catalog: list[ModuleInfo] | None) -> NameRoles:
-    """Classify every distinct name once: module range, backward node, profiler step, or plain op."""
+def name_roles(
+    names: list[str], catalog: list[ModuleInfo] | None, known_modules: list[tuple[str, str]] | None = None
+) -> NameRoles:
+    """Classify every distinct name once: module range, backward node, profiler step, compilation,
+    compiled graph call, or plain op. Without a catalog, modules come from the range names plus
+    ``known_modules`` ((path, type) pairs a trace carries for modules without ranges of their own)."""
     found_ranges: dict[int, tuple[str, str]] = {}
     for name_id, name in enumerate(names):
         parsed = parse_module_range(name)
         if parsed is not None:
             found_ranges[name_id] = parsed
     if catalog is None:
-        catalog = catalog_from_ranges(found_ranges.values())
+        catalog = catalog_from_ranges([*found_ranges.values(), *(known_modules or [])])
     module_index = {info.path: i for i, info in enumerate(catalog)}
     extra = [pair for pair in found_ranges.values() if pair[0] not in module_index]
     if extra:  # ranges of modules the catalog does not know (e.g. a foreign root): add them
@@ -97,6 +102,10 @@ def name_roles(names: list[str], catalog: list[ModuleInfo] | None) -> NameRoles:
             roles[name_id] = ROLE_BACKWARD_NODE
         elif name.startswith(STEP_PREFIX):
             roles[name_id] = ROLE_STEP
+        elif is_compiling_range(name):
+            roles[name_id] = ROLE_COMPILING
+        elif name.startswith(COMPILED_GRAPH_PREFIX):
+            roles[name_id] = ROLE_COMPILED_GRAPH
     return NameRoles(catalog, found_ranges, roles, role_module)
 
 

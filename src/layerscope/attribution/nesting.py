@@ -26,11 +26,14 @@ from layerscope.attribution.buckets import (
     BACKWARD_NODE_PREFIX,
     LABEL_STEP_GAPS,
     ROLE_BACKWARD_NODE,
+    ROLE_COMPILED_GRAPH,
+    ROLE_COMPILING,
     ROLE_MODULE,
     ROLE_PLAIN,
     ROLE_STEP,
     Buckets,
 )
+from layerscope.attribution.compiled import LABEL_COMPILING
 from layerscope.events.table import CPU_KINDS, EventTable
 from layerscope.model.profile import Phase
 
@@ -53,6 +56,8 @@ class Sweep:
     module_windows: list[int]  # module-range spans, in time order
     backward_windows: list[int]  # backward-node spans
     step_spans: list[int]  # ProfilerStep#N spans
+    compiled_graph_spans: list[int]  # "## Call CompiledFxGraph ##" spans (their kernels are children)
+    compiling_bucket: int  # the bucket of torch.compile compiling, -1 if it never did
     top_level_ns: int  # total duration of top-level spans: the run's CPU total
 
 
@@ -90,6 +95,8 @@ def sweep(
     module_windows: list[int] = []  # module-range spans (for peaks)
     backward_windows: list[int] = []  # backward-node spans (for peaks)
     step_spans: list[int] = []
+    compiled_graph_spans: list[int] = []
+    compiling = -1  # the bucket of compilation, once seen
     top_level_ns = 0
     two_m = 2 * buckets.module_count
     names = table.names
@@ -128,6 +135,8 @@ def sweep(
         role = roles[name_id]
         if role == ROLE_PLAIN and p >= 0 and roles[span_name[p]] != ROLE_STEP:
             b = bucket[p]
+        elif compiling >= 0 and p >= 0 and bucket[p] == compiling:
+            b = compiling  # whatever torch.compile runs while compiling (autograd on fake tensors too)
         elif role == ROLE_MODULE:
             m = role_module[name_id]
             b = 2 * m
@@ -144,12 +153,32 @@ def sweep(
         elif role == ROLE_STEP:
             b = buckets.unattributed(LABEL_STEP_GAPS, Phase.OTHER)
             step_spans.append(i)
+        elif role == ROLE_COMPILING:
+            # torch.compile compiling is its own entry, never a module's time (nested ranges join it).
+            b = (
+                bucket[p]
+                if p >= 0 and bucket[p] == compiling
+                else buckets.unattributed(LABEL_COMPILING, Phase.OTHER)
+            )
+            compiling = b
+        elif role == ROLE_COMPILED_GRAPH and p >= 0 and roles[span_name[p]] != ROLE_STEP:
+            b = bucket[p]
+            compiled_graph_spans.append(i)
         else:
             b = buckets.unattributed(names[name_id], Phase.OTHER)
         bucket[i] = b
 
     return Sweep(
-        parent, excl, bucket, module_calls, module_windows, backward_windows, step_spans, top_level_ns
+        parent,
+        excl,
+        bucket,
+        module_calls,
+        module_windows,
+        backward_windows,
+        step_spans,
+        compiled_graph_spans,
+        compiling,
+        top_level_ns,
     )
 
 
@@ -183,9 +212,13 @@ def inclusive(own: np.ndarray, parent: np.ndarray, levels: list[np.ndarray]) -> 
     return total
 
 
-def outermost_flops(flops: list[int], parent: np.ndarray, levels: list[np.ndarray]) -> np.ndarray:
+def outermost_flops(
+    flops: list[int], parent: np.ndarray, levels: list[np.ndarray], not_counted: np.ndarray | None = None
+) -> np.ndarray:
     """FLOPs that count: a span's own FLOPs unless an enclosing span already counted FLOPs."""
     values = np.asarray(flops, dtype=np.int64)
+    if not_counted is not None and not_counted.any():  # e.g. ops on fake tensors while compiling
+        values = np.where(not_counted, 0, values)
     if not values.any():
         return values
     covered = np.zeros(values.size, dtype=bool)  # some ancestor has FLOPs

@@ -17,9 +17,14 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from layerscope.attribution.catalog import ModuleInfo
+from layerscope.capture.compiled import unwrap_compiled
 from layerscope.events.module_ranges import module_range_name
 
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
+# Inside a region torch.compile traces, the hooks must do nothing: Dynamo folds this call to True and
+# traces no range (a range there would be a graph break). Such modules are named by the compiler's
+# module stacks instead (capture/compiled.py).
+_is_compiling = torch.compiler.is_compiling
 GLOBAL_ROOT_TYPE = "(all modules)"
 
 
@@ -58,6 +63,7 @@ class ModuleScopes:
         self.depth = depth
         self._local = threading.local()
         self._handles: list[RemovableHandle] = []
+        self._compiled_calls: list[tuple[nn.Module, Any]] = []  # (module, its own compiled call)
         self._names: dict[int, str | None] = {}  # id(module) -> range name (None: folded, no range)
         self._paths: dict[int, str] = {}  # id(module) -> qualified path
         self._modules: dict[str, nn.Module] = {}  # path -> module (kept for params at the end)
@@ -90,27 +96,73 @@ class ModuleScopes:
             self._handles.append(module_mod.register_module_forward_pre_hook(self._global_pre))
             self._handles.append(module_mod.register_module_forward_hook(self._post, always_call=True))
             return
-        for path, module in self.model.named_modules():
-            if not self.keeps(path):
+        model = self.model
+        inner = unwrap_compiled(model)
+        whole_model_compiled = inner is not model
+        if whole_model_compiled:
+            # torch.compile(model): the wrapper's hooks run outside the compiled region and open the
+            # root's range; the modules inside keep their eager paths (no "_orig_mod." prefix).
+            self._register(model, "", type_name=type(inner).__name__, params_from=inner)
+            self._hook(model)
+        compiled_roots: list[str] = []  # modules with their own compiled call (module.compile())
+        for path, module in inner.named_modules():
+            if not self.keeps(path) or (whole_model_compiled and path == ""):
                 continue
             self._register(module, path)
-            self._handles.append(module.register_forward_pre_hook(self._pre))
-            self._handles.append(module.register_forward_hook(self._post, always_call=True))
+            # Modules that run inside compiled code get no hooks: they would not run there, and Dynamo
+            # guards on the hooks' ids (different per module), so hooks would cost recompiles.
+            inside = whole_model_compiled or any(
+                path != root and (root == "" or path.startswith(f"{root}.")) for root in compiled_roots
+            )
+            if inside:
+                continue
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                compiled_roots.append(path)
+                self._wrap_compiled_call(module)
+            else:
+                self._hook(module)
+
+    def _hook(self, module: nn.Module) -> None:
+        self._handles.append(module.register_forward_pre_hook(self._pre))
+        self._handles.append(module.register_forward_hook(self._post, always_call=True))
+
+    def _wrap_compiled_call(self, module: nn.Module) -> None:
+        """``module.compile()``: its hooks run inside the compiled call, so open its range around it."""
+        compiled: Callable[..., Any] = module._compiled_call_impl  # type: ignore[assignment]
+        pre, post = self._pre, self._post
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            pre(module, args)
+            try:
+                output = compiled(*args, **kwargs)
+            except BaseException:
+                post(module, args, None)
+                raise
+            post(module, args, output)
+            return output
+
+        module._compiled_call_impl = call
+        self._compiled_calls.append((module, compiled))
 
     def remove(self) -> None:
         """Remove every hook and close ranges this thread still has open (after an interrupt)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        while self._compiled_calls:
+            module, compiled = self._compiled_calls.pop()
+            module._compiled_call_impl = compiled
         stack: list[tuple[int, Any]] | None = getattr(self._local, "stack", None)
         while stack:
             stack.pop()[1].__exit__(None, None, None)
 
-    def _register(self, module: nn.Module, path: str) -> None:
+    def _register(
+        self, module: nn.Module, path: str, type_name: str | None = None, params_from: nn.Module | None = None
+    ) -> None:
         self._paths[id(module)] = path
         if self.keeps(path):
-            self._names[id(module)] = module_range_name(path, type(module).__name__)
-            self._modules[path] = module
+            self._names[id(module)] = module_range_name(path, type_name or type(module).__name__)
+            self._modules[path] = params_from if params_from is not None else module
         else:
             self._names[id(module)] = None
 
@@ -124,6 +176,8 @@ class ModuleScopes:
             return local.stack  # type: ignore[no-any-return]
 
     def _pre(self, module: nn.Module, args: Any) -> None:
+        if _is_compiling():
+            return
         key = id(module)
         name = self._names[key]
         if name is None:
@@ -137,6 +191,8 @@ class ModuleScopes:
             self._first_shapes[self._paths[key]] = (shapes_of(args), None)
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if _is_compiling():
+            return
         key = id(module)
         stack = self._stack()
         if stack and stack[-1][0] == key:  # the common case: this module's range is on top
@@ -156,6 +212,8 @@ class ModuleScopes:
             self._first_shapes[path] = (self._first_shapes[path][0], shapes_of(output))
 
     def _global_pre(self, module: nn.Module, args: Any) -> None:
+        if _is_compiling():
+            return
         if self.before_top_level_call is not None and not self._stack():
             self.before_top_level_call()
         if id(module) not in self._names:

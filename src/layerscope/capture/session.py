@@ -7,7 +7,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -18,6 +18,13 @@ from torch import nn
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from layerscope.attribution.attribute import build_profile
+from layerscope.capture.compiled import (
+    collecting_compile_info,
+    is_compiled,
+    known_graphs,
+    should_collect,
+    unwrap_compiled,
+)
 from layerscope.capture.flops import FlopCalculator
 from layerscope.capture.kineto import table_from_kineto
 from layerscope.capture.scopes import ModuleScopes
@@ -154,6 +161,7 @@ class profile:
         self._wall_ns = 0
         self._started_ns = 0
         self._finished = False
+        self._compile_info = ExitStack()
 
     # ----- context manager -------------------------------------------------------------------------
     def __enter__(self) -> profile:
@@ -188,6 +196,8 @@ class profile:
                 **self.profiler_kwargs,
             )
             self._scopes = ModuleScopes(self.model, self.paths, self.depth)
+            if should_collect() or is_compiled(self.model):
+                self._compile_info.enter_context(collecting_compile_info())
             with _quiet_cycle_warning():
                 self._torch_profiler.__enter__()  # type: ignore[no-untyped-call]
             try:
@@ -198,6 +208,7 @@ class profile:
         except BaseException as exc:
             if self._scopes is not None:
                 self._scopes.remove()
+            self._compile_info.close()
             _release(self)
             if isinstance(exc, TypeError):
                 raise UsageError(f"torch.profiler.profile rejected the options: {exc}") from exc
@@ -214,7 +225,10 @@ class profile:
             try:
                 self._scopes.remove()
             finally:
-                self._torch_profiler.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
+                try:
+                    self._torch_profiler.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
+                finally:
+                    self._compile_info.close()
             self._catalog = self._scopes.catalog()
         finally:
             self._finished = True
@@ -290,6 +304,15 @@ class profile:
             try:
                 self.torch_profiler.export_chrome_trace(tmp)
                 self._trace = with_backward_tracks(orjson.loads(Path(tmp).read_bytes()))
+                graphs = known_graphs()
+                if graphs and self._catalog:
+                    # What `analyze` needs to place compiled kernels in modules without ranges; first
+                    # in the file, where the block reader reads the header (before traceEvents).
+                    own = {
+                        "compiled_graphs": graphs,
+                        "modules": [[info.path, info.type_name] for info in self._catalog],
+                    }
+                    self._trace = {"layerscope": own, **self._trace}
             finally:
                 os.unlink(tmp)
         return write_trace(self._trace, Path(path))
@@ -332,12 +355,27 @@ class profile:
         meta = self._meta()
         if cycle is not None:
             meta["cycle"] = cycle
-        return build_profile(table, catalog, meta)
+        graphs = known_graphs()
+        if graphs:
+            meta["compiled_graphs"] = graphs
+        profile = build_profile(table, catalog, meta)
+        compiled = profile.meta.get("compiled")
+        if compiled and compiled["mapped_graph_calls"] < compiled["graph_calls"]:
+            unmapped = compiled["graph_calls"] - compiled["mapped_graph_calls"]
+            note = (
+                f"{unmapped} of {compiled['graph_calls']} compiled graph calls ran code compiled before "
+                "layerscope could watch, so their kernels stay with the compiled module; make the first "
+                "call of the compiled model inside layerscope.profile(...) or layerscope.compile_info() "
+                "to see the modules inside"
+            )
+            compiled["note"] = note
+            warnings.warn(note, CompileInfoWarning, stacklevel=3)
+        return profile
 
     def _meta(self) -> dict[str, Any]:
         from layerscope.version import __version__
 
-        model_type = type(self.model).__name__ if self.model is not None else None
+        model_type = type(unwrap_compiled(self.model)).__name__ if self.model is not None else None
         devices: list[dict[str, Any]] = []
         if torch.cuda.is_available():
             for i in range(torch.cuda.device_count()):
@@ -365,6 +403,10 @@ class profile:
                 "all_threads": self.all_threads,
             },
         }
+
+
+class CompileInfoWarning(UserWarning):
+    """Compiled code ran whose kernels layerscope cannot place in modules (it compiled unwatched)."""
 
 
 def _enable_all_threads(profiler_kwargs: dict[str, Any]) -> bool:

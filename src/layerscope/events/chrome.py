@@ -248,6 +248,9 @@ class TraceTableBuilder:
             ],
             "schema_version": header.get("schemaVersion"),
         }
+        own = header.get("layerscope")
+        if isinstance(own, dict):  # what layerscope saved beside torch's trace (compiled graphs, modules)
+            table.meta["layerscope"] = own
         return table
 
 

@@ -1,0 +1,227 @@
+"""Compiled graphs: the kernels run inside a ``## Call CompiledFxGraph ##`` range go to their modules.
+
+Inside a compiled region no module range exists, so after the sweep every kernel there sits in the
+bucket of the module whose compiled call runs the graph (the compiled root). When capture learnt the
+graph at compile time (``meta["compiled_graphs"]``: per graph, its kernels in call order, each with
+the module path relative to the compiled root), the direct children of each graph range are matched,
+in order, against those kernels and moved to ``<root path>.<kernel's module>`` in the same phase;
+their own children follow them. Which graph a range ran is found by matching too (the profiler names
+every graph call alike when Inductor's cache is off): the graph that matches the most kernels wins.
+
+The rule for a kernel fused from nodes of several modules is decided at capture: the deepest common
+ancestor of their modules. Everything still adds up: only the bucket of whole spans changes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from layerscope.attribution.catalog import ModuleInfo
+
+COMPILED_GRAPH_PREFIX = "## Call CompiledFxGraph"
+#: Ranges in which torch.compile compiles: Dynamo's frame (forward), AOTAutograd's lazy backward, and
+#: Inductor's C++ builds on worker threads; phases timed by ``dynamo_timed`` end in this suffix.
+COMPILING_NAMES = frozenset({"dynamo", "entire_backward_compile", "compile_file"})
+COMPILING_SUFFIX = "(dynamo_timed)"
+
+
+def is_compiling_range(name: str) -> bool:
+    """Whether a range name is torch.compile at work (compiling, not running compiled code)."""
+    return name in COMPILING_NAMES or name.endswith(COMPILING_SUFFIX)
+
+
+LABEL_COMPILING = "(torch.compile: compiling)"
+_GRAPH_PREFIX = re.compile(r"graph_\d+_")
+# How far ahead a matched kernel may be: extern kernels that record no op of their own are skipped.
+_LOOKAHEAD = 8
+
+
+def kernel_key(name: str) -> str:
+    """A profiler span's kernel name as capture recorded it (``graph_0_cpp_fused_gelu_0`` ->
+    ``cpp_fused_gelu_0``, ``aten::mm`` -> ``mm``)."""
+    if "::" in name:
+        return name.rsplit("::", 1)[1]
+    found = _GRAPH_PREFIX.match(name)
+    return name[found.end() :] if found else name
+
+
+@dataclass(frozen=True)
+class CompiledGraph:
+    """One compiled graph: its kernels' keys and module paths (relative to the compiled root)."""
+
+    keys: tuple[str, ...]
+    modules: tuple[str, ...]
+
+    @staticmethod
+    def from_meta(entry: Any) -> CompiledGraph | None:
+        """Read one entry of ``meta["compiled_graphs"]``; None when malformed."""
+        try:
+            kernels = [(str(k), str(m)) for k, m in entry["kernels"]]
+        except (KeyError, TypeError, ValueError):
+            return None
+        return CompiledGraph(tuple(k for k, _ in kernels), tuple(m for _, m in kernels))
+
+
+def graphs_from_meta(entries: Any) -> list[CompiledGraph]:
+    """The well-formed graphs of a ``compiled_graphs`` list (anything else: none)."""
+    if not isinstance(entries, list):
+        return []
+    found = (CompiledGraph.from_meta(e) for e in entries)
+    return [g for g in found if g is not None and g.keys]
+
+
+def extra_module_ranges(entries: Any) -> list[tuple[str, str]]:
+    """(relative path, type) of every module the graphs name (for catalogs built from traces)."""
+    pairs: list[tuple[str, str]] = []
+    if isinstance(entries, list):
+        for entry in entries:
+            modules = entry.get("modules") if isinstance(entry, dict) else None
+            if isinstance(modules, dict):
+                pairs.extend((str(p), str(t)) for p, t in modules.items() if p)
+    return pairs
+
+
+def _match(child_keys: tuple[str, ...], graph: CompiledGraph) -> list[int]:
+    """For each child, the index of the graph kernel it is (-1: not a kernel of the graph), greedy
+    in call order."""
+    result = [-1] * len(child_keys)
+    j = 0
+    keys = graph.keys
+    for c, key in enumerate(child_keys):
+        for k in range(j, min(j + _LOOKAHEAD, len(keys))):
+            if keys[k] == key:
+                result[c] = k
+                j = k + 1
+                break
+    return result
+
+
+def _best_graph(
+    child_keys: tuple[str, ...], graphs: list[CompiledGraph]
+) -> tuple[CompiledGraph, list[int]] | None:
+    """The graph a call ran: most of its kernels must be among the call's children, in order; the
+    most kernels matched wins, then the fewest of the graph's kernels left unmatched, then the most
+    recently compiled graph (a process may hold graphs of other models with the same kernels)."""
+    best: tuple[tuple[int, int, int], CompiledGraph, list[int]] | None = None
+    for position, graph in enumerate(graphs):
+        matched = _match(child_keys, graph)
+        score = sum(1 for m in matched if m >= 0)
+        if not score or score * 2 < len(graph.keys):
+            continue
+        rank = (score, score - len(graph.keys), position)
+        if best is None or rank > best[0]:
+            best = (rank, graph, matched)
+    return None if best is None else (best[1], best[2])
+
+
+def resolve_path(path: str, index: dict[str, int]) -> int:
+    """The catalog index of ``path``, or of its deepest ancestor in the catalog."""
+    p = path
+    while True:
+        found = index.get(p)
+        if found is not None:
+            return found
+        if not p:
+            return -1
+        p = p.rpartition(".")[0]
+
+
+@dataclass
+class CompiledAttribution:
+    """What moving kernels to their modules did: spans moved, graph calls matched or not."""
+
+    moved: int = 0
+    graph_calls: int = 0
+    matched_calls: int = 0
+
+
+def attribute_compiled_kernels(
+    table: Any,
+    order: list[int],
+    parent: list[int],
+    bucket: list[int],
+    graph_spans: list[int],
+    graphs: list[CompiledGraph],
+    catalog: list[ModuleInfo],
+    module_calls: list[int],
+) -> CompiledAttribution:
+    """Move the kernels of every matched graph call to their modules (``bucket`` is changed in
+    place, children follow their parents) and count a call for each module that ran a kernel."""
+    result = CompiledAttribution(graph_calls=len(graph_spans))
+    if not graph_spans or not graphs:
+        return result
+    two_m = 2 * len(catalog)
+    index = {info.path: i for i, info in enumerate(catalog)}
+    names = table.names
+    span_name = table.span_name
+    is_graph = set(graph_spans)
+    children: dict[int, list[int]] = {g: [] for g in graph_spans}
+    for i in order:
+        p = parent[i]
+        if p in is_graph:
+            children[p].append(i)
+    cache: dict[tuple[str, ...], tuple[CompiledGraph, list[int]] | None] = {}
+    changed: dict[int, tuple[int, int]] = {}  # span -> (old bucket, new bucket)
+    for g in graph_spans:
+        root_bucket = bucket[g]
+        if not 0 <= root_bucket < two_m:
+            continue  # a graph outside every module: nothing to place its kernels under
+        kids = children[g]
+        keys = tuple(kernel_key(names[span_name[c]]) for c in kids)
+        if keys not in cache:
+            cache[keys] = _best_graph(keys, graphs)
+        found = cache[keys]
+        if found is None:
+            continue
+        graph, matched = found
+        result.matched_calls += 1
+        root_path = catalog[root_bucket // 2].path
+        phase_bit = root_bucket & 1
+        called: set[int] = set()
+        for child, k in zip(kids, matched, strict=True):
+            if k < 0:
+                continue
+            rel = graph.modules[k]
+            target = resolve_path(f"{root_path}.{rel}" if root_path and rel else root_path or rel, index)
+            if target < 0:
+                continue
+            new_bucket = 2 * target + phase_bit
+            if new_bucket != bucket[child]:
+                changed[child] = (bucket[child], new_bucket)
+                bucket[child] = new_bucket
+                result.moved += 1
+            called.add(target)
+        if not phase_bit:  # a forward graph call is one call of each module it ran kernels of
+            for m in _with_ancestors(called, catalog, index, root_bucket // 2):
+                module_calls[m] += 1
+    if changed:
+        _children_follow(order, parent, bucket, changed)
+    return result
+
+
+def _with_ancestors(
+    modules: set[int], catalog: list[ModuleInfo], index: dict[str, int], root: int
+) -> set[int]:
+    """The modules and their ancestors below the compiled root (which has its own range)."""
+    found: set[int] = set()
+    for m in modules:
+        while m >= 0 and m != root and m not in found:
+            found.add(m)
+            parent_path = catalog[m].parent
+            m = index.get(parent_path, -1) if parent_path is not None else -1
+    return found
+
+
+def _children_follow(
+    order: list[int], parent: list[int], bucket: list[int], changed: dict[int, tuple[int, int]]
+) -> None:
+    """Spans nested in a moved span that had inherited its old bucket take its new one."""
+    for i in order:  # parents come before their children in time order
+        p = parent[i]
+        if p >= 0 and i not in changed:
+            move = changed.get(p)
+            if move is not None and bucket[i] == move[0]:
+                changed[i] = (move[0], move[1])
+                bucket[i] = move[1]

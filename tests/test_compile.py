@@ -1,0 +1,268 @@
+"""torch.compile (CPU Inductor, C++ kernels): per-module profiles of compiled models, forward and
+backward, that change nothing in the compiled program.
+
+Each scenario compiles twice: once unprofiled (the baseline: Dynamo's counters and the outputs) and
+once with the first call inside ``layerscope.profile``. Compiles are the slow part (seconds each), so
+every scenario is one module-scoped fixture shared by its tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+
+import layerscope as ls
+from layerscope.attribution.compiled import LABEL_COMPILING, kernel_key
+from layerscope.capture import compiled as compiled_capture
+from layerscope.capture.compiled import common_ancestor, module_path
+from tests.fixtures.models import WideAmongNarrow
+
+STEPS = 2
+HEAVIEST = "wide.mid"
+
+
+def _inputs() -> torch.Tensor:
+    # big enough that the compiled region's own runtime (guards, wrappers: ~1 ms a call) is small
+    return torch.randn(1024, 32, generator=torch.Generator().manual_seed(1))
+
+
+def _dynamo_counts() -> dict[str, Any]:
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "calls_captured": counters["stats"]["calls_captured"],
+    }
+
+
+def _train_steps(model: nn.Module, x: torch.Tensor) -> None:
+    for _ in range(STEPS):
+        model(x).sum().backward()
+
+
+@dataclass
+class Scenario:
+    profile: ls.Profile
+    session: ls.profile
+    baseline_counts: dict[str, Any]
+    profiled_counts: dict[str, Any]
+    baseline_output: torch.Tensor
+    profiled_output: torch.Tensor
+    model: nn.Module
+
+
+def _run(compile_model: Callable[[nn.Module], nn.Module]) -> Scenario:
+    torch.manual_seed(0)
+    weights = WideAmongNarrow()
+    x = _inputs()
+
+    torch._dynamo.reset()
+    counters.clear()
+    baseline = compile_model(copy.deepcopy(weights))
+    _train_steps(baseline, x)
+    baseline_counts = _dynamo_counts()
+    with torch.no_grad():
+        baseline_output = baseline(x)
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = compile_model(copy.deepcopy(weights))
+    with ls.profile(model) as session:
+        _train_steps(model, x)
+    profiled_counts = _dynamo_counts()
+    with torch.no_grad():
+        profiled_output = model(x)
+    return Scenario(
+        session.profile, session, baseline_counts, profiled_counts, baseline_output, profiled_output, model
+    )
+
+
+@pytest.fixture(scope="module")
+def eager() -> ls.Profile:
+    torch.manual_seed(0)
+    model = WideAmongNarrow()
+    with ls.profile(model) as session:
+        _train_steps(model, _inputs())
+    return session.profile
+
+
+@pytest.fixture(scope="module")
+def whole() -> Scenario:
+    return _run(lambda m: torch.compile(m))
+
+
+def _regional(model: nn.Module) -> nn.Module:
+    for block in (*model.narrow, model.wide, model.tail):
+        block.compile()
+    return model
+
+
+@pytest.fixture(scope="module")
+def regional() -> Scenario:
+    return _run(_regional)
+
+
+SCENARIOS = ["whole", "regional"]
+
+
+@pytest.fixture(params=SCENARIOS)
+def scenario(request: pytest.FixtureRequest) -> Scenario:
+    return request.getfixturevalue(request.param)  # type: ignore[no-any-return]
+
+
+def _leaf_total_cpu(profile: ls.Profile) -> dict[str, float]:
+    return {n.path: n.total.cpu_us for n in profile.modules() if not n.children}
+
+
+def test_profiling_changes_nothing_in_the_compiled_program(scenario: Scenario) -> None:
+    assert scenario.profiled_counts == scenario.baseline_counts
+    assert scenario.profiled_counts["graph_breaks"] == 0
+    assert torch.equal(scenario.profiled_output, scenario.baseline_output)
+
+
+def test_the_tree_has_the_eager_paths_and_validates(scenario: Scenario, eager: ls.Profile) -> None:
+    profile = scenario.profile
+    profile.validate()
+    paths = {n.path for n in profile.modules()}
+    assert {n.path for n in eager.modules()} <= paths
+    assert not any("_orig_mod" in p for p in paths)
+    assert profile.root.type_name == "WideAmongNarrow"
+    assert profile.find("wide.mid").calls == STEPS
+
+
+def test_most_time_lands_below_the_root_and_the_heaviest_module_matches_eager(
+    scenario: Scenario, eager: ls.Profile
+) -> None:
+    profile = scenario.profile
+    root = profile.root
+    below = sum(c.total.cpu_us for c in root.children)
+    assert below >= 0.8 * root.total.cpu_us, (below, root.total.cpu_us)
+    compiled_leaves, eager_leaves = _leaf_total_cpu(profile), _leaf_total_cpu(eager)
+    assert max(eager_leaves, key=eager_leaves.__getitem__) == HEAVIEST
+    assert max(compiled_leaves, key=compiled_leaves.__getitem__) == HEAVIEST
+    mid = profile.find(HEAVIEST)
+    assert mid.forward.self_cpu_us > 0 and mid.backward.self_cpu_us > 0
+    assert mid.forward.flops == eager.find(HEAVIEST).forward.flops
+
+
+def test_kernels_show_in_the_op_table_under_their_module(scenario: Scenario) -> None:
+    rows = scenario.profile.ops(group_by=("name", "module", "phase"))
+    by_module = {(r.module, str(r.phase)) for r in rows}
+    assert (HEAVIEST, "forward") in by_module and (HEAVIEST, "backward") in by_module
+    # Inductor's own C++ kernels are visible (profiler ranges) and owned by modules
+    fused = [r for r in rows if r.name.startswith("graph_") and "cpp_fused" in r.name]
+    assert fused and all(r.module is not None for r in fused)
+
+
+def test_compiling_is_its_own_entry_with_no_flops(scenario: Scenario) -> None:
+    entry = next(u for u in scenario.profile.unattributed if u.label == LABEL_COMPILING)
+    assert entry.metrics.cpu_us > 0
+    assert entry.metrics.flops == 0
+    # compiling never counts as module time
+    assert entry.metrics.cpu_us > scenario.profile.root.total.cpu_us
+
+
+def test_hooks_and_compiled_calls_are_restored(regional: Scenario) -> None:
+    model = regional.model
+    for module in model.modules():
+        assert not module._forward_hooks and not module._forward_pre_hooks
+    for block in (*model.narrow, model.wide, model.tail):
+        assert block._compiled_call_impl is not None
+        assert block._compiled_call_impl.__name__ != "call"  # our wrapper is gone
+
+
+def test_inductor_flags_are_restored(whole: Scenario) -> None:
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    assert inductor_config.cpp.enable_kernel_profile is False
+    assert inductor_config.fx_graph_cache is True
+    assert functorch_config.enable_autograd_cache is True
+    import torch._inductor.codegen.cpp as cpp_codegen
+    import torch._inductor.debug as inductor_debug
+
+    # the provenance hook is torch's own again everywhere (a codegen imported while it was wrapped
+    # once kept the wrapper, and later profiles saw no C++ kernel)
+    name = "set_kernel_post_grad_provenance_tracing"
+    assert getattr(cpp_codegen, name) is getattr(inductor_debug, name)
+    assert getattr(inductor_debug, name).__module__ == "torch._inductor.debug"
+
+
+def test_a_saved_trace_keeps_the_mapping(whole: Scenario, tmp_path: Path) -> None:
+    path = whole.session.export_chrome_trace(tmp_path / "compiled.json")
+    loaded = ls.load(path)
+    loaded.validate()
+    mid = loaded.find(HEAVIEST)
+    assert mid.forward.self_cpu_us > 0 and mid.backward.self_cpu_us > 0
+    assert loaded.meta["compiled"]["mapped_graph_calls"] == loaded.meta["compiled"]["graph_calls"]
+
+
+def test_code_compiled_before_the_block_gives_an_honest_tree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(compiled_capture, "_registry", [])  # nothing learnt yet in this process
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.compile(WideAmongNarrow())
+    x = _inputs()
+    _train_steps(model, x)  # compiled here, unwatched
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with ls.profile(model) as session:
+            _train_steps(model, x)
+        profile = session.profile
+    profile.validate()
+    notes = [w for w in caught if issubclass(w.category, ls.CompileInfoWarning)]
+    assert len(notes) == 1 and "layerscope.compile_info()" in str(notes[0].message)
+    assert profile.meta["compiled"]["mapped_graph_calls"] == 0
+    # the compiled region is one node holding its kernels: nothing placed in a wrong module
+    assert profile.root.forward.self_cpu_us > 0
+    assert all(n.total.cpu_us == 0 for n in profile.modules() if n.path)
+
+
+def test_compile_info_learns_graphs_for_later_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiled_capture, "_registry", [])
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.compile(WideAmongNarrow())
+    x = _inputs()
+    with ls.compile_info():
+        _train_steps(model, x)
+    with ls.profile(model) as session:
+        _train_steps(model, x)
+    profile = session.profile
+    assert profile.meta["compiled"]["mapped_graph_calls"] == profile.meta["compiled"]["graph_calls"] > 0
+    assert profile.find(HEAVIEST).forward.self_cpu_us > 0
+
+
+@pytest.mark.parametrize(
+    ("entry", "path"),
+    [
+        ("L['self'].narrow.0.up", "narrow.0.up"),
+        ("L['self'].layers[3].attn", "layers.3.attn"),
+        ("getattr(L['self'].layers, '3').attn", "layers.3.attn"),
+        ("L['self']._modules['wide']._modules['mid']", "wide.mid"),
+        ("L['self']", ""),
+        ("L['mod'].up", "up"),
+    ],
+)
+def test_module_paths_from_dynamo_stacks(entry: str, path: str) -> None:
+    assert module_path(entry) == path
+
+
+def test_kernel_names_meet_on_both_sides() -> None:
+    assert kernel_key("graph_0_cpp_fused_gelu_0") == "cpp_fused_gelu_0"
+    assert kernel_key("aten::addmm") == "addmm"
+    assert compiled_capture.inductor_kernel_key("extern_kernels.addmm") == "addmm"
+    assert compiled_capture.inductor_kernel_key("torch.ops.aten.mm.default") == "mm"
+    assert common_ancestor(["wide.act", "wide.up"]) == "wide"
+    assert common_ancestor(["wide.act", "narrow.0"]) == ""
+    assert common_ancestor([]) == ""

@@ -266,3 +266,39 @@ def test_kernel_names_meet_on_both_sides() -> None:
     assert common_ancestor(["wide.act", "wide.up"]) == "wide"
     assert common_ancestor(["wide.act", "narrow.0"]) == ""
     assert common_ancestor([]) == ""
+
+
+def test_triton_kernels_follow_the_mapping_on_a_real_cuda_trace(real_traces: Path, tmp_path: Path) -> None:
+    """The GPU route through the same mapping: a real trace of a Triton kernel launched by a compiled
+    region (../shared/traces/cuda_triton), wrapped in a module range and a graph call as layerscope
+    records them, with the mapping layerscope saves beside such a trace."""
+    import gzip
+
+    import orjson
+
+    from layerscope.events.module_ranges import module_range_name
+
+    trace = orjson.loads(gzip.decompress((real_traces / "cuda_triton.json.gz").read_bytes()))
+    region = next(e for e in trace["traceEvents"] if e.get("name") == "Torch-Compiled Region: 0/0")
+    launcher = next(e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and "triton" in e["name"])
+    kernel = next(e for e in trace["traceEvents"] if e.get("cat") == "kernel")
+    where = {"pid": region["pid"], "tid": region["tid"], "ph": "X", "cat": "cpu_op"}
+    trace["traceEvents"] += [
+        {**where, "name": module_range_name("", "Net"), "ts": region["ts"] - 1, "dur": region["dur"] + 2},
+        {
+            **where,
+            "name": "## Call CompiledFxGraph k ##",
+            "ts": launcher["ts"] - 1,
+            "dur": launcher["dur"] + 2,
+        },
+    ]
+    graph = {"kernels": [[launcher["name"], "rotary"]], "modules": {"rotary": "Rotary"}}
+    saved = {"layerscope": {"compiled_graphs": [graph], "modules": [["", "Net"], ["rotary", "Rotary"]]}}
+    path = tmp_path / "triton.json"
+    path.write_bytes(orjson.dumps({**saved, **trace}))
+    profile = ls.load(path)
+    profile.validate()
+    rotary = profile.find("rotary")
+    assert rotary.forward.self_device_us == pytest.approx(kernel["dur"])
+    assert profile.root.forward.self_device_us == 0
+    assert profile.meta["compiled"] == {"graph_calls": 1, "mapped_graph_calls": 1, "kernels_placed": 1}

@@ -44,3 +44,27 @@ def test_device_totals_match_key_averages() -> None:
     averages = prof.torch_profiler.key_averages()
     theirs = sum(getattr(e, "self_device_time_total", 0.0) for e in averages)
     assert p.totals.device_us == pytest.approx(theirs, rel=0.02)
+
+
+def test_compiled_model_triton_kernels_go_to_modules() -> None:
+    """torch.compile on CUDA (Triton kernels): device time lands in the modules inside the compiled
+    region, forward and backward, as on the CPU path (tests/test_compile.py)."""
+    pytest.importorskip("triton")
+    from tests.fixtures.models import WideAmongNarrow
+
+    torch._dynamo.reset()
+    model = torch.compile(WideAmongNarrow().cuda())
+    x = torch.randn(4096, 32, device="cuda")
+    with ls.profile(model) as prof:
+        for _ in range(2):
+            model(x).sum().backward()
+        torch.cuda.synchronize()
+    p = prof.profile
+    p.validate()
+    assert p.meta["compiled"]["mapped_graph_calls"] == p.meta["compiled"]["graph_calls"] > 0
+    mid = p.find("wide.mid")
+    assert mid.forward.device_us > 0 and mid.backward.device_us > 0
+    below = sum(c.total.device_us for c in p.root.children)
+    assert below >= 0.8 * p.root.total.device_us
+    triton_rows = [r for r in p.ops(group_by=("name", "module")) if r.name.startswith("triton_")]
+    assert triton_rows and all(r.module is not None for r in triton_rows)

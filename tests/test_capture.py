@@ -287,3 +287,79 @@ def test_memory_profiles_record_the_entering_thread() -> None:
         train_step(model, torch.randn(2, 8))
     assert prof.profile.meta["options"]["all_threads"] is False
     assert prof.profile.totals.cpu_alloc_bytes > 0
+
+
+class _FakeKinetoEvent:
+    """Just the accessors a CPU-only read without shapes asks for; one name is not valid UTF-8."""
+
+    def __init__(self, name: str | None, ts: int) -> None:
+        self._name, self._ts = name, ts
+
+    def nbytes(self) -> int:
+        return 0
+
+    def name(self) -> str:
+        if self._name is None:
+            raise UnicodeDecodeError("utf-8", b"\xc3(", 0, 1, "invalid continuation byte")
+        return self._name
+
+    def start_ns(self) -> int:
+        return self._ts
+
+    def duration_ns(self) -> int:
+        return 10
+
+    def start_thread_id(self) -> int:
+        return 1
+
+    def sequence_nr(self) -> int:
+        return -1
+
+    def fwd_thread_id(self) -> int:
+        return 0
+
+
+class _FakeResults:
+    def __init__(self, events: list[_FakeKinetoEvent]) -> None:
+        self._events = events
+
+    def events(self) -> list[_FakeKinetoEvent]:
+        return self._events
+
+
+def test_an_undecodable_name_gets_a_placeholder_and_a_count() -> None:
+    from layerscope.attribution import build_profile
+    from layerscope.capture.kineto import UNDECODABLE_NAME, table_from_kineto
+
+    events = [
+        _FakeKinetoEvent("aten::mm", 0),
+        _FakeKinetoEvent(None, 100),
+        _FakeKinetoEvent("aten::add", 200),
+    ]
+    table = table_from_kineto(_FakeResults(events), None, shapes=False, cpu_only=True)
+    assert [table.names[i] for i in table.span_name] == ["aten::mm", UNDECODABLE_NAME, "aten::add"]
+    assert table.meta["undecodable_names"] == 1
+    profile = build_profile(table)
+    profile.validate()
+    assert any(u.label == UNDECODABLE_NAME for u in profile.unattributed)
+
+
+def test_with_stack_profiles_in_a_loop_never_fail_on_a_name() -> None:
+    """The loop that crashed about once in 15 fresh processes (UnicodeDecodeError from name())."""
+
+    class TwoMatmuls(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Parameter(torch.randn(64, 64))
+            self.b = nn.Parameter(torch.randn(64, 64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x @ self.a) @ self.b
+
+    model, x = TwoMatmuls(), torch.randn(32, 64)
+    for _ in range(50):
+        with ls.profile(model, with_stack=True) as prof:
+            model(x).sum().backward()
+        profile = prof.profile
+        profile.validate()
+        assert profile.root.forward.self_cpu_us > 0

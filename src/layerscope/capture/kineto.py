@@ -45,6 +45,33 @@ def kind_of_activity(activity: str) -> EventKind:
     return EventKind.CPU_OP if activity.startswith("cpu") else EventKind.DEVICE_OTHER
 
 
+#: What an event whose name torch cannot decode is called (see :func:`_read_names`).
+UNDECODABLE_NAME = "(undecodable name)"
+
+
+def _read_names(spans: list[Any], event_type: Any) -> tuple[list[str], int]:
+    """Every span's name, and how many could not be decoded.
+
+    With ``with_stack=True``, torch occasionally hands back a Python-function event whose name is not
+    valid UTF-8 (seen about once in 15 fresh processes on torch 2.13: the bytes after the first ~37
+    are garbage, as if read from a freed string), and ``name()`` raises ``UnicodeDecodeError``. A
+    profile must never fail on a name: such events get a visible placeholder and are counted.
+    """
+    try:
+        return list(map(event_type.name, spans)), 0
+    except UnicodeDecodeError:
+        pass
+    names: list[str] = []
+    bad = 0
+    for event in spans:
+        try:
+            names.append(event.name())
+        except UnicodeDecodeError:
+            names.append(UNDECODABLE_NAME)
+            bad += 1
+    return names, bad
+
+
 def table_from_kineto(
     kineto_results: Any, flops: FlopCalculator | None, shapes: bool, cpu_only: bool = False
 ) -> EventTable:
@@ -66,7 +93,9 @@ def table_from_kineto(
     is_span = list(map(operator.not_, is_memory))
     memory = list(compress(events, is_memory))
     spans = list(compress(events, is_span))
-    span_names = list(map(event_type.name, spans))
+    span_names, undecodable = _read_names(spans, event_type)
+    if undecodable:
+        table.meta["undecodable_names"] = undecodable
 
     if memory:
         table.mem_bytes = list(compress(all_bytes, is_memory))

@@ -111,3 +111,20 @@ def test_truncated_real_trace(real_traces: Path, tmp_path: Path) -> None:
     path = tmp_path / "cut.json.gz"
     path.write_bytes(gzip.compress(raw)[:-20])  # a gzip stream that ends early
     check(path)
+
+
+def test_out_of_range_integers_are_malformed_events_not_crashes(tmp_path: Path) -> None:
+    """Found by the fuzz above: a timestamp that fits Python's int but not int64 crashed in numpy
+    (OverflowError) instead of being reported as a malformed event; byte counts and ids alike."""
+    import pytest
+
+    cases = [
+        {"ph": "X", "cat": "cpu_op", "name": "a", "ts": 9223372036854776.0},
+        {"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1, "args": {"External id": 2**70}},
+        {"ph": "i", "name": "[memory]", "ts": 1, "args": {"Bytes": 2**70}},
+    ]
+    for k, event in enumerate(cases):
+        path = tmp_path / f"t{k}.json"
+        path.write_text(json.dumps({"traceEvents": [event]}))
+        with pytest.raises(TraceFormatError, match="out of range"):
+            ls.load(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -68,3 +69,23 @@ def test_amd_trace_flops_and_shapes(real_traces: Path) -> None:
     assert addmm and all(r.input_shapes for r in addmm)
     assert p.totals.flops > 0  # torch's formulas over the recorded shapes
     assert len(p.steps) == 2 and all(s.wall_us > 0 for s in p.steps)
+
+
+def test_kernel_kinds_of_every_real_kernel_name(real_traces: Path, golden: Any) -> None:
+    """The kernel classifier against every distinct kernel name in the real traces: a table reviewed
+    once by hand (tests/golden/kernel_kinds.tsv); a change of kind shows up as a diff there."""
+    import gzip
+
+    import orjson
+
+    from layerscope.analysis.device import kernel_kind
+    from layerscope.events.table import EventKind
+
+    names: set[str] = set()
+    for path in sorted(real_traces.rglob("*.json*")):
+        raw = path.read_bytes()
+        data = orjson.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+        events = data.get("traceEvents", []) if isinstance(data, dict) else []
+        names.update(e["name"] for e in events if isinstance(e, dict) and e.get("cat") == "kernel")
+    table = "".join(f"{kernel_kind(n, int(EventKind.KERNEL))}\t{n}\n" for n in sorted(names))
+    golden("kernel_kinds.tsv", table)

@@ -10,21 +10,59 @@ import numpy as np
 
 from layerscope.events.table import EventKind, EventTable
 
-#: Kernel kinds, first match wins (names of cuBLAS/cuDNN/CUTLASS/Triton/NCCL/ROCm kernels).
+#: Kernel kinds, first match wins (names of cuBLAS/cuDNN/CUTLASS/Triton/NCCL/ROCm kernels), tried on
+#: the kernel's own name without its parameter list (the arguments name types such as
+#: ``fbgemm_gpu::...`` or ``cudnnTensorStruct`` that say nothing about the kernel's job).
+#: Reviewed against every distinct kernel name in the real traces: tests/golden/kernel_kinds.tsv.
 KERNEL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "communication",
         re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|alltoall|broadcast", re.I),
     ),
     ("attention", re.compile(r"flash|fmha|attention|sdpa|softmax_warp_forward_mha", re.I)),
-    ("convolution", re.compile(r"conv|cudnn|winograd|implicit_?gemm|fprop|dgrad|wgrad|miopen", re.I)),
-    ("gemm", re.compile(r"gemm|matmul|cutlass|cublas|wgmma|xmma|hgemm|sgemm|Cijk", re.I)),
-    ("reduction", re.compile(r"reduce|norm|softmax|sum_|mean|argmax|topk|scan", re.I)),
+    (
+        "normalization",
+        re.compile(
+            r"batch_?norm|bn_(?:fw|bw)|layer_?norm|group_?norm|instance_?norm|rms_?norm|GammaBeta|"
+            r"RowwiseMoments",
+            re.I,
+        ),
+    ),
+    ("convolution", re.compile(r"conv|cudnn|winograd|implicit_?gemm|fprop|dgrad|wgrad|miopen|fft2d", re.I)),
+    ("embedding", re.compile(r"embedding|embs|indexSelect|bounds_check_indices", re.I)),
+    (
+        "gemm",
+        re.compile(
+            r"(?<!fb)gemm|gemv|cublasLt|epilogue::impl|matmul|cutlass|cublas|wgmma|xmma|sgemm|Cijk|splitKreduce",
+            re.I,
+        ),
+    ),
+    ("pooling", re.compile(r"pool", re.I)),
+    ("optimizer", re.compile(r"multi_tensor_apply|adam|adagrad|sgd_|fused_sgd", re.I)),
+    ("reduction", re.compile(r"reduce|norm|softmax|sum_|mean|argmax|topk|scan|DeviceRadixSort", re.I)),
     (
         "elementwise",
-        re.compile(r"elementwise|vectorized|unrolled|pointwise|triton_poi|fill|copy|cat_|index", re.I),
+        re.compile(
+            r"elementwise|vectorized|unrolled|pointwise|triton_poi|fill|copy|cat_|CatArray|index|dropout",
+            re.I,
+        ),
     ),
 )
+
+
+def kernel_function_name(name: str) -> str:
+    """A demangled kernel name without its parameter list: ``void f<T>(int, Foo)`` -> ``void f<T>``."""
+    depth = 0
+    for k, ch in enumerate(name):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == "(" and depth == 0 and k > 0 and not name.startswith("(anonymous namespace)", k):
+            return name[:k]
+    return name
+
+
 SYNC_CALLS = (
     "cudaDeviceSynchronize",
     "cudaStreamSynchronize",
@@ -53,8 +91,9 @@ def kernel_kind(name: str, kind: int) -> str:
             if tag in name:
                 return label
         return "memcpy other"
+    core = kernel_function_name(name)
     for label, pattern in KERNEL_KINDS:
-        if pattern.search(name):
+        if pattern.search(core):
             return label
     return "other"
 

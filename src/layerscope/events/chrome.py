@@ -90,8 +90,21 @@ def _args(ev: dict[str, Any]) -> dict[str, Any]:
     return args if isinstance(args, dict) else {}
 
 
+#: Larger magnitudes do not fit the int64 columns (2**62 ns is 146 years; byte counts and ids alike).
+_INT_LIMIT = 1 << 62
+
+
+def _int(value: Any) -> int:
+    """An integer field of an event; out-of-range values make the event malformed (OverflowError,
+    which the reader reports as such), never a crash later in numpy."""
+    number = int(value)
+    if not -_INT_LIMIT < number < _INT_LIMIT:
+        raise OverflowError(f"{number} is out of range")
+    return number
+
+
 def _ns(value: Any) -> int:
-    return round(float(value) * 1000.0)
+    return _int(round(float(value) * 1000.0))
 
 
 class TraceTableBuilder:
@@ -165,12 +178,12 @@ class TraceTableBuilder:
                     ts = _ns(ev["ts"])
                     dur = max(0, _ns(ev.get("dur", 0)))
                     name = str(ev.get("name", ""))
-                    seq = int(args.get("Sequence number", -1))
-                    fwd = int(args.get("Fwd thread id", 0)) if seq >= 0 else 0
+                    seq = _int(args.get("Sequence number", -1))
+                    fwd = _int(args.get("Fwd thread id", 0)) if seq >= 0 else 0
                     # Runtime calls and device work pair by "correlation"; ops and device work by
                     # "External id" (older Kineto writes the runtime's id there for kernels too).
-                    corr = int(args.get("correlation", 0) or 0) if kind != EventKind.CPU_OP else 0
-                    ext = int(args.get("External id", 0) or 0) if kind != EventKind.RUNTIME else 0
+                    corr = _int(args.get("correlation", 0) or 0) if kind != EventKind.CPU_OP else 0
+                    ext = _int(args.get("External id", 0) or 0) if kind != EventKind.RUNTIME else 0
                     dims = args.get("Input Dims")
                     shapes = shapes_key(dims) if dims and kind == EventKind.CPU_OP else None
                     op_flops = 0
@@ -178,7 +191,7 @@ class TraceTableBuilder:
                         if flops is not None and dims:
                             op_flops = self._flops(name, dims, args.get("Concrete Inputs"))
                         elif flops is None:
-                            op_flops = int(args.get("flops", 0) or 0)
+                            op_flops = _int(args.get("flops", 0) or 0)
                     if kind == EventKind.PYTHON:
                         self.python_ids[len(table.span_ts)] = (
                             args.get("Python id"),
@@ -206,7 +219,10 @@ class TraceTableBuilder:
                     args = _args(ev)
                     device_type = int(args.get("Device Type", 0) or 0)
                     table.add_memory(
-                        self._thread(ev), _ns(ev["ts"]), int(args.get("Bytes", 0)), on_device=device_type != 0
+                        self._thread(ev),
+                        _ns(ev["ts"]),
+                        _int(args.get("Bytes", 0)),
+                        on_device=device_type != 0,
                     )
                     where = "device" if device_type else "cpu"
                     allocated = int(args.get("Total Allocated", 0) or 0)

@@ -35,6 +35,19 @@ def tiny_modules(count: int = 200, width: int = 64) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+def tiny_transformer_mlps(blocks: int = 48, width: int = 64) -> nn.Module:
+    """Transformer-style small layers at batch 1: ``blocks`` x (LayerNorm -> Linear -> GELU -> Linear),
+    241 module calls per step, microseconds of work each: where per-call overhead shows."""
+    return nn.Sequential(
+        *(
+            nn.Sequential(
+                nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+            )
+            for _ in range(blocks)
+        )
+    )
+
+
 def timed_steps(
     model: nn.Module, x: torch.Tensor, steps: int, context: Callable[[], AbstractContextManager[Any]]
 ) -> float:
@@ -79,6 +92,10 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: in
         "layerscope_vs_plain": round(median["layerscope"] / median["plain"], 3),
         "layerscope_vs_torch": round(median["layerscope"] / median["torch.profiler"], 3),
         "modules": sum(1 for _ in model.modules()),
+        # what layerscope adds per module call (forward and backward of every module, per step)
+        "us_per_module_call": round(
+            (median["layerscope"] - median["torch.profiler"]) * 1e6 / sum(1 for _ in model.modules()), 2
+        ),
     }
 
 
@@ -86,18 +103,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--only", choices=("resnet", "tiny", "mlp"), help="run one workload")
     args = parser.parse_args()
     torch.manual_seed(0)
-    results = [
-        measure("resnet18 (5x3x224x224)", resnet18(), torch.randn(5, 3, 224, 224), args.rounds, args.steps),
-        measure(
+    workloads = {
+        "resnet": lambda: measure(
+            "resnet18 (5x3x224x224)", resnet18(), torch.randn(5, 3, 224, 224), args.rounds, args.steps
+        ),
+        "tiny": lambda: measure(
             "200 x Linear(64,64)+ReLU (32x64)",
             tiny_modules(),
             torch.randn(32, 64),
             args.rounds,
             args.steps * 5,
         ),
-    ]
+        "mlp": lambda: measure(
+            "48 x LN+Linear+GELU+Linear (1x64)",
+            tiny_transformer_mlps(),
+            torch.randn(1, 64),
+            args.rounds,
+            args.steps * 5,
+        ),
+    }
+    results = [run() for key, run in workloads.items() if args.only in (None, key)]
     print(
         f"{'model':<36}{'plain':>10}{'torch':>10}{'layerscope':>12}{'torch/plain':>13}"
         f"{'ls/plain':>10}{'ls/torch':>10}"

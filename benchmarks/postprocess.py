@@ -5,6 +5,7 @@ same capture, times torch's first ``key_averages()`` and layerscope's Profile bu
 on two captures, so neither side profits from running second). Prints a table and one JSON line.
 
     python benchmarks/postprocess.py --steps 20
+    python benchmarks/postprocess.py --model mlp --steps 20   # many small ops: 24 LayerNorm+GELU blocks
 """
 
 from __future__ import annotations
@@ -59,15 +60,37 @@ def measure(prof: ls.profile, ours_first: bool) -> dict[str, float]:
     return result
 
 
+def deep_mlp(blocks: int = 24, width: int = 256) -> torch.nn.Module:
+    """Many small ops per step: ``blocks`` x (LayerNorm -> Linear -> GELU -> Linear), residual."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(width)
+            self.up = torch.nn.Linear(width, 2 * width)
+            self.act = torch.nn.GELU()
+            self.down = torch.nn.Linear(2 * width, width)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(self.act(self.up(self.norm(x))))
+
+    return torch.nn.Sequential(*(Block() for _ in range(blocks)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=5)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--model", choices=("resnet", "mlp"), default="resnet")
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = resnet18()
-    x = torch.randn(args.batch, 3, args.size, args.size)
+    if args.model == "mlp":
+        model: torch.nn.Module = deep_mlp()
+        x = torch.randn(args.batch * 8, 256)
+    else:
+        model = resnet18()
+        x = torch.randn(args.batch, 3, args.size, args.size)
     model(x).sum().backward()  # warm-up outside the profile
     runs = []
     for ours_first in (True, False):
@@ -88,6 +111,7 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "postprocess",
+                "model": args.model,
                 "steps": args.steps,
                 "batch": args.batch,
                 "torch": torch.__version__,

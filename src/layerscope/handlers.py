@@ -77,6 +77,51 @@ def save_to(
     return handler
 
 
+class FileSaver:
+    """``on_trace_ready`` handler for one named profile file (``run.json`` / ``run.json.gz``).
+
+    Cycle k is written as ``run.c<k>.json`` (with ``.pt.trace.json.gz`` / ``.html`` companions when
+    asked); :meth:`finish` renames a lone cycle's files to the names asked for (``run.json``,
+    ``run.pt.trace.json.gz``, ``run.html``). ``written`` lists the final paths.
+    """
+
+    def __init__(self, path: str | Path, *, trace: bool = False, html: bool = False) -> None:
+        self.path = Path(path)
+        self.trace, self.html = trace, html
+        name = self.path.name
+        self.suffix = ".json.gz" if name.lower().endswith(".json.gz") else ".json"
+        self.stem = name[: -len(self.suffix)]
+        self.written: list[Path] = []
+
+    def _name(self, cycle: int | None, kind: str) -> Path:
+        base = self.stem if cycle is None else f"{self.stem}.c{cycle}"
+        ending = {"profile": self.suffix, "trace": ".pt.trace.json.gz", "html": ".html"}[kind]
+        return self.path.with_name(base + ending)
+
+    def __call__(self, cycle: Cycle) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.written.append(cycle.profile.save(self._name(cycle.index, "profile")))
+        if self.trace:
+            self.written.append(cycle.export_chrome_trace(self._name(cycle.index, "trace")))
+        if self.html:
+            from layerscope.render.html import write_html_report
+
+            self.written.append(write_html_report(cycle.profile, self._name(cycle.index, "html")))
+
+    def finish(self) -> None:
+        """With exactly one cycle, give its files the names asked for."""
+        if not self.written or any(p.name.startswith(f"{self.stem}.c1.") for p in self.written):
+            return
+        renamed: list[Path] = []
+        for kind in ("profile", "trace", "html"):
+            source = self._name(0, kind)
+            if source in self.written:
+                target = self._name(None, kind)
+                os.replace(source, target)
+                renamed.append(target)
+        self.written = renamed
+
+
 def print_summary(
     file: IO[str] | None = None, depth: int | None = 2, top: int = 10, min_share: float = 0.0
 ) -> Callable[[Cycle], None]:

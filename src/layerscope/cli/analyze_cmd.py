@@ -12,9 +12,12 @@ from layerscope.cli.views import (
     add_scheduler_options,
     add_view_options,
     check_view_options,
+    is_profile_file,
     print_profile,
+    report_written,
     scheduler_of,
 )
+from layerscope.errors import UsageError
 
 
 def register(sub: Any) -> None:
@@ -27,6 +30,13 @@ def register(sub: Any) -> None:
         "when present), the op table, a device section when the trace has device activity, and advice.",
     )
     parser.add_argument("path", help="a trace file or a folder of traces")
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="save the profile built from the trace: a .json/.json.gz file for one trace, else a folder "
+        "(one <trace name>.json.gz each)",
+    )
     add_view_options(parser)
     add_scheduler_options(parser)
     parser.set_defaults(run=run, top=10)
@@ -70,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
     check_view_options(args)
     scheduler = scheduler_of(args)
     files = trace_files(args.path)
+    if args.output and is_profile_file(args.output) and len(files) > 1:
+        raise UsageError(
+            f"{args.path} holds {len(files)} traces: give -o a folder (one profile per trace), "
+            f"not the file {args.output}"
+        )
+    written: list[Path] = []
     console = make_console(sys.stdout)
     ascii_only = True if args.ascii else None
     results: Iterable[tuple[Path, Analysis]]
@@ -95,6 +111,22 @@ def run(args: argparse.Namespace) -> int:
         if trace.get("communication"):
             console.print(communication_table(trace["communication"], ascii_only=ascii_only))
         console.print(advice_list(result.advice, ascii_only=ascii_only))
+        if args.output:
+            written.append(result.profile.save(_profile_path(Path(args.output), path)))
+    report_written(written)
     for path, why in failures:
         print(f"layerscope: error: {path}: {why}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _profile_path(output: Path, trace: Path) -> Path:
+    """Where ``-o`` puts the profile of ``trace``: the file itself, or ``<folder>/<trace name>.json.gz``."""
+    if is_profile_file(output):
+        return output
+    name = trace.name
+    for suffix in (".json.gz", ".json"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    output.mkdir(parents=True, exist_ok=True)
+    return output / f"{name}.json.gz"

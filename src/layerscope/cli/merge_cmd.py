@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from layerscope.cli.views import add_scheduler_options, scheduler_of
+from layerscope.cli.views import add_scheduler_options, report_written, scheduler_of
 from layerscope.errors import UsageError
 
 
@@ -47,12 +47,16 @@ def run(args: argparse.Namespace) -> int:
     for path, why in merged.failed:
         print(f"layerscope: warning: {path} left out: {why}", file=sys.stderr)
     make_console(sys.stdout).print(ranks_view(merged, top=args.top, ascii_only=True if args.ascii else None))
+    written: list[Path] = []
     if args.output:
-        write_atomic(Path(args.output), orjson.dumps(_to_dict(merged), option=orjson.OPT_INDENT_2))
+        written.append(
+            write_atomic(Path(args.output), orjson.dumps(_to_dict(merged), option=orjson.OPT_INDENT_2))
+        )
     if args.html:
         from layerscope.render.ranks_html import ranks_html
 
-        write_atomic(Path(args.html), ranks_html(merged).encode())
+        written.append(write_atomic(Path(args.html), ranks_html(merged).encode()))
+    report_written(written)
     return 0
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from layerscope.cli.views import add_view_options, check_view_options, print_profile
+from layerscope.cli.views import add_view_options, check_view_options, print_profile, report_written
 from layerscope.errors import UsageError
 
 #: Built-in models: name -> (factory path, default inputs).
@@ -168,16 +168,16 @@ def run(args: argparse.Namespace) -> int:
             if k < args.steps - 1:
                 prof.step()  # ProfilerStep#N ranges: per-step means, spread and the step table
     profile = prof.profile
+    written: list[Path] = []
     if args.output:
-        profile.save(args.output)
+        written.append(profile.save(args.output))
     if args.html:
         from layerscope.render.html import write_html_report
 
-        write_html_report(profile, Path(args.html))
+        written.append(write_html_report(profile, Path(args.html)))
     if not args.quiet:
         print_profile(profile, args)
-        if args.output:
-            print(f"saved {args.output}", file=sys.stderr)
+    report_written(written)
     return 0
 
 

@@ -53,6 +53,7 @@ def format_of(output: Path, given: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Load and export."""
+    from layerscope.cli.views import report_written
     from layerscope.loading import load
     from layerscope.model.serialize import write_atomic
     from layerscope.render.exports import collapsed_stacks, modules_csv, ops_csv
@@ -61,12 +62,15 @@ def run(args: argparse.Namespace) -> int:
     fmt = format_of(output, args.format)
     if fmt == "chrome":
         _export_chrome(Path(args.path), output)
+        report_written([output])
         return 0
     profile = load(args.path)
+    written = [output]
     if fmt == "csv":
         stem = output.name[: -len(".csv")] if output.name.lower().endswith(".csv") else output.name
-        write_atomic(output.with_name(f"{stem}.modules.csv"), modules_csv(profile).encode())
-        write_atomic(output.with_name(f"{stem}.ops.csv"), ops_csv(profile).encode())
+        written = [output.with_name(f"{stem}.modules.csv"), output.with_name(f"{stem}.ops.csv")]
+        write_atomic(written[0], modules_csv(profile).encode())
+        write_atomic(written[1], ops_csv(profile).encode())
     elif fmt == "collapsed":
         write_atomic(output, collapsed_stacks(profile, args.metric).encode())
     elif fmt == "html":
@@ -78,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
         write_atomic(output, flamegraph_svg(profile, args.metric).encode())
     else:
-        profile.save(output)
+        written = [profile.save(output)]
+    report_written(written)
     return 0
 
 

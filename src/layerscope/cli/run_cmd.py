@@ -49,8 +49,9 @@ def register(sub: Any) -> None:
         "-o",
         "--output-dir",
         default="layerscope_runs",
-        metavar="DIR",
-        help="where each cycle's profile is saved (default ./layerscope_runs)",
+        metavar="PATH",
+        help="a folder for each cycle's profile (default ./layerscope_runs), or a .json/.json.gz file: "
+        "one cycle is written to exactly that file, several as NAME.c0.json, NAME.c1.json... beside it",
     )
     parser.add_argument("--trace", action="store_true", help="also save each cycle's Chrome trace")
     parser.add_argument("--html", action="store_true", help="also save each cycle's HTML report")
@@ -129,9 +130,17 @@ def run(args: argparse.Namespace) -> int:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     import layerscope as ls
-    from layerscope.handlers import save_to
+    from layerscope.cli.views import is_profile_file
+    from layerscope.handlers import FileSaver, save_to
 
-    saver = save_to(args.output_dir, trace=args.trace, html=args.html)
+    file_saver = (
+        FileSaver(args.output_dir, trace=args.trace, html=args.html)
+        if is_profile_file(args.output_dir)
+        else None
+    )
+    saver = (
+        file_saver if file_saver is not None else save_to(args.output_dir, trace=args.trace, html=args.html)
+    )
     progress = _Progress(sys.stderr, args.quiet)
     schedule = ls.schedule(**schedule_args) if schedule_args is not None else None
     session = ls.profile(
@@ -176,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
             if session.flush_pending_step():  # the last optimizer step ends the last step
                 show_progress()
     progress.done()
+    if file_saver is not None:
+        file_saver.finish()
     written: list[Path] = getattr(saver, "written", [])
     _report(session, written, args, outcome, exit_code)
     return exit_code

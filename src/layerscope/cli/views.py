@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from layerscope.analysis.ops import GROUP_KEYS, SORT_KEYS
 from layerscope.analysis.steps import step_rows
@@ -122,3 +123,17 @@ def scheduler_of(args: argparse.Namespace) -> str | None:
     except ImportError:
         raise UsageError(DASK_INSTALL_HINT) from None
     return address
+
+
+def report_written(paths: list[Path] | list[str]) -> None:
+    """One ``layerscope: saved PATH`` line on stderr per file a command wrote."""
+    for path in paths:
+        print(f"layerscope: saved {path}", file=sys.stderr)
+
+
+PROFILE_SUFFIXES = (".json", ".json.gz")
+
+
+def is_profile_file(path: str | Path) -> bool:
+    """Whether an ``-o`` path names one profile file (``.json``/``.json.gz``) rather than a folder."""
+    return str(path).lower().endswith(PROFILE_SUFFIXES)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import gzip
 import json
+import warnings
 from pathlib import Path
+from typing import Any
 
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -115,9 +120,15 @@ def test_truncated_real_trace(real_traces: Path, tmp_path: Path) -> None:
 
 def test_out_of_range_integers_are_malformed_events_not_crashes(tmp_path: Path) -> None:
     """Found by the fuzz above: a timestamp that fits Python's int but not int64 crashed in numpy
-    (OverflowError) instead of being reported as a malformed event; byte counts and ids alike."""
+    (OverflowError) instead of being reported as a malformed event; byte counts and ids alike.
+    Strict reading fails on the event; by default it is skipped and counted, the rest is read."""
+    import warnings
+
     import pytest
 
+    from layerscope.loading import MalformedEventsWarning
+
+    good = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 5}
     cases = [
         {"ph": "X", "cat": "cpu_op", "name": "a", "ts": 9223372036854776.0},
         {"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1, "args": {"External id": 2**70}},
@@ -125,6 +136,55 @@ def test_out_of_range_integers_are_malformed_events_not_crashes(tmp_path: Path) 
     ]
     for k, event in enumerate(cases):
         path = tmp_path / f"t{k}.json"
-        path.write_text(json.dumps({"traceEvents": [event]}))
+        path.write_text(json.dumps({"traceEvents": [good, event]}))
         with pytest.raises(TraceFormatError, match="out of range"):
-            ls.load(path)
+            ls.load(path, strict=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            profile = ls.load(path)
+        profile.validate()
+        assert profile.totals.cpu_us == pytest.approx(5.0)  # the good event (5 µs) is there
+        (reason, count), *_ = profile.meta["trace"]["malformed_events"].items()
+        assert count == 1 and "OverflowError" in reason
+        assert [w.category for w in caught] == [MalformedEventsWarning]
+
+
+_REAL: dict[str, Any] = {}
+_MUTATIONS: list[Any] = ["<removed>", None, "", "x", [], -1, 1e300, 2**70]
+_FIELDS = ["ts", "dur", "name", "cat", "ph", "pid", "tid", "args", "External id", "Sequence number", "Bytes"]
+
+
+def _real_trace(real_traces: Path) -> dict[str, Any]:
+    if "rank0" not in _REAL:
+        _REAL["rank0"] = orjson.loads(
+            gzip.decompress((real_traces / "two_ranks" / "rank-0.json.gz").read_bytes())
+        )
+    return _REAL["rank0"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 10**9), st.sampled_from(_FIELDS), st.sampled_from(_MUTATIONS))
+def test_field_mutations_of_a_real_trace_bend_or_fail_cleanly(
+    real_traces: Path, tmp_path: Path, which: int, field: str, value: Any
+) -> None:
+    """One field of one event of a real trace removed or replaced (null, "", a string, a list, -1,
+    1e300, 2**70): by default the trace still loads and validates (the event skipped and counted, or
+    read as it is); with strict=True it loads or fails with a TraceFormatError, nothing else."""
+    trace = copy.deepcopy(_real_trace(real_traces))
+    events = trace["traceEvents"]
+    event = events[which % len(events)]
+    holder = (
+        event.setdefault("args", {}) if field[0].isupper() and isinstance(event.get("args"), dict) else event
+    )
+    if value == "<removed>":
+        holder.pop(field, None)
+    else:
+        holder[field] = value
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))  # the standard library writes what orjson refuses (2**70)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        profile = ls.load(path)
+    profile.validate()
+    with contextlib.suppress(TraceFormatError):
+        ls.load(path, strict=True).validate()

@@ -31,3 +31,7 @@ class ValidationError(LayerscopeError, AssertionError):
     """A Profile whose numbers do not add up (raised by ``Profile.validate``)."""
 
     exit_code = 1
+
+
+class LayerscopeWarning(UserWarning):
+    """Base of the warnings layerscope gives (the CLI prints them as one ``layerscope: warning:`` line)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from layerscope.analysis.advice import Advice, advise
 from layerscope.analysis.device import DeviceReport, device_report
 from layerscope.attribution.attribute import build_profile
-from layerscope.errors import TraceFormatError
+from layerscope.errors import LayerscopeWarning, TraceFormatError
 from layerscope.events.chrome import FlopCounter, TraceTableBuilder
 from layerscope.events.stream import Progress, stream_trace
 from layerscope.events.table import EventTable
@@ -44,9 +45,14 @@ def _flop_counter() -> FlopCounter | None:
     return count
 
 
-def _read(path: Path, progress: Progress | None = None) -> Profile | EventTable:
-    """A saved profile, or a trace's EventTable (read in blocks; a cut file keeps what survives)."""
-    builder = TraceTableBuilder(flops=_flop_counter(), source=str(path))
+class MalformedEventsWarning(LayerscopeWarning):
+    """A trace had malformed events; they were skipped and counted (``strict=True`` fails instead)."""
+
+
+def _read(path: Path, progress: Progress | None = None, strict: bool = False) -> Profile | EventTable:
+    """A saved profile, or a trace's EventTable (read in blocks; a cut file keeps what survives;
+    malformed events are skipped and counted unless ``strict``)."""
+    builder = TraceTableBuilder(flops=_flop_counter(), source=str(path), strict=strict)
     try:
         with gc_paused():
             result = stream_trace(path, builder, progress)
@@ -71,7 +77,18 @@ def _read(path: Path, progress: Progress | None = None) -> Profile | EventTable:
     table.meta["truncated"] = result.truncated
     table.meta["lost_bytes"] = result.lost_bytes
     if not table.span_count and not table.mem_ts:
-        raise TraceFormatError(f"{path}: the trace holds no profiler events")
+        bad = sum(builder.malformed.values())
+        detail = f" ({bad} malformed events skipped)" if bad else ""
+        raise TraceFormatError(f"{path}: the trace holds no profiler events{detail}")
+    if builder.malformed:
+        count = sum(builder.malformed.values())
+        worst = max(builder.malformed.items(), key=lambda kv: kv[1])[0]
+        warnings.warn(
+            f"{path}: skipped {count} malformed event{'s' if count > 1 else ''} (most: {worst}); "
+            "strict=True / --strict fails on them instead",
+            MalformedEventsWarning,
+            stacklevel=3,
+        )
     return table
 
 
@@ -85,13 +102,15 @@ def _trace_meta(path: Path, table: EventTable) -> dict[str, Any]:
     }
 
 
-def load(path: str | Path, progress: Progress | None = None) -> Profile:
+def load(path: str | Path, progress: Progress | None = None, strict: bool = False) -> Profile:
     """Load a profile saved by :meth:`Profile.save`, or build one from a Chrome trace written by
     torch.profiler (``export_chrome_trace``, ``tensorboard_trace_handler``; .json or .json.gz). Big
     traces are read in blocks; a trace cut short keeps every complete event (``meta["trace"]``
-    says ``truncated`` and how many bytes were lost)."""
+    says ``truncated`` and how many bytes were lost). Malformed events are skipped, counted by reason
+    in ``meta["trace"]["malformed_events"]`` and reported by a :class:`MalformedEventsWarning`;
+    ``strict=True`` raises :class:`~layerscope.errors.TraceFormatError` on the first one instead."""
     path = Path(path)
-    read = _read(path, progress)
+    read = _read(path, progress, strict)
     if isinstance(read, Profile):
         return read
     with gc_paused():
@@ -124,10 +143,10 @@ def trace_files(path: str | Path) -> list[Path]:
     return [path]
 
 
-def analyze(path: str | Path, progress: Progress | None = None) -> Analysis:
+def analyze(path: str | Path, progress: Progress | None = None, strict: bool = False) -> Analysis:
     """Analyse one trace file (or saved profile): Profile + device report + advice."""
     path = Path(path)
-    read = _read(path, progress)
+    read = _read(path, progress, strict)
     if isinstance(read, Profile):
         return Analysis(str(path), read, None, tuple(advise(read, None)))
     with gc_paused():

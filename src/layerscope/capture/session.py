@@ -28,7 +28,7 @@ from layerscope.capture.compiled import (
 from layerscope.capture.flops import FlopCalculator
 from layerscope.capture.kineto import table_from_kineto
 from layerscope.capture.scopes import ModuleScopes
-from layerscope.errors import CaptureError, UsageError
+from layerscope.errors import CaptureError, LayerscopeWarning, UsageError
 from layerscope.gcpause import gc_paused
 from layerscope.model.profile import SCHEMA_VERSION, Profile
 
@@ -407,7 +407,7 @@ class profile:
         }
 
 
-class CompileInfoWarning(UserWarning):
+class CompileInfoWarning(LayerscopeWarning):
     """Compiled code ran whose kernels layerscope cannot place in modules (it compiled unwatched)."""
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from layerscope.cli import analyze_cmd, diff_cmd, merge_cmd, profile_cmd, report_cmd, run_cmd, show_cmd
-from layerscope.errors import LayerscopeError
+from layerscope.errors import LayerscopeError, LayerscopeWarning
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +35,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _our_warnings_on_one_line() -> None:
+    """layerscope's own warnings as one ``layerscope: warning: ...`` line each; others as Python shows
+    them (a script run by ``layerscope run`` keeps its warnings' usual form)."""
+    shown = warnings.showwarning
+
+    def show(
+        message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
+        if isinstance(category, type) and issubclass(category, LayerscopeWarning):
+            print(f"layerscope: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (2 for bad input, 1 for other failures)."""
     parser = build_parser()
@@ -46,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     verbose = bool(args.verbose or getattr(args, "verbose_sub", False))
     try:
-        return int(args.run(args))
+        with warnings.catch_warnings():
+            _our_warnings_on_one_line()
+            return int(args.run(args))
     except LayerscopeError as exc:
         if verbose:
             traceback.print_exc()

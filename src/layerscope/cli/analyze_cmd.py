@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from layerscope.cli.views import (
     add_scheduler_options,
+    add_strict_option,
     add_view_options,
     check_view_options,
     is_profile_file,
@@ -39,6 +41,7 @@ def register(sub: Any) -> None:
     )
     add_view_options(parser)
     add_scheduler_options(parser)
+    add_strict_option(parser)
     parser.set_defaults(run=run, top=10)
 
 
@@ -91,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
     results: Iterable[tuple[Path, Analysis]]
     failures: tuple[tuple[Path, str], ...] = ()
     if scheduler is None and args.workers is None:  # one file at a time here, with a progress line
-        results = ((path, analyze(path, progress=_Progress(path))) for path in files)
+        results = ((path, analyze(path, progress=_Progress(path), strict=args.strict)) for path in files)
     else:
-        mapped = map_files(analyze, files, scheduler=scheduler, workers=args.workers, what="analysed")
+        read = partial(analyze, strict=True) if args.strict else analyze
+        mapped = map_files(read, files, scheduler=scheduler, workers=args.workers, what="analysed")
         results, failures = zip(mapped.paths, mapped.results, strict=True), mapped.failures
     for k, (path, result) in enumerate(results):
         trace = result.profile.meta.get("trace", {})

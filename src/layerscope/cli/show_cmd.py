@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from layerscope.cli.views import add_view_options, check_view_options, print_profile
+from layerscope.cli.views import add_strict_option, add_view_options, check_view_options, print_profile
 from layerscope.loading import load
 
 
@@ -21,11 +21,12 @@ def register(sub: Any) -> None:
         "path", help="a saved layerscope profile or a torch.profiler trace (.json or .json.gz)"
     )
     add_view_options(parser)
+    add_strict_option(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Load and print."""
     check_view_options(args)
-    print_profile(load(args.path), args)
+    print_profile(load(args.path, strict=args.strict), args)
     return 0

@@ -137,3 +137,12 @@ PROFILE_SUFFIXES = (".json", ".json.gz")
 def is_profile_file(path: str | Path) -> bool:
     """Whether an ``-o`` path names one profile file (``.json``/``.json.gz``) rather than a folder."""
     return str(path).lower().endswith(PROFILE_SUFFIXES)
+
+
+def add_strict_option(parser: argparse.ArgumentParser) -> None:
+    """--strict: fail on a malformed trace event instead of skipping and counting it."""
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail on the first malformed trace event (default: skip such events, count them, warn once)",
+    )

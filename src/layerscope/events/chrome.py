@@ -9,6 +9,7 @@ reader maps internal ids to trace threads (falling back to the only forward thre
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -103,6 +104,13 @@ def _int(value: Any) -> int:
     return number
 
 
+def _malformed_reason(ph: Any, exc: Exception) -> str:
+    """A short reason to count malformed events by: the phase, the error type and its message with
+    numbers blanked (``'X' event: KeyError 'ts'``, ``'i' event: OverflowError N is out of range``)."""
+    text = re.sub(r"-?\d[\d.e+]*", "N", str(exc))[:60]
+    return f"{str(ph)[:4]!r} event: {type(exc).__name__} {text}".rstrip()
+
+
 def _ns(value: Any) -> int:
     return _int(round(float(value) * 1000.0))
 
@@ -110,8 +118,12 @@ def _ns(value: Any) -> int:
 class TraceTableBuilder:
     """Fills an EventTable from trace events, a batch at a time (so big traces stream through)."""
 
-    def __init__(self, flops: FlopCounter | None = None, source: str = "") -> None:
+    def __init__(self, flops: FlopCounter | None = None, source: str = "", strict: bool = False) -> None:
         self.table = EventTable()
+        #: strict: a malformed event fails the whole read; otherwise it is skipped and counted here
+        #: by reason (a 1 GB trace with one bad event is still worth reading).
+        self.strict = strict
+        self.malformed: dict[str, int] = {}
         self.flops = flops
         self.source = source
         self.thread_ids: dict[tuple[Any, Any], int] = {}
@@ -217,7 +229,8 @@ class TraceTableBuilder:
                         self.span_at.setdefault((tid, ts), i)
                 elif ph == "i" and ev.get("name") == "[memory]":
                     args = _args(ev)
-                    device_type = int(args.get("Device Type", 0) or 0)
+                    device_type = _int(args.get("Device Type", 0) or 0)
+                    allocated = _int(args.get("Total Allocated", 0) or 0)
                     table.add_memory(
                         self._thread(ev),
                         _ns(ev["ts"]),
@@ -225,16 +238,18 @@ class TraceTableBuilder:
                         on_device=device_type != 0,
                     )
                     where = "device" if device_type else "cpu"
-                    allocated = int(args.get("Total Allocated", 0) or 0)
                     if allocated > self.peak_allocated.get(where, 0):
                         self.peak_allocated[where] = allocated
                 elif ph in ("s", "f") and ev.get("cat") == "fwdbwd":
                     target = self.flow_starts if ph == "s" else self.flow_ends
                     target[ev.get("id")] = (self._thread(ev), _ns(ev["ts"]))
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
-                what = str(ev.get("name", ""))[:60]
-                where = self.source or "trace"
-                raise TraceFormatError(f"{where}: malformed {ph!r} event {what!r}: {exc}") from None
+                if self.strict:
+                    what = str(ev.get("name", ""))[:60]
+                    where = self.source or "trace"
+                    raise TraceFormatError(f"{where}: malformed {ph!r} event {what!r}: {exc}") from None
+                reason = _malformed_reason(ph, exc)
+                self.malformed[reason] = self.malformed.get(reason, 0) + 1
 
     def finish(self, header: dict[str, Any]) -> EventTable:
         """Link what needs the whole trace (module events, forward threads) and return the table."""
@@ -249,6 +264,7 @@ class TraceTableBuilder:
             "device_properties": header.get("deviceProperties") or [],
             "distributed": header.get("distributedInfo"),
             "skipped_events": self.skipped,
+            "malformed_events": dict(self.malformed),
             "peak_allocated_bytes": dict(self.peak_allocated),
             "communication": [
                 {

@@ -97,7 +97,7 @@ def tree_table(
     if device:
         headers += ["Fwd device", "Bwd device"]
     if memory:
-        headers += ["Alloc", "Retained", "Peak"]
+        headers += ["Alloc", "Net alloc", "Peak"]
     if flops:
         headers.append("FLOPs")
     headers += ["Params", "Share"]
@@ -173,7 +173,7 @@ def tree_table(
         caption=folded_note,
         drop_order=[
             "Params",
-            "Retained",
+            "Net alloc",
             "Fwd self",
             "Bwd self",
             "Peak",

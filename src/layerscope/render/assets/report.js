@@ -73,7 +73,7 @@
     hot.appendChild(li);
   });
   var COLS = [["Module", null], ["Type", null], ["Calls", "calls"], ["Self", "self_cpu_us"], ["Total", "cpu_us"],
-              ["Device", "device_us"], ["Alloc", "cpu_alloc_bytes"], ["Retained", "retained_bytes"],
+              ["Device", "device_us"], ["Alloc", "cpu_alloc_bytes"], ["Net alloc", "retained_bytes"],
               ["FLOPs", "flops"], ["Params", "params"], ["Share", "share"]];
   function cellValue(i, key) {
     if (key === "calls") return M.calls[i];
@@ -85,6 +85,8 @@
   var thead = document.querySelector("#tree thead tr"), tbody = document.querySelector("#tree tbody");
   COLS.forEach(function (c, k) {
     var th = el("th", k < 2 ? "l" : "", c[0]);
+    if (c[1] === "retained_bytes") th.title = "allocated minus freed inside the module: what it leaves " +
+      "alive (activations kept for backward); negative when it frees more than it allocates";
     if (c[1]) th.addEventListener("click", function () {
       if (sortKey === c[1]) sortAsc = !sortAsc; else { sortKey = c[1]; sortAsc = false; }
       Array.prototype.forEach.call(thead.children, function (h) { h.classList.remove("sorted", "asc"); });

@@ -181,6 +181,14 @@ class Profile:
 
         return op_table(self, sort_by=sort_by, group_by=group_by, phase=phase, module=module, limit=limit)
 
+    def to_pandas(self, table: str = "modules") -> Any:
+        """One table as a ``pandas.DataFrame``: ``"modules"`` (one row per module, ``{phase}_{metric}``
+        columns such as ``forward_self_cpu_us`` and achieved ``{phase}_flops_per_s``), ``"ops"``,
+        ``"unattributed"`` or ``"steps"``. Needs pandas (imported here, not before)."""
+        from layerscope.analysis.frames import to_pandas
+
+        return to_pandas(self, table)
+
     def validate(self) -> None:
         """Raise :class:`layerscope.errors.ValidationError` if any invariant is broken."""
         from layerscope.model.validate import validate_profile

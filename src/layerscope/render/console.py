@@ -13,6 +13,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 from rich.text import Text
 
+from layerscope.analysis.frames import achieved_flops_per_s
 from layerscope.analysis.steps import StepRow, module_spread
 from layerscope.analysis.transform import fold_depth, prune_min_share
 from layerscope.model.metrics import FIELD_NAMES, Metrics
@@ -99,7 +100,7 @@ def tree_table(
     if memory:
         headers += ["Alloc", "Net alloc", "Peak"]
     if flops:
-        headers.append("FLOPs")
+        headers += ["FLOPs", "FLOP/s"]
     headers += ["Params", "Share"]
     if per_step:
         headers.append("± step")
@@ -126,7 +127,9 @@ def tree_table(
                 fmt_bytes(peak),
             ]
         if flops:
-            row.append(fmt_si(fwd.flops + bwd.flops))
+            both_phases = fwd.merged(bwd)
+            rate = achieved_flops_per_s(both_phases)
+            row += [fmt_si(both_phases.flops), fmt_si(rate, "/s") if rate is not None else ""]
         row.append(params)
         row.append(share)
         if per_step:
@@ -172,6 +175,7 @@ def tree_table(
         ascii_only=ascii_only,
         caption=folded_note,
         drop_order=[
+            "FLOP/s",
             "Params",
             "Net alloc",
             "Fwd self",

@@ -150,7 +150,9 @@ def html_report(profile: Profile) -> str:
 <div class="scroll"><table id="ops"><thead><tr></tr></thead><tbody></tbody></table></div></section>
 <section id="memory"><h2>Memory</h2><div id="memplot"></div>
 <table id="memtable"><thead><tr><th class="l">Module (forward)</th><th>Allocated</th>
-<th title="allocated minus freed inside the module: what it leaves alive (activations kept for backward); negative when it frees more than it allocates">Net alloc</th><th>Peak</th></tr></thead><tbody></tbody></table></section>
+<th title="allocated minus freed inside the module: what it leaves alive (activations kept for
+backward); negative when it frees more than it allocates">Net alloc</th><th>Peak</th></tr></thead>
+<tbody></tbody></table></section>
 <section id="steps"><h2>Steps</h2><table><thead><tr><th>Step</th><th>Wall</th><th>CPU</th><th>Device</th>
 <th>Forward</th><th>Backward</th><th class="l">Note</th></tr></thead><tbody></tbody></table></section>
 </main>

@@ -1,0 +1,111 @@
+"""Profiles as pandas data frames (``Profile.to_pandas``), and achieved FLOP/s.
+
+pandas is optional: it is imported when a frame is asked for, with one clear error without it.
+Columns (documented in docs/usage.md):
+
+* ``modules``: ``path``, ``type``, ``parent``, ``depth``, ``calls``, ``params``, ``params_total``, then
+  ``{phase}_{metric}`` for ``forward`` and ``backward`` and every :class:`Metrics` field
+  (``forward_self_cpu_us``, ``backward_flops``...), then ``{phase}_flops_per_s``.
+* ``ops``: ``name``, ``phase``, ``module``, ``scope``, ``input_shapes``, ``calls``, every metric,
+  ``flops_per_s``.
+* ``unattributed``: ``label``, ``phase``, ``calls``, every metric.
+* ``steps``: ``step``, ``wall_us``, ``cpu_us``, ``device_us``, ``forward_us``, ``backward_us``.
+
+Self columns add up: modules' ``forward_self_*`` + ``backward_self_*`` plus the unattributed entries
+equal the profile's totals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from layerscope.errors import UsageError
+from layerscope.model.metrics import FIELD_NAMES, Metrics
+from layerscope.model.profile import Profile
+
+TABLES = ("modules", "ops", "unattributed", "steps")
+
+
+def achieved_flops_per_s(metrics: Metrics) -> float | None:
+    """FLOPs per second of a scope: its FLOPs over its device time when it has device time, else its
+    CPU time (inclusive figures). None when it has no FLOPs or no time."""
+    if metrics.flops <= 0:
+        return None
+    seconds = (metrics.device_us if metrics.device_us > 0 else metrics.cpu_us) / 1e6
+    return metrics.flops / seconds if seconds > 0 else None
+
+
+def _metric_columns(metrics: Metrics, prefix: str = "") -> dict[str, Any]:
+    return {f"{prefix}{name}": value for name, value in zip(FIELD_NAMES, metrics.to_list(), strict=True)}
+
+
+def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
+    """The rows of one table as plain dicts (what ``to_pandas`` hands to pandas)."""
+    if table == "modules":
+        rows = []
+        depth = {"": 0}
+        for node in profile.modules():
+            parent = node.path.rpartition(".")[0] if node.path else None
+            depth[node.path] = 0 if parent is None else depth.get(parent, 0) + 1
+            row: dict[str, Any] = {
+                "path": node.path,
+                "type": node.type_name,
+                "parent": parent,
+                "depth": depth[node.path],
+                "calls": node.calls,
+                "params": node.params,
+                "params_total": node.params_total,
+            }
+            for phase, metrics in (("forward", node.forward), ("backward", node.backward)):
+                row.update(_metric_columns(metrics, f"{phase}_"))
+            for phase, metrics in (("forward", node.forward), ("backward", node.backward)):
+                row[f"{phase}_flops_per_s"] = achieved_flops_per_s(metrics)
+            rows.append(row)
+        return rows
+    if table == "ops":
+        return [
+            {
+                "name": r.name,
+                "phase": str(r.phase) if r.phase is not None else None,
+                "module": r.module,
+                "scope": r.scope,
+                "input_shapes": r.input_shapes,
+                "calls": r.calls,
+                **_metric_columns(r.metrics),
+                "flops_per_s": achieved_flops_per_s(r.metrics),
+            }
+            for r in profile.op_rows
+        ]
+    if table == "unattributed":
+        return [
+            {
+                "label": u.label,
+                "phase": str(u.phase),
+                "calls": u.calls,
+                **_metric_columns(u.metrics),
+            }
+            for u in profile.unattributed
+        ]
+    if table == "steps":
+        return [
+            {
+                "step": s.step,
+                "wall_us": s.wall_us,
+                "cpu_us": s.cpu_us,
+                "device_us": s.device_us,
+                "forward_us": s.forward_us,
+                "backward_us": s.backward_us,
+            }
+            for s in profile.steps
+        ]
+    raise UsageError(f"unknown table {table!r}; choose from {', '.join(TABLES)}")
+
+
+def to_pandas(profile: Profile, table: str = "modules") -> Any:
+    """One table of the profile as a ``pandas.DataFrame`` (see the module doc for the columns)."""
+    rows = frame_rows(profile, table)
+    try:
+        import pandas
+    except ImportError:
+        raise UsageError("to_pandas needs pandas: pip install pandas") from None
+    return pandas.DataFrame(rows)

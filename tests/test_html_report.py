@@ -223,3 +223,53 @@ def test_ranks_page_renders_in_the_browser(browser: Any, tmp_path: Path) -> None
     assert page.problems == []
     assert straggler.strip() and names[0] == "mid" and HOSTILE in names
     assert len(bars) == 3 * 4 and max(bars) > 0
+
+
+NOTEBOOK_CELL = """
+import torch
+from torch import nn
+import layerscope as ls
+
+torch.manual_seed({seed})
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, {width}))
+with ls.profile(model) as prof:
+    model(torch.randn(4, 8)).sum().backward()
+prof.profile
+"""
+
+
+def test_profiles_in_an_executed_notebook_render_inline(browser: Any, tmp_path: Path) -> None:
+    """A real notebook (nbclient + ipykernel) whose cells end with a Profile: each cell's text/html
+    output is the interactive report; two of them in one page, under the notebook's own hostile CSS,
+    both render and work, with no console error."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(NOTEBOOK_CELL.format(seed=0, width=4)),
+        nbformat.v4.new_code_cell(NOTEBOOK_CELL.format(seed=1, width=6)),
+    ]
+    nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3").execute()
+    outputs = [
+        next(o for o in cell.outputs if o.get("output_type") == "execute_result")["data"]["text/html"]
+        for cell in notebook.cells
+    ]
+    assert all(o.startswith("<iframe srcdoc=") and "<script" not in o for o in outputs)  # all escaped
+    page_file = tmp_path / "notebook.html"
+    hostile_css = "<style>table, svg { display: none !important } #tree { color: red }</style>"
+    page_file.write_text(f"<html><head>{hostile_css}</head><body>{''.join(outputs)}</body></html>")
+    page = _open(browser, page_file, "iframe")
+    frames = [f for f in page.frames if f is not page.main_frame]
+    assert len(frames) == 2
+    for frame in frames:
+        frame.wait_for_selector("#tree tbody tr")
+        rows = frame.evaluate("document.querySelectorAll('#tree tbody tr').length")
+        visible = frame.evaluate("document.querySelector('#tree').getBoundingClientRect().height")
+        assert rows >= 4 and visible > 0  # the notebook's CSS does not reach into the report
+    widths = [
+        f.evaluate("[...document.querySelectorAll('#tree tbody td')].map(t => t.textContent).join(' ')")
+        for f in frames
+    ]
+    assert widths[0] != widths[1]  # two different profiles, each drawn by its own script
+    assert page.problems == []
+    page.close()

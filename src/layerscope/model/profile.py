@@ -208,6 +208,12 @@ class Profile:
 
         return tree_table(self)
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the interactive HTML report inline (an isolated iframe; see render/notebook.py)."""
+        from layerscope.render.notebook import notebook_html
+
+        return notebook_html(self)
+
     def __str__(self) -> str:
         from layerscope.render.console import render_to_text
 

@@ -69,3 +69,26 @@ def test_without_pandas_one_clear_error(profile: ls.Profile, monkeypatch: pytest
         profile.to_pandas()
     with pytest.raises(UsageError, match="unknown table"):
         profile.to_pandas("nope")
+
+
+def test_mfu_against_a_given_or_known_peak(profile: ls.Profile) -> None:
+    from layerscope.analysis.peaks import known_peak_tflops, peak_flops_per_s
+    from layerscope.render.console import render_to_text, tree_table
+
+    assert known_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert known_peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert known_peak_tflops("NVIDIA A100-SXM4-40GB") == 312.0
+    assert known_peak_tflops("Some CPU") is None
+    assert peak_flops_per_s({"devices": [{"name": "NVIDIA H200"}]}) == 989e12
+    assert peak_flops_per_s({"devices": []}) is None  # CPU run: no MFU unless a peak is given
+    plain = render_to_text(tree_table(profile, ascii_only=True), width=250)
+    assert "FLOP/s" in plain and "MFU" not in plain
+    node = profile.find("fc1")
+    rate = achieved_flops_per_s(node.total)
+    assert rate is not None
+    peak_tflops = rate * 4 / 1e12  # fc1 runs at 25% of this made-up peak
+    text = render_to_text(tree_table(profile, ascii_only=True, peak_tflops=peak_tflops), width=250)
+    header = next(line for line in text.splitlines() if "MFU" in line)
+    row = next(line for line in text.splitlines() if "fc1" in line)
+    from_end = [c.strip() for c in header.split("|")][::-1].index("MFU")  # tree guides hold "|" too
+    assert [c.strip() for c in row.split("|")][::-1][from_end] == "25.0%"

@@ -273,3 +273,8 @@ def test_profiles_in_an_executed_notebook_render_inline(browser: Any, tmp_path: 
     assert widths[0] != widths[1]  # two different profiles, each drawn by its own script
     assert page.problems == []
     page.close()
+
+
+def test_tree_shows_achieved_flops(browser_page: Any) -> None:
+    rates = _column(browser_page, "tree", "FLOP/s")
+    assert any(r.endswith("/s") for r in rates) and "" in rates  # Linear rows have it, ReLU rows not

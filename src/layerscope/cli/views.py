@@ -54,6 +54,12 @@ def add_view_options(parser: argparse.ArgumentParser) -> None:
         help="op table sort metric (default self_cpu_us)",
     )
     group.add_argument("--ascii", action="store_true", help="ASCII table borders and tree guides")
+    group.add_argument(
+        "--peak-tflops",
+        type=float,
+        metavar="X",
+        help="the device's peak TFLOP/s for an MFU column (default: known accelerators by name)",
+    )
 
 
 def check_view_options(args: argparse.Namespace) -> None:
@@ -77,7 +83,12 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
     ascii_only = True if args.ascii else None
     console.print(
         tree_table(
-            profile, depth=args.depth, min_share=args.min_share, sort_by=args.sort, ascii_only=ascii_only
+            profile,
+            depth=args.depth,
+            min_share=args.min_share,
+            sort_by=args.sort,
+            ascii_only=ascii_only,
+            peak_tflops=args.peak_tflops,
         )
     )
     if len(profile.steps) > 1:

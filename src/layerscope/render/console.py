@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from layerscope.analysis.frames import achieved_flops_per_s
+from layerscope.analysis.peaks import peak_flops_per_s
 from layerscope.analysis.steps import StepRow, module_spread
 from layerscope.analysis.transform import fold_depth, prune_min_share
 from layerscope.model.metrics import FIELD_NAMES, Metrics
@@ -63,8 +64,12 @@ def tree_table(
     ascii_only: bool | None = None,
     max_unattributed: int = 6,
     per_step: bool | None = None,
+    peak_tflops: float | None = None,
 ) -> RenderableType:
     """The module tree: one row per module with forward/backward time, device, memory, FLOPs, params.
+
+    With a known peak (``peak_tflops``, or the device's from :mod:`layerscope.analysis.peaks`), an
+    MFU column: achieved FLOP/s over the peak.
 
     ``depth`` and ``min_share`` (percent of the run's total) fold modules into their ancestors.
     ``per_step`` (default: when the profile holds several steps) shows means per step and a
@@ -99,8 +104,9 @@ def tree_table(
         headers += ["Fwd device", "Bwd device"]
     if memory:
         headers += ["Alloc", "Net alloc", "Peak"]
+    peak_rate = peak_flops_per_s(view.meta, peak_tflops) if flops else None
     if flops:
-        headers += ["FLOPs", "FLOP/s"]
+        headers += ["FLOPs", "FLOP/s"] + (["MFU"] if peak_rate else [])
     headers += ["Params", "Share"]
     if per_step:
         headers.append("± step")
@@ -130,6 +136,8 @@ def tree_table(
             both_phases = fwd.merged(bwd)
             rate = achieved_flops_per_s(both_phases)
             row += [fmt_si(both_phases.flops), fmt_si(rate, "/s") if rate is not None else ""]
+            if peak_rate:
+                row.append(f"{100 * rate / peak_rate:.1f}%" if rate is not None else "")
         row.append(params)
         row.append(share)
         if per_step:
@@ -176,6 +184,7 @@ def tree_table(
         caption=folded_note,
         drop_order=[
             "FLOP/s",
+            "MFU",
             "Params",
             "Net alloc",
             "Fwd self",

@@ -74,17 +74,24 @@
   });
   var COLS = [["Module", null], ["Type", null], ["Calls", "calls"], ["Self", "self_cpu_us"], ["Total", "cpu_us"],
               ["Device", "device_us"], ["Alloc", "cpu_alloc_bytes"], ["Net alloc", "retained_bytes"],
-              ["FLOPs", "flops"], ["Params", "params"], ["Share", "share"]];
+              ["FLOPs", "flops"], ["FLOP/s", "flops_per_s"], ["Params", "params"], ["Share", "share"]];
+  // achieved FLOP/s: FLOPs over device time when there is any, else CPU time (blank without FLOPs)
+  function rate(i) {
+    var f = val(i, "flops"), t = val(i, "device_us") > 0 ? val(i, "device_us") : val(i, "cpu_us");
+    return f > 0 && t > 0 ? f / t * 1e6 : 0;
+  }
   function cellValue(i, key) {
     if (key === "calls") return M.calls[i];
     if (key === "params") return M.params[i];
     if (key === "share") return val(i, shareField);
+    if (key === "flops_per_s") return rate(i);
     if (key === "cpu_alloc_bytes") return val(i, "cpu_alloc_bytes") + val(i, "device_alloc_bytes");
     return val(i, key);
   }
   var thead = document.querySelector("#tree thead tr"), tbody = document.querySelector("#tree tbody");
   COLS.forEach(function (c, k) {
     var th = el("th", k < 2 ? "l" : "", c[0]);
+    if (c[1] === "flops_per_s") th.title = "achieved FLOP/s: FLOPs over device time when there is any, else CPU time";
     if (c[1] === "retained_bytes") th.title = "allocated minus freed inside the module: what it leaves " +
       "alive (activations kept for backward); negative when it frees more than it allocates";
     if (c[1]) th.addEventListener("click", function () {
@@ -118,6 +125,7 @@
       tr.appendChild(el("td", null, bytes(val(i, "cpu_alloc_bytes") + val(i, "device_alloc_bytes"))));
       tr.appendChild(el("td", null, bytes(val(i, "retained_bytes"))));
       tr.appendChild(el("td", null, si(val(i, "flops"))));
+      tr.appendChild(el("td", null, rate(i) ? si(rate(i)) + "/s" : ""));
       tr.appendChild(el("td", null, si(M.params[i])));
       var share = el("td", null, (100 * val(i, shareField) / whole).toFixed(1) + "%");
       var bar = el("span", "bar"); bar.style.width = Math.round(60 * val(i, shareField) / whole) + "px";

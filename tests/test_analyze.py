@@ -188,3 +188,48 @@ def test_memory_near_capacity_uses_the_allocator_total(tmp_path: Path) -> None:
     trace["traceEvents"][2]["args"]["Total Allocated"] = 10 * 2**30
     path.write_text(json.dumps(trace))
     assert "memory-near-capacity" not in {a.rule for a in analyze(path).advice}
+
+
+def _plain_trace(tmp_path: Path, annotate: bool) -> Path:
+    """A plain torch.profiler trace (no layerscope, no with_stack) of a forward + backward."""
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(32, 8)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        if annotate:
+            with torch.profiler.record_function("## forward ##"):
+                loss = model(x).sum()
+            with torch.profiler.record_function("## backward ##"):
+                loss.backward()
+        else:
+            model(x).sum().backward()
+    path = tmp_path / f"plain-{annotate}.json"
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def test_a_trace_without_modules_shows_its_annotations_as_regions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = ls.load(_plain_trace(tmp_path, annotate=True))
+    profile.validate()
+    assert profile.meta["module_source"] == "record_function regions"
+    forward = profile.find("## forward ##")
+    assert forward.type_name == "record_function" and forward.calls == 1
+    # the forward ops' backward nodes (sequence numbers) come back to the region that ran them
+    assert forward.forward.cpu_us > 0 and forward.backward.cpu_us > 0
+    assert profile.find("## backward ##").forward.cpu_us > 0  # the engine's own time in that range
+    assert main(["analyze", str(_plain_trace(tmp_path, annotate=True)), "--ascii"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("layerscope: note: this trace has no module information") == 1
+
+
+def test_without_annotations_recorded_ops_are_forward_not_other(tmp_path: Path) -> None:
+    profile = ls.load(_plain_trace(tmp_path, annotate=False))
+    profile.validate()
+    assert profile.meta["module_source"] == "none"
+    phases = {u.label: str(u.phase) for u in profile.unattributed}
+    assert phases["aten::linear"] == "forward" and phases["aten::relu"] == "forward"
+    assert any(p == "backward" for p in phases.values())

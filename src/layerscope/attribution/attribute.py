@@ -34,7 +34,7 @@ from layerscope.attribution.nesting import depths, inclusive, levels, outermost_
 from layerscope.attribution.op_rows import SpanFigures, op_rows
 from layerscope.attribution.steps import step_stats
 from layerscope.attribution.tree import assemble_tree
-from layerscope.events.table import EventTable
+from layerscope.events.table import EventKind, EventTable
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import Phase, Profile, UnattributedEntry
 
@@ -48,16 +48,26 @@ def build_profile(
     the layerscope ranges found in the trace.
     """
     table.check()
+    catalog_given = catalog is not None
     found = table.meta.get("layerscope")
     saved: dict[str, Any] = found if isinstance(found, dict) else {}
     graph_entries = (meta or {}).get("compiled_graphs") or saved.get("compiled_graphs")
-    named = name_roles(table.names, catalog, _saved_modules(saved) + extra_module_ranges(graph_entries))
+    named = name_roles(
+        table.names,
+        catalog,
+        _saved_modules(saved) + extra_module_ranges(graph_entries),
+        _annotation_names(table) if catalog is None else None,
+    )
     catalog = named.catalog
     buckets = Buckets(len(catalog))
 
     # ---- nest: parents, exclusive time, buckets, FLOPs that count ------------------------------------
     order = time_order(table)
-    swept = sweep(table, order, named.roles, named.role_module, buckets)
+    # a live capture always knows its modules; a trace does when it has module ranges (or saved ones)
+    modules_known = catalog_given or (bool(named.module_ranges) and not named.regions)
+    swept = sweep(
+        table, order, named.roles, named.role_module, buckets, recorded_ops_are_forward=not modules_known
+    )
     compiled = attribute_compiled_kernels(
         table,
         order.tolist(),
@@ -133,9 +143,10 @@ def build_profile(
         flops=counted_flops,
         memory=span_memory(table, owners, parent, by_level),
     )
-    rows = op_rows(
-        table, order, parent, bucket, buckets, catalog, named.module_ranges, figures, device.unlinked
-    )
+    # A region (a user annotation standing in for a module) can launch device work itself: it stays
+    # an op row, where a layerscope module range never is one.
+    range_names = {} if named.regions else named.module_ranges
+    rows = op_rows(table, order, parent, bucket, buckets, catalog, range_names, figures, device.unlinked)
 
     # ---- assemble ------------------------------------------------------------------------------------
     own = [(bucket_metrics(2 * m), bucket_metrics(2 * m + 1)) for m in range(len(catalog))]
@@ -179,8 +190,12 @@ def build_profile(
         catalog,
         [label for label, _ in buckets.labels],
         {node.path for node in root.walk()},
+        drop_idle_last=not named.regions,
     )
     full_meta = _full_meta(table, order, owners, swept.bucket, buckets, catalog, meta)
+    if not modules_known:
+        # what the tree is made of when the trace named no module (the CLI says so in one line)
+        full_meta["module_source"] = "record_function regions" if named.regions else "none"
     if compiled.graph_calls:
         full_meta["compiled"] = {
             "graph_calls": compiled.graph_calls,
@@ -217,6 +232,13 @@ def backward_ranges(table: EventTable) -> list[tuple[str, int, int, int]]:
         else:
             ranges.append((path, tid, start, end))
     return ranges
+
+
+def _annotation_names(table: EventTable) -> set[int]:
+    """Name ids of user annotations (``record_function`` ranges) in the table."""
+    kinds = table.array("span_kind")
+    names = table.array("span_name")
+    return set(np.unique(names[kinds == int(EventKind.USER_ANNOTATION)]).tolist())
 
 
 def _saved_modules(saved: dict[str, Any]) -> list[tuple[str, str]]:

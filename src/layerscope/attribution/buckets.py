@@ -72,19 +72,37 @@ class NameRoles:
     module_ranges: dict[int, tuple[str, str]]  # name id -> (path, type) of layerscope module ranges
     roles: list[int]  # per name id: ROLE_*
     role_module: list[int]  # per name id: the catalog index of a module range, else -1
+    regions: bool = False  # modules are user annotations standing in for a trace without modules
+
+
+#: The type shown for user ``record_function`` ranges used as top-level regions (traces without modules).
+REGION_TYPE = "record_function"
 
 
 def name_roles(
-    names: list[str], catalog: list[ModuleInfo] | None, known_modules: list[tuple[str, str]] | None = None
+    names: list[str],
+    catalog: list[ModuleInfo] | None,
+    known_modules: list[tuple[str, str]] | None = None,
+    annotation_names: set[int] | None = None,
 ) -> NameRoles:
     """Classify every distinct name once: module range, backward node, profiler step, compilation,
     compiled graph call, or plain op. Without a catalog, modules come from the range names plus
-    ``known_modules`` ((path, type) pairs a trace carries for modules without ranges of their own)."""
+    ``known_modules`` ((path, type) pairs a trace carries for modules without ranges of their own);
+    a trace with neither uses its user annotations (``record_function`` ranges, ``annotation_names``)
+    as top-level regions instead (``NameRoles.regions``)."""
     found_ranges: dict[int, tuple[str, str]] = {}
     for name_id, name in enumerate(names):
         parsed = parse_module_range(name)
         if parsed is not None:
             found_ranges[name_id] = parsed
+    regions = False
+    if catalog is None and not found_ranges and not known_modules and annotation_names:
+        for name_id in sorted(annotation_names):
+            name = names[name_id]
+            if name and not name.startswith(STEP_PREFIX) and not is_compiling_range(name):
+                # a dot would make a hierarchy out of a name: regions are flat, under the root
+                found_ranges[name_id] = (name.replace(".", "_"), REGION_TYPE)
+        regions = bool(found_ranges)
     if catalog is None:
         catalog = catalog_from_ranges([*found_ranges.values(), *(known_modules or [])])
     module_index = {info.path: i for i, info in enumerate(catalog)}
@@ -106,7 +124,7 @@ def name_roles(
             roles[name_id] = ROLE_COMPILING
         elif name.startswith(COMPILED_GRAPH_PREFIX):
             roles[name_id] = ROLE_COMPILED_GRAPH
-    return NameRoles(catalog, found_ranges, roles, role_module)
+    return NameRoles(catalog, found_ranges, roles, role_module, regions)
 
 
 def _extend_catalog(catalog: list[ModuleInfo], extra: list[tuple[str, str]]) -> list[ModuleInfo]:

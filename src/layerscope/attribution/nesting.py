@@ -62,7 +62,12 @@ class Sweep:
 
 
 def sweep(
-    table: EventTable, order: np.ndarray, roles: list[int], role_module: list[int], buckets: Buckets
+    table: EventTable,
+    order: np.ndarray,
+    roles: list[int],
+    role_module: list[int],
+    buckets: Buckets,
+    recorded_ops_are_forward: bool = False,
 ) -> Sweep:
     """One pass over CPU spans in time order: nesting by torch's rule with a stack per thread,
     exclusive time, and each span's bucket (module range, backward node, inherited, or a label)."""
@@ -165,7 +170,10 @@ def sweep(
             b = bucket[p]
             compiled_graph_spans.append(i)
         else:
-            b = buckets.unattributed(names[name_id], Phase.OTHER)
+            # Without modules, an op autograd recorded (it has a sequence number, so a backward node
+            # may point at it) is forward work, not "other".
+            forward = recorded_ops_are_forward and span_seq[i] >= 0 and not span_fwd_tid[i]
+            b = buckets.unattributed(names[name_id], Phase.FORWARD if forward else Phase.OTHER)
         bucket[i] = b
 
     return Sweep(

@@ -29,6 +29,7 @@ def step_stats(
     catalog: list[ModuleInfo],
     labels: list[str],
     kept_paths: set[str],
+    drop_idle_last: bool = True,
 ) -> tuple[StepStats, ...]:
     """One StepStats per step span, in step order.
 
@@ -86,7 +87,9 @@ def step_stats(
     result.sort(key=lambda s: s.step)
     # `for batch in data: train(batch); prof.step()` leaves a last step that the final step() opened
     # and the block's end closed, with no training in it: not a step worth a row.
-    if len(result) > 1 and _module_work(result[-1]) == 0 and any(_module_work(s) > 0 for s in result[:-1]):
+    # (Only where modules are real: regions standing in for them say nothing about training.)
+    idle_last = _module_work(result[-1]) == 0 and any(_module_work(s) > 0 for s in result[:-1])
+    if drop_idle_last and len(result) > 1 and idle_last:
         result.pop()
     return tuple(result)
 

@@ -15,6 +15,7 @@ from layerscope.cli.views import (
     add_view_options,
     check_view_options,
     is_profile_file,
+    note_missing_modules,
     print_profile,
     report_written,
     scheduler_of,
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if len(files) > 1:
             console.print(("\n" if k else "") + f"== {path}", style="bold")
+        note_missing_modules(result.profile)
         print_profile(result.profile, args)
         if result.device is not None:
             console.print(device_section(result.device, top=args.top, ascii_only=ascii_only))

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from layerscope.cli.views import add_strict_option, add_view_options, check_view_options, print_profile
+from layerscope.cli.views import (
+    add_strict_option,
+    add_view_options,
+    check_view_options,
+    note_missing_modules,
+    print_profile,
+)
 from layerscope.loading import load
 
 
@@ -28,5 +34,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load and print."""
     check_view_options(args)
-    print_profile(load(args.path, strict=args.strict), args)
+    profile = load(args.path, strict=args.strict)
+    note_missing_modules(profile)
+    print_profile(profile, args)
     return 0

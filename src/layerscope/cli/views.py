@@ -157,3 +157,20 @@ def add_strict_option(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fail on the first malformed trace event (default: skip such events, count them, warn once)",
     )
+
+
+def note_missing_modules(profile: Profile) -> None:
+    """One line on stderr when a trace named no module, saying what the tree shows and how to get one."""
+    source = profile.meta.get("module_source")
+    if source not in ("record_function regions", "none"):
+        return
+    shown = (
+        "its record_function ranges are shown as top-level regions"
+        if source != "none"
+        else "all work is unattributed"
+    )
+    print(
+        f"layerscope: note: this trace has no module information ({shown}); for a module tree, record "
+        "with layerscope (ls.profile, layerscope run) or with torch.profiler(with_stack=True)",
+        file=sys.stderr,
+    )

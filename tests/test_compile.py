@@ -302,3 +302,21 @@ def test_triton_kernels_follow_the_mapping_on_a_real_cuda_trace(real_traces: Pat
     assert rotary.forward.self_device_us == pytest.approx(kernel["dur"])
     assert profile.root.forward.self_device_us == 0
     assert profile.meta["compiled"] == {"graph_calls": 1, "mapped_graph_calls": 1, "kernels_placed": 1}
+
+
+def test_a_torch_without_the_provenance_hook_still_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Older torch (2.4) has no set_kernel_post_grad_provenance_tracing: profiling must go on, with
+    compiled regions kept whole, and nothing left patched."""
+    import torch._inductor.config as inductor_config
+    import torch._inductor.debug as inductor_debug
+
+    monkeypatch.delattr(inductor_debug, "set_kernel_post_grad_provenance_tracing")
+    model = nn.Linear(8, 8)
+    with ls.profile(model) as prof:
+        model(torch.randn(4, 8)).sum().backward()
+    prof.profile.validate()
+    assert (
+        compiled_capture._unsupported
+        and "set_kernel_post_grad_provenance_tracing" in compiled_capture._unsupported[-1]
+    )
+    assert inductor_config.cpp.enable_kernel_profile is False  # flags set before the failure are undone

@@ -181,6 +181,8 @@ def _current_graph_id() -> int:
     return int(found)
 
 
+#: Why watching compilation failed on this torch, once per attempt (empty: it works).
+_unsupported: list[str] = []
 _registry_lock = threading.Lock()
 _registry: list[dict[str, Any]] = []
 _active: list[_Collector] = []
@@ -203,37 +205,20 @@ def collecting_compile_info() -> Iterator[None]:
     """While open, compilation records which module each kernel comes from (see the module doc);
     the graphs join :func:`known_graphs` when it closes. Flags and functions are restored on exit,
     exceptions and interrupts included."""
-    import importlib
-
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
     collector = _Collector()
     with ExitStack() as undo:
-        undo.enter_context(
-            inductor_config.patch({"cpp.enable_kernel_profile": True, "fx_graph_cache": False})
-        )
-        undo.enter_context(functorch_config.patch({"enable_autograd_cache": False}))
-        # Import every holder before patching: a codegen imported while the function is patched
-        # would bind our wrapper for good.
-        holders = []
-        for holder_name in _HOLDERS:
-            try:
-                holders.append(importlib.import_module(holder_name))
-            except Exception:  # a codegen that cannot load here (no Triton): nothing to patch
-                continue
-        debug = importlib.import_module("torch._inductor.debug")
-        original = getattr(debug, _PROVENANCE_FUNCTION)
-
-        def traced(node_schedule: Any, kernel_name: str, is_extern: bool = False) -> int | None:
-            with suppress(Exception):  # never let bookkeeping break a compilation
-                collector.record(node_schedule, kernel_name, is_extern)
-            return original(node_schedule, kernel_name, is_extern)  # type: ignore[no-any-return]
-
-        for holder in holders:
-            if getattr(holder, _PROVENANCE_FUNCTION, None) is original:
-                setattr(holder, _PROVENANCE_FUNCTION, traced)
-                undo.callback(setattr, holder, _PROVENANCE_FUNCTION, original)
+        watching = True
+        try:
+            _watch_compilation(undo, collector)
+        except (AttributeError, ImportError, KeyError, RuntimeError) as exc:
+            # An older or newer torch without what this needs: profiling goes on; compiled regions
+            # then stay whole (their kernels with the compiled module), as for code compiled unwatched.
+            undo.close()
+            _unsupported.append(f"{type(exc).__name__}: {exc}")
+            watching = False
+        if not watching:
+            yield
+            return
         with _registry_lock:
             _active.append(collector)
         try:
@@ -244,6 +229,37 @@ def collecting_compile_info() -> Iterator[None]:
                 _active.remove(collector)
                 _registry.extend(graphs)
                 del _registry[: max(0, len(_registry) - MAX_GRAPHS)]
+
+
+def _watch_compilation(undo: ExitStack, collector: _Collector) -> None:
+    """Set the Inductor flags and wrap the provenance hook (undone by ``undo``)."""
+    import importlib
+
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    undo.enter_context(inductor_config.patch({"cpp.enable_kernel_profile": True, "fx_graph_cache": False}))
+    undo.enter_context(functorch_config.patch({"enable_autograd_cache": False}))
+    # Import every holder before patching: a codegen imported while the function is patched
+    # would bind our wrapper for good.
+    holders = []
+    for holder_name in _HOLDERS:
+        try:
+            holders.append(importlib.import_module(holder_name))
+        except Exception:  # a codegen that cannot load here (no Triton): nothing to patch
+            continue
+    debug = importlib.import_module("torch._inductor.debug")
+    original = getattr(debug, _PROVENANCE_FUNCTION)
+
+    def traced(node_schedule: Any, kernel_name: str, is_extern: bool = False) -> int | None:
+        with suppress(Exception):  # never let bookkeeping break a compilation
+            collector.record(node_schedule, kernel_name, is_extern)
+        return original(node_schedule, kernel_name, is_extern)  # type: ignore[no-any-return]
+
+    for holder in holders:
+        if getattr(holder, _PROVENANCE_FUNCTION, None) is original:
+            setattr(holder, _PROVENANCE_FUNCTION, traced)
+            undo.callback(setattr, holder, _PROVENANCE_FUNCTION, original)
 
 
 def compile_info() -> Any:

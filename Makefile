@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck unit browser bench clean
+.PHONY: demo test lint typecheck unit browser bench clean compat
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,5 +52,16 @@ bench: $(VENV)/.base
 	$(BIN)/python benchmarks/postprocess.py --steps 20
 	$(BIN)/python benchmarks/overhead.py
 
+# The suite on another torch, in a throwaway venv (not part of `make test`): make compat TORCH=2.4.1
+# torch is pinned in both installs so that no dependency can move it.
+TORCH ?= $(TORCH_VERSION)
+COMPAT := .venv-compat
+compat:
+	rm -rf $(COMPAT)
+	$(PYTHON) -m venv $(COMPAT)
+	$(COMPAT)/bin/python -m pip --disable-pip-version-check -q install "torch==$(TORCH)"
+	$(COMPAT)/bin/python -m pip --disable-pip-version-check -q install -e ".[test]" "torch==$(TORCH)"
+	$(COMPAT)/bin/python -m pytest -p no:cacheprovider
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(COMPAT) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -69,12 +69,18 @@ def test_torchprof_backward_option_and_disabled() -> None:
 # ----- Hugging Face Transformers ------------------------------------------------------------------------
 @needs("transformers")
 def test_transformers_trainer_callback(tmp_path: Path) -> None:
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    except ImportError as exc:  # the pinned transformers needs a newer torch than some we test on
+        pytest.skip(f"transformers does not import with torch {torch.__version__}: {str(exc)[:80]}")
 
     from layerscope.integrations.transformers import LayerscopeCallback
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16))
+    try:
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16))
+    except ImportError as exc:  # transformers checks the torch version when a model is built
+        pytest.skip(f"transformers refuses torch {torch.__version__}: {str(exc).strip()[:80]}")
     data = [
         {"input_ids": torch.randint(0, 64, (16,)), "labels": torch.randint(0, 64, (16,))} for _ in range(16)
     ]

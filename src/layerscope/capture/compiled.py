@@ -215,6 +215,7 @@ def collecting_compile_info() -> Iterator[None]:
             # then stay whole (their kernels with the compiled module), as for code compiled unwatched.
             undo.close()
             _unsupported.append(f"{type(exc).__name__}: {exc}")
+            del _unsupported[:-10]
             watching = False
         if not watching:
             yield

@@ -112,10 +112,16 @@ def table_from_kineto(
         # CPU ops and user annotations are attributed alike (by name), so one kind serves both.
         kind_ids = {"cpu_op": int(EventKind.CPU_OP)}
         kinds = [int(EventKind.CPU_OP)] * len(spans)
-    else:
+    elif hasattr(event_type, "activity_type"):
         activities = list(map(event_type.activity_type, spans))
         kind_ids = {a: int(kind_of_activity(a)) for a in set(activities)}
         kinds = list(map(kind_ids.__getitem__, activities))
+    else:
+        # torch < 2.5 has no activity_type(): events on the host are CPU ops, the rest device work
+        # (degraded: Python-function events then count as ops, runtime calls as CPU ops).
+        on_device = [int(d) != 0 for d in map(event_type.device_type, spans)]
+        kind_ids = {"cpu_op": int(EventKind.CPU_OP), "kernel": int(EventKind.KERNEL)}
+        kinds = [kind_ids["kernel"] if d else kind_ids["cpu_op"] for d in on_device]
     table.span_kind = kinds
     table.span_ts = list(map(event_type.start_ns, spans))
     table.span_dur = list(map(event_type.duration_ns, spans))

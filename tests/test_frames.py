@@ -92,3 +92,16 @@ def test_mfu_against_a_given_or_known_peak(profile: ls.Profile) -> None:
     row = next(line for line in text.splitlines() if "fc1" in line)
     from_end = [c.strip() for c in header.split("|")][::-1].index("MFU")  # tree guides hold "|" too
     assert [c.strip() for c in row.split("|")][::-1][from_end] == "25.0%"
+
+
+def test_op_tables_and_diffs_show_as_html_in_notebooks(profile: ls.Profile) -> None:
+    import xml.dom.minidom
+
+    rows = profile.ops(limit=5)
+    page = rows._repr_html_()
+    assert isinstance(rows, list) and len(rows) == 5
+    table = xml.dom.minidom.parseString(page).documentElement  # well-formed, no script
+    assert len(table.getElementsByTagName("tr")) == 6 and "<script" not in page
+    assert rows[0].name.replace("<", "&lt;") in page
+    d = ls.diff(profile, profile)
+    assert "layerscope diff" in d._repr_html_() and "cpu_us" in d._repr_html_()

@@ -28,7 +28,9 @@ LAYER_OF = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 # (importing file, imported unit): why a function-level import may point up.
 LAZY_UPWARD: dict[tuple[str, str], str] = {
     ("model/profile.py", "analysis"): "Profile.ops() convenience",
-    ("model/profile.py", "render"): "print(profile) / rich rendering convenience",
+    ("model/profile.py", "render"): "print(profile) / rich rendering / notebook convenience",
+    ("analysis/ops.py", "render"): "notebooks show p.ops() as a table",
+    ("analysis/diff.py", "render"): "notebooks show a diff as tables",
 }
 
 

@@ -64,6 +64,12 @@ class ProfileDiff:
         """Total change in percent of a (None when a's total is 0)."""
         return 100.0 * self.total_delta / self.total_a if self.total_a else None
 
+    def _repr_html_(self) -> str:
+        """Notebooks: the summary and the largest changes as HTML tables."""
+        from layerscope.render.html_tables import diff_html
+
+        return diff_html(self)
+
     def regressed(self, threshold_percent: float) -> bool:
         """True when b's total exceeds a's by more than ``threshold_percent``."""
         pct = self.total_percent

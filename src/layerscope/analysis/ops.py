@@ -12,6 +12,15 @@ GROUP_KEYS = ("name", "input_shapes", "module", "phase")
 SORT_KEYS = (*FIELD_NAMES, "calls", "name")
 
 
+class OpTable(list[OpStats]):
+    """The rows ``Profile.ops()`` returns: a plain list that a notebook shows as a table."""
+
+    def _repr_html_(self) -> str:
+        from layerscope.render.html_tables import ops_html
+
+        return ops_html(self)
+
+
 def op_table(
     profile: Profile,
     sort_by: str = "self_cpu_us",
@@ -19,7 +28,7 @@ def op_table(
     phase: Phase | str | None = None,
     module: str | None = None,
     limit: int | None = None,
-) -> list[OpStats]:
+) -> OpTable:
     """Aggregate op rows. Grouping keeps totals: the sum of any additive metric over the result
     equals the sum over the rows that pass the filters. Fields that differ inside a group become None."""
     if isinstance(group_by, str):
@@ -47,7 +56,7 @@ def op_table(
         result.sort(key=lambda r: -r.calls)
     else:
         result.sort(key=lambda r: -getattr(r.metrics, sort_by))
-    return result[:limit] if limit is not None else result
+    return OpTable(result[:limit] if limit is not None else result)
 
 
 def _parse_phase(phase: Phase | str | None) -> Phase | None:

@@ -1,0 +1,73 @@
+"""Small static HTML tables for notebooks: op tables (``p.ops()``) and diffs (``ls.diff(a, b)``).
+
+No script and every value escaped: a notebook shows them as they are. The full interactive report
+is ``Profile._repr_html_`` (render/notebook.py).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from layerscope.analysis.diff import ProfileDiff
+from layerscope.model.profile import OpStats
+from layerscope.render.diff import _cells, summary_line, value_formatter
+from layerscope.units import fmt_bytes, fmt_si, fmt_time_us
+
+_STYLE = "border-collapse:collapse;font:12px/1.4 ui-monospace,monospace"
+_CELL = "padding:2px 8px;border-bottom:1px solid #e4e4e4;text-align:{align}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
+    def cell(tag: str, k: int, value: str) -> str:
+        align = "left" if k < text_columns else "right"
+        return f'<{tag} style="{_CELL.format(align=align)}">{html.escape(value)}</{tag}>'
+
+    head = "".join(cell("th", k, h) for k, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(cell("td", k, v) for k, v in enumerate(r)) + "</tr>" for r in rows)
+    return f'<table style="{_STYLE}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def ops_html(rows: Sequence[OpStats], limit: int = 50) -> str:
+    """Op rows as an HTML table (the first ``limit``; a line says how many more)."""
+    headers = [
+        "Op",
+        "Phase",
+        "Module",
+        "Input shapes",
+        "Calls",
+        "Self CPU",
+        "CPU total",
+        "Device",
+        "Alloc",
+        "FLOPs",
+    ]
+    body = [
+        [
+            r.name,
+            str(r.phase) if r.phase is not None else "",
+            r.module if r.module is not None else (f"[{r.scope}]" if r.scope else ""),
+            r.input_shapes or "",
+            str(r.calls),
+            fmt_time_us(r.metrics.self_cpu_us),
+            fmt_time_us(r.metrics.cpu_us),
+            fmt_time_us(r.metrics.device_us),
+            fmt_bytes(r.metrics.cpu_alloc_bytes + r.metrics.device_alloc_bytes),
+            fmt_si(r.metrics.flops),
+        ]
+        for r in rows[:limit]
+    ]
+    more = f"<p>{len(rows) - limit} more rows</p>" if len(rows) > limit else ""
+    return _table(headers, body, text_columns=4) + more
+
+
+def diff_html(d: ProfileDiff, top: int = 15) -> str:
+    """A diff as its summary line and two HTML tables (modules, ops) of the largest changes."""
+    fmt = value_formatter(d.metric)
+    parts = [f"<p><b>layerscope diff</b>: {html.escape(summary_line(d))}</p>"]
+    for title, rows in (("Module", d.modules), ("Op", d.ops)):
+        if rows:
+            parts.append(
+                _table([title, "A", "B", "Change", "%", ""], [list(_cells(r, fmt)) for r in rows[:top]])
+            )
+    return "".join(parts)

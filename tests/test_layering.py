@@ -61,10 +61,10 @@ def _imports(tree: ast.Module) -> list[tuple[str, bool]]:
     return found
 
 
-def _violations() -> list[str]:
+def _violations(package: Path = PACKAGE) -> list[str]:
     bad: list[str] = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
         own = rel.split("/")[0].removesuffix(".py")
         assert own in LAYER_OF, f"{rel}: add {own!r} to LAYERS in this test and to docs/architecture.md"
         for module, top in _imports(ast.parse(path.read_text(), filename=str(path))):
@@ -90,6 +90,16 @@ def test_the_check_catches_an_upward_import() -> None:
         "import os\nfrom layerscope.render.console import tree_table\ndef f():\n    import layerscope.cli\n"
     )
     assert _imports(tree) == [("layerscope.render.console", True), ("layerscope.cli", False)]
+
+
+def test_the_check_reports_a_model_that_imports_a_renderer(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "profile.py").write_text(
+        "from layerscope.errors import UsageError\nfrom layerscope.render.console import tree_table\n"
+    )
+    assert _violations(tmp_path) == [
+        "model/profile.py imports layerscope.render.console (at module level): layer 1 -> 5"
+    ]
 
 
 def test_every_lazy_exception_is_still_needed() -> None:

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -115,18 +116,14 @@ def _local(
     from concurrent.futures import ProcessPoolExecutor
 
     caught = _Caught(func)
+    names = [str(p) for p in paths]
     count = workers if workers is not None else min(len(paths), os.cpu_count() or 1)
+    parallel = count > 1 and len(paths) > 1  # one file or one core: in this process
     outcomes: list[tuple[R | None, str | None]] = []
     failed = 0
-    if count <= 1 or len(paths) <= 1:
-        for p in paths:
-            outcomes.append(caught(str(p)))
-            failed += outcomes[-1][1] is not None
-            progress.update(len(outcomes), failed)
-        return outcomes
-    with ProcessPoolExecutor(max_workers=count) as pool:
+    with ProcessPoolExecutor(max_workers=count) if parallel else nullcontext() as pool:
         chunk = max(1, len(paths) // (4 * count))
-        for outcome in pool.map(caught, [str(p) for p in paths], chunksize=chunk):
+        for outcome in pool.map(caught, names, chunksize=chunk) if pool else map(caught, names):
             outcomes.append(outcome)
             failed += outcome[1] is not None
             progress.update(len(outcomes), failed)

@@ -49,6 +49,21 @@ def _unused(path: Path) -> Path:
         k += 1
 
 
+def _write_cycle(
+    cycle: Cycle, profile_path: Path, companion: Callable[[str], Path], *, trace: bool, html: bool
+) -> list[Path]:
+    """Write a cycle's profile, and its Chrome trace / HTML report when asked (their paths from
+    ``companion(ending)``); the paths written."""
+    written = [cycle.profile.save(profile_path)]
+    if trace:
+        written.append(cycle.export_chrome_trace(companion(".pt.trace.json.gz")))
+    if html:
+        from layerscope.render.html import write_html_report
+
+        written.append(write_html_report(cycle.profile, companion(".html")))
+    return written
+
+
 def save_to(
     directory: str | Path, *, trace: bool = False, html: bool = False, rank: int | None = None
 ) -> Callable[[Cycle], None]:
@@ -63,15 +78,11 @@ def save_to(
         folder.mkdir(parents=True, exist_ok=True)
         who = current_rank() if rank is None else rank
         target = _unused(folder / cycle_file_name(cycle, who, ".json.gz"))
-        written.append(cycle.profile.save(target))
-        if trace:
-            trace_path = _unused(target.with_name(target.name.replace(".json.gz", ".pt.trace.json.gz")))
-            written.append(cycle.export_chrome_trace(trace_path))
-        if html:
-            from layerscope.render.html import write_html_report
 
-            page = _unused(target.with_name(target.name.replace(".json.gz", ".html")))
-            written.append(write_html_report(cycle.profile, page))
+        def companion(ending: str) -> Path:
+            return _unused(target.with_name(target.name.replace(".json.gz", ending)))
+
+        written.extend(_write_cycle(cycle, target, companion, trace=trace, html=html))
 
     handler.written = written  # type: ignore[attr-defined]
     return handler
@@ -92,6 +103,7 @@ class FileSaver:
         self.suffix = ".json.gz" if name.lower().endswith(".json.gz") else ".json"
         self.stem = name[: -len(self.suffix)]
         self.written: list[Path] = []
+        self.cycles = 0
 
     def _name(self, cycle: int | None, kind: str) -> Path:
         base = self.stem if cycle is None else f"{self.stem}.c{cycle}"
@@ -100,17 +112,18 @@ class FileSaver:
 
     def __call__(self, cycle: Cycle) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.written.append(cycle.profile.save(self._name(cycle.index, "profile")))
-        if self.trace:
-            self.written.append(cycle.export_chrome_trace(self._name(cycle.index, "trace")))
-        if self.html:
-            from layerscope.render.html import write_html_report
+        self.cycles += 1
+        base = self.path.with_name(f"{self.stem}.c{cycle.index}")
 
-            self.written.append(write_html_report(cycle.profile, self._name(cycle.index, "html")))
+        def companion(ending: str) -> Path:
+            return base.with_name(base.name + ending)
+
+        written = _write_cycle(cycle, companion(self.suffix), companion, trace=self.trace, html=self.html)
+        self.written.extend(written)
 
     def finish(self) -> None:
         """With exactly one cycle, give its files the names asked for."""
-        if not self.written or any(p.name.startswith(f"{self.stem}.c1.") for p in self.written):
+        if self.cycles != 1:
             return
         renamed: list[Path] = []
         for kind in ("profile", "trace", "html"):

@@ -31,15 +31,16 @@ def merge(
     ``RankMerge.failed`` and the others still merge.
     """
     items: list[Profile | str | Path] = [sources] if isinstance(sources, str | Path) else list(sources)
-    files = [f for item in items if not isinstance(item, Profile) for f in trace_files(item)]
+    # in input order: a Profile stands for itself, a path for its files (each path expanded once)
+    entries: list[Profile | Path] = [
+        f for item in items for f in ([item] if isinstance(item, Profile) else trace_files(item))
+    ]
+    files = [e for e in entries if isinstance(e, Path)]
     loaded = load_many(files, scheduler=scheduler, workers=workers) if files else None
     by_path = dict(zip(loaded.paths, loaded.results, strict=True)) if loaded else {}
-    profiles: list[Profile] = []
-    for item in items:
-        if isinstance(item, Profile):
-            profiles.append(item)
-        else:
-            profiles.extend(by_path[f] for f in trace_files(item) if f in by_path)
+    profiles = [
+        by_path[e] if isinstance(e, Path) else e for e in entries if not isinstance(e, Path) or e in by_path
+    ]
     if loaded and loaded.failures and len(profiles) < 2:
         path, why = loaded.failures[0]
         raise TraceFormatError(

@@ -21,7 +21,7 @@ from typing import Any
 
 from layerscope.errors import UsageError
 from layerscope.model.metrics import FIELD_NAMES, Metrics
-from layerscope.model.profile import Profile
+from layerscope.model.profile import ModuleNode, Profile
 
 TABLES = ("modules", "ops", "unattributed", "steps")
 
@@ -43,15 +43,16 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
     """The rows of one table as plain dicts (what ``to_pandas`` hands to pandas)."""
     if table == "modules":
         rows = []
-        depth = {"": 0}
-        for node in profile.modules():
-            parent = node.path.rpartition(".")[0] if node.path else None
-            depth[node.path] = 0 if parent is None else depth.get(parent, 0) + 1
+        # parent and depth from the tree itself (with folding, a parent is not always the path's prefix)
+        stack: list[tuple[ModuleNode, str | None, int]] = [(profile.root, None, 0)]
+        while stack:
+            node, parent, depth = stack.pop()
+            stack.extend((child, node.path, depth + 1) for child in reversed(node.children))
             row: dict[str, Any] = {
                 "path": node.path,
                 "type": node.type_name,
                 "parent": parent,
-                "depth": depth[node.path],
+                "depth": depth,
                 "calls": node.calls,
                 "params": node.params,
                 "params_total": node.params_total,

@@ -20,7 +20,7 @@ from layerscope.attribution.buckets import (
     name_roles,
 )
 from layerscope.attribution.catalog import ModuleInfo
-from layerscope.attribution.compiled import attribute_compiled_kernels, extra_module_ranges, graphs_from_meta
+from layerscope.attribution.compiled import attribute_compiled_kernels, graphs_from_meta
 from layerscope.attribution.devices import link_device_work
 from layerscope.attribution.memory import (
     bucket_memory,
@@ -40,23 +40,25 @@ from layerscope.model.profile import Phase, Profile, UnattributedEntry
 
 
 def build_profile(
-    table: EventTable, catalog: list[ModuleInfo] | None = None, meta: dict[str, Any] | None = None
+    table: EventTable,
+    catalog: list[ModuleInfo] | None = None,
+    meta: dict[str, Any] | None = None,
+    compiled_graphs: list[Any] | None = None,
 ) -> Profile:
     """Attribute every event of ``table`` and return the Profile.
 
     ``catalog`` lists the modules (from a live capture); without one, modules are discovered from
-    the layerscope ranges found in the trace.
+    the layerscope ranges found in the trace. ``compiled_graphs`` (capture's record of which module
+    each kernel of a compiled graph comes from) places the kernels run inside compiled regions; a
+    trace saved by layerscope carries its own.
     """
     table.check()
     catalog_given = catalog is not None
     found = table.meta.get("layerscope")
     saved: dict[str, Any] = found if isinstance(found, dict) else {}
-    graph_entries = (meta or {}).get("compiled_graphs") or saved.get("compiled_graphs")
+    graph_entries = compiled_graphs if compiled_graphs is not None else saved.get("compiled_graphs")
     named = name_roles(
-        table.names,
-        catalog,
-        _saved_modules(saved) + extra_module_ranges(graph_entries),
-        _annotation_names(table) if catalog is None else None,
+        table.names, catalog, _saved_modules(saved), _annotation_names(table) if catalog is None else None
     )
     catalog = named.catalog
     buckets = Buckets(len(catalog))
@@ -70,7 +72,7 @@ def build_profile(
     )
     compiled = attribute_compiled_kernels(
         table,
-        order.tolist(),
+        order,
         swept.parent,
         swept.bucket,
         swept.compiled_graph_spans,

@@ -2,7 +2,7 @@
 
 Inside a compiled region no module range exists, so after the sweep every kernel there sits in the
 bucket of the module whose compiled call runs the graph (the compiled root). When capture learnt the
-graph at compile time (``meta["compiled_graphs"]``: per graph, its kernels in call order, each with
+graph at compile time (``compiled_graphs``: per graph, its kernels in call order, each with
 the module path relative to the compiled root), the direct children of each graph range are matched,
 in order, against those kernels and moved to ``<root path>.<kernel's module>`` in the same phase;
 their own children follow them. Which graph a range ran is found by matching too (the profiler names
@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from layerscope.attribution.catalog import ModuleInfo
 
@@ -56,7 +58,7 @@ class CompiledGraph:
 
     @staticmethod
     def from_meta(entry: Any) -> CompiledGraph | None:
-        """Read one entry of ``meta["compiled_graphs"]``; None when malformed."""
+        """Read one entry of a ``compiled_graphs`` list; None when malformed."""
         try:
             kernels = [(str(k), str(m)) for k, m in entry["kernels"]]
         except (KeyError, TypeError, ValueError):
@@ -70,17 +72,6 @@ def graphs_from_meta(entries: Any) -> list[CompiledGraph]:
         return []
     found = (CompiledGraph.from_meta(e) for e in entries)
     return [g for g in found if g is not None and g.keys]
-
-
-def extra_module_ranges(entries: Any) -> list[tuple[str, str]]:
-    """(relative path, type) of every module the graphs name (for catalogs built from traces)."""
-    pairs: list[tuple[str, str]] = []
-    if isinstance(entries, list):
-        for entry in entries:
-            modules = entry.get("modules") if isinstance(entry, dict) else None
-            if isinstance(modules, dict):
-                pairs.extend((str(p), str(t)) for p, t in modules.items() if p)
-    return pairs
 
 
 def _match(child_keys: tuple[str, ...], graph: CompiledGraph) -> list[int]:
@@ -139,7 +130,7 @@ class CompiledAttribution:
 
 def attribute_compiled_kernels(
     table: Any,
-    order: list[int],
+    order: np.ndarray,
     parent: list[int],
     bucket: list[int],
     graph_spans: list[int],
@@ -158,7 +149,8 @@ def attribute_compiled_kernels(
     span_name = table.span_name
     is_graph = set(graph_spans)
     children: dict[int, list[int]] = {g: [] for g in graph_spans}
-    for i in order:
+    in_time_order = order.tolist()
+    for i in in_time_order:
         p = parent[i]
         if p in is_graph:
             children[p].append(i)
@@ -197,7 +189,7 @@ def attribute_compiled_kernels(
             for m in _with_ancestors(called, catalog, index, root_bucket // 2):
                 module_calls[m] += 1
     if changed:
-        _children_follow(order, parent, bucket, changed)
+        _children_follow(in_time_order, parent, bucket, changed)
     return result
 
 

@@ -104,7 +104,6 @@ class _Collector:
         self.graphs: dict[int, _Graph] = {}
         self.order: list[int] = []
         self.module_of_seq: dict[int, str] = {}
-        self.types: dict[str, str] = {}
 
     def record(self, node_schedule: Any, kernel_name: str, is_extern: bool) -> None:
         nodes = _origin_nodes(node_schedule, is_extern)
@@ -115,10 +114,8 @@ class _Collector:
             stack = meta.get("nn_module_stack")
             seq = meta.get("seq_nr")
             if stack:
-                path_text, type_ = list(stack.values())[-1]
-                path = module_path(str(path_text))
+                path = module_path(str(list(stack.values())[-1][0]))
                 modules.append(path)
-                self.types.setdefault(path, getattr(type_, "__name__", str(type_).rsplit(".", 1)[-1]))
                 if isinstance(seq, int):
                     self.module_of_seq.setdefault(seq, path)
             elif isinstance(seq, int):
@@ -132,19 +129,15 @@ class _Collector:
             graph.kernels.append(_Kernel(inductor_kernel_key(kernel_name), modules, seqs))
 
     def finished(self) -> list[dict[str, Any]]:
-        """Every graph as saved in a profile's meta: ``{"kernels": [[key, module path], ...],
-        "modules": {path: type}}``, module paths relative to the compiled root."""
+        """Every graph as saved beside a trace: ``{"kernels": [[key, module path], ...]}``, module paths
+        relative to the compiled root (a fused kernel: its modules' deepest common ancestor)."""
         result = []
         for graph_id in self.order:
             kernels = []
-            used: set[str] = set()
             for k in self.graphs[graph_id].kernels:
                 paths = k.modules + [self.module_of_seq[s] for s in k.seqs if s in self.module_of_seq]
-                where = common_ancestor(paths)
-                kernels.append([k.key, where])
-                used.update(paths)
-            types = {p: self.types[p] for p in sorted(used) if p in self.types}
-            result.append({"kernels": kernels, "modules": types})
+                kernels.append([k.key, common_ancestor(paths)])
+            result.append({"kernels": kernels})
         return result
 
 

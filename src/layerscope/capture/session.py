@@ -357,10 +357,7 @@ class profile:
             meta["undecodable_names"] = table.meta["undecodable_names"]
         if cycle is not None:
             meta["cycle"] = cycle
-        graphs = known_graphs()
-        if graphs:
-            meta["compiled_graphs"] = graphs
-        profile = build_profile(table, catalog, meta)
+        profile = build_profile(table, catalog, meta, compiled_graphs=known_graphs())
         compiled = profile.meta.get("compiled")
         if compiled and compiled["mapped_graph_calls"] < compiled["graph_calls"]:
             unmapped = compiled["graph_calls"] - compiled["mapped_graph_calls"]

@@ -122,10 +122,10 @@ def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
 
 def scheduler_of(args: argparse.Namespace) -> str | None:
     """The --scheduler address, checked: Dask must be importable before any file is read."""
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers must be at least 1")
     address: str | None = args.scheduler
     if address is None:
-        if args.workers is not None and args.workers < 1:
-            raise UsageError("--workers must be at least 1")
         return None
     from layerscope.filemap import DASK_INSTALL_HINT
 

@@ -31,7 +31,8 @@ def _percent(row_pct: float | None) -> str:
     return "" if row_pct is None else f"{row_pct:+.1f}%"
 
 
-def _cells(row: DiffRow, fmt: Callable[[float], str]) -> tuple[str, ...]:
+def row_cells(row: DiffRow, fmt: Callable[[float], str]) -> tuple[str, ...]:
+    """One diff row as display cells: key, A, B, change, percent, status."""
     status = {"new": "new", "vanished": "vanished"}.get(row.status, "")
     return (
         row.key or "(root)",
@@ -64,7 +65,7 @@ def diff_table(d: ProfileDiff, top: int = 15, ascii_only: bool | None = None) ->
     for title, rows in (("Modules", d.modules), ("Ops", d.ops)):
         if not rows:
             continue
-        body: list[tuple[Text | str, ...]] = [_cells(r, fmt) for r in rows[:top]]
+        body: list[tuple[Text | str, ...]] = [row_cells(r, fmt) for r in rows[:top]]
         parts.append(
             _FittedTable(
                 headers=[title, *headers[1:]],
@@ -87,7 +88,7 @@ def diff_markdown(d: ProfileDiff, top: int = 15) -> str:
             continue
         lines += [f"| {title} | A | B | Change | % | |", "|---|---:|---:|---:|---:|---|"]
         for r in rows[:top]:
-            cells = [c.replace("|", "\\|") for c in _cells(r, fmt)]
+            cells = [c.replace("|", "\\|") for c in row_cells(r, fmt)]
             cells[0] = f"`{cells[0]}`"
             lines.append("| " + " | ".join(cells) + " |")
         if len(rows) > top:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from layerscope.analysis.diff import ProfileDiff
 from layerscope.model.profile import OpStats
-from layerscope.render.diff import _cells, summary_line, value_formatter
+from layerscope.render.diff import row_cells, summary_line, value_formatter
 from layerscope.units import fmt_bytes, fmt_si, fmt_time_us
 
 _STYLE = "border-collapse:collapse;font:12px/1.4 ui-monospace,monospace"
@@ -68,6 +68,6 @@ def diff_html(d: ProfileDiff, top: int = 15) -> str:
     for title, rows in (("Module", d.modules), ("Op", d.ops)):
         if rows:
             parts.append(
-                _table([title, "A", "B", "Change", "%", ""], [list(_cells(r, fmt)) for r in rows[:top]])
+                _table([title, "A", "B", "Change", "%", ""], [list(row_cells(r, fmt)) for r in rows[:top]])
             )
     return "".join(parts)

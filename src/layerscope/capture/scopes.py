@@ -1,9 +1,15 @@
-"""Module scopes: forward hooks that open a named profiler range around every module call.
+"""Module scopes: a named profiler range ``ls:<path>:<Type>`` around every module call.
 
-The pre-hook opens ``ls:<path>:<Type>`` with torch's C++ ``_RecordFunctionFast`` (about 0.7 µs,
-against ~11 µs for ``record_function``, which also records its own enter/exit ops); the forward hook,
-registered with ``always_call=True``, closes it even when the forward raises. Open ranges live on a
-per-thread stack, so two threads can run the model at once.
+Ranges are torch's C++ ``_RecordFunctionFast`` (about 0.7 µs a pair under the profiler, against ~11 µs
+for ``record_function``, which also records its own enter/exit ops). Two ways to open them:
+
+- eager models (the common case): the forward of each module's class is wrapped for the block
+  (``capture/forward_ranges.py``, ~1.4 µs per module call);
+- hooks, where a class wrapper cannot serve or is unsafe: global mode (``model=None``: modules are
+  not known in advance), models with compiled parts (Dynamo guards on the functions it inlined, so a
+  patched class would cost recompiles), scripted modules and modules whose instance carries its own
+  ``forward``. The pre-hook opens the range, the forward hook (``always_call=True``) closes it even
+  when the forward raises. Open ranges live on a per-thread stack, so two threads can run the model.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from torch.utils.hooks import RemovableHandle
 
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.capture.compiled import unwrap_compiled
+from layerscope.capture.forward_ranges import ForwardRanges
 from layerscope.events.module_ranges import module_range_name
 
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
@@ -72,6 +79,7 @@ class ModuleScopes:
         self._awaiting_output: set[int] = set()  # ... and whose output shapes are still to come
         self._lock = threading.Lock()
         self._root_names: set[str] = set()
+        self._forward_ranges = ForwardRanges(self._first_forward)
         #: Called before a top-level module call (no layerscope scope open on the thread), in global
         #: mode; ``layerscope run`` ends deferred training steps there.
         self.before_top_level_call: Callable[[], None] | None = None
@@ -88,8 +96,11 @@ class ModuleScopes:
         return any(path == p or path.startswith(p + ".") or p.startswith(path + ".") for p in self.paths)
 
     # ----- install / remove ----------------------------------------------------------------------
-    def install(self) -> None:
-        """Register the hooks (call :meth:`remove` in a ``finally``)."""
+    def install(self, force_hooks: bool = False) -> None:
+        """Open ranges on the modules (call :meth:`remove` in a ``finally``).
+
+        ``force_hooks`` uses hooks even where class wrappers could serve (benchmarks, tests).
+        """
         if self.model is None:
             from torch.nn.modules import module as module_mod
 
@@ -105,10 +116,23 @@ class ModuleScopes:
             self._register(model, "", type_name=type(inner).__name__, params_from=inner)
             self._hook(model)
         compiled_roots: list[str] = []  # modules with their own compiled call (module.compile())
+        # Class wrappers only where nothing is compiled: Dynamo guards on the forward functions it
+        # inlined, and a patched class would make compiled code recompile.
+        wrap_classes = (
+            not force_hooks
+            and not whole_model_compiled
+            and not any(getattr(m, "_compiled_call_impl", None) is not None for m in inner.modules())
+        )
         for path, module in inner.named_modules():
             if not self.keeps(path) or (whole_model_compiled and path == ""):
                 continue
+            if path and isinstance(module, torch.jit.ScriptModule):
+                # TorchScript runs no Python hooks and takes no attribute patches: a scripted
+                # submodule's work stays in its parent's self time.
+                continue
             self._register(module, path)
+            if isinstance(module, torch.jit.ScriptModule):
+                continue  # a scripted root: the tree is the root alone
             # Modules that run inside compiled code get no hooks: they would not run there, and Dynamo
             # guards on the hooks' ids (different per module), so hooks would cost recompiles.
             inside = whole_model_compiled or any(
@@ -119,8 +143,12 @@ class ModuleScopes:
             if getattr(module, "_compiled_call_impl", None) is not None:
                 compiled_roots.append(path)
                 self._wrap_compiled_call(module)
-            else:
+            elif not wrap_classes:
                 self._hook(module)
+            else:
+                name = self._names[id(module)]
+                if name is not None and not self._forward_ranges.add(module, name):
+                    self._hook(module)
 
     def _hook(self, module: nn.Module) -> None:
         self._handles.append(module.register_forward_pre_hook(self._pre))
@@ -145,7 +173,9 @@ class ModuleScopes:
         self._compiled_calls.append((module, compiled))
 
     def remove(self) -> None:
-        """Remove every hook and close ranges this thread still has open (after an interrupt)."""
+        """Remove every hook and class wrapper; close ranges this thread still has open (after an
+        interrupt)."""
+        self._forward_ranges.remove()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -210,6 +240,23 @@ class ModuleScopes:
             self._awaiting_output.discard(key)
             path = self._paths[key]
             self._first_shapes[path] = (self._first_shapes[path][0], shapes_of(output))
+
+    def _first_forward(
+        self,
+        module: nn.Module,
+        name: str,
+        forward: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """A class-wrapped module's first call: the range, plus its input and output shapes."""
+        path = self._paths[id(module)]
+        inputs = shapes_of(args)
+        self._first_shapes[path] = (inputs, None)
+        with _RecordFunctionFast(name):
+            output = forward(module, *args, **kwargs)
+        self._first_shapes[path] = (inputs, shapes_of(output))
+        return output
 
     def _global_pre(self, module: nn.Module, args: Any) -> None:
         if _is_compiling():

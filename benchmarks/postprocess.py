@@ -6,6 +6,7 @@ on two captures, so neither side profits from running second). Prints a table an
 
     python benchmarks/postprocess.py --steps 20
     python benchmarks/postprocess.py --model mlp --steps 20   # many small ops: 24 LayerNorm+GELU blocks
+    python benchmarks/postprocess.py --model mlp --stages      # where our build's time goes, per stage
 """
 
 from __future__ import annotations
@@ -60,6 +61,38 @@ def measure(prof: ls.profile, ours_first: bool) -> dict[str, float]:
     return result
 
 
+def stages(prof: ls.profile) -> dict[str, float]:
+    """Seconds per stage of the live build, on one capture: torch's ``events()`` (a Python object per
+    Kineto event) and freeing those objects, the rest of the reader (the per-event accessors), and
+    attribution (``build_profile``)."""
+    from layerscope.attribution.attribute import build_profile
+    from layerscope.capture.flops import FlopCalculator
+    from layerscope.capture.kineto import table_from_kineto
+
+    results = prof.torch_profiler.profiler.kineto_results
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        events = results.events()
+        t1 = time.perf_counter()
+        del events
+        t2 = time.perf_counter()
+        table = table_from_kineto(results, FlopCalculator(), shapes=True, cpu_only=True)
+        t3 = time.perf_counter()
+        build_profile(table, prof._catalog, {})
+        t4 = time.perf_counter()
+    finally:
+        gc.enable()
+    return {
+        "events": table.event_count,
+        "torch events()": t1 - t0,
+        "freeing them": t2 - t1,
+        "accessors and columns": (t3 - t2) - (t2 - t0),
+        "attribution": t4 - t3,
+    }
+
+
 def deep_mlp(blocks: int = 24, width: int = 256) -> torch.nn.Module:
     """Many small ops per step: ``blocks`` x (LayerNorm -> Linear -> GELU -> Linear), residual."""
 
@@ -83,6 +116,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=5)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--model", choices=("resnet", "mlp"), default="resnet")
+    parser.add_argument("--stages", action="store_true", help="time the build's stages instead")
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.model == "mlp":
@@ -92,6 +126,16 @@ def main() -> None:
         model = resnet18()
         x = torch.randn(args.batch, 3, args.size, args.size)
     model(x).sum().backward()  # warm-up outside the profile
+    if args.stages:
+        found = stages(capture(model, x, args.steps))
+        count = found.pop("events")
+        print(f"{'stage':<24}{'seconds':>9}{'µs/event':>10}   ({count:.0f} events)")
+        for name, seconds in found.items():
+            print(f"{name:<24}{seconds:>8.3f}s{seconds / count * 1e6:>10.2f}")
+        total = sum(found.values())
+        print(f"{'total':<24}{total:>8.3f}s{total / count * 1e6:>10.2f}")
+        print(json.dumps({"benchmark": "postprocess-stages", "model": args.model, "events": count, **found}))
+        return
     runs = []
     for ours_first in (True, False):
         runs.append({"ours_first": ours_first, **measure(capture(model, x, args.steps), ours_first)})

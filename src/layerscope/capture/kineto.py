@@ -15,7 +15,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from layerscope.attribution.buckets import BACKWARD_NODE_PREFIX
+from layerscope.attribution.steps import STEP_PREFIX
 from layerscope.capture.flops import FlopCalculator
+from layerscope.events.module_ranges import MODULE_RANGE_PREFIX
 from layerscope.events.shapes import shapes_key_from_json
 from layerscope.events.table import EventKind, EventTable
 
@@ -70,6 +73,12 @@ def _read_names(spans: list[Any], event_type: Any) -> tuple[list[str], int]:
             names.append(UNDECODABLE_NAME)
             bad += 1
     return names, bad
+
+
+def _records_no_inputs(name: str) -> bool:
+    """Spans whose ``shapes()`` is always empty: layerscope's module ranges, autograd's
+    ``evaluate_function`` wrappers and ``ProfilerStep#N`` (checked on torch 2.13 captures)."""
+    return name.startswith((MODULE_RANGE_PREFIX, BACKWARD_NODE_PREFIX, STEP_PREFIX))
 
 
 def table_from_kineto(
@@ -154,8 +163,20 @@ def table_from_kineto(
     raw_shapes: list[bytes] | None = None
     if shapes:
         # orjson.dumps is ~10x faster than str() on nested lists; only distinct shapes are
-        # formatted into their display form.
-        raw_shapes = list(map(orjson.dumps, map(event_type.shapes, spans)))
+        # formatted into their display form. Ranges (module scopes, autograd's evaluate_function
+        # wrappers, steps) record no inputs: their shapes() is always empty, so it is not asked.
+        no_inputs = {i for n, i in name_ids.items() if _records_no_inputs(n)}
+        if no_inputs:
+            asks = [n not in no_inputs for n in table.span_name]
+            raw_shapes = [b"[]"] * len(spans)
+            for j, value in zip(
+                compress(range(len(spans)), asks),
+                map(orjson.dumps, map(event_type.shapes, compress(spans, asks))),
+                strict=True,
+            ):
+                raw_shapes[j] = value
+        else:
+            raw_shapes = list(map(orjson.dumps, map(event_type.shapes, spans)))
         shape_ids = {
             b: (table.intern(shapes_key_from_json(b)) if b != b"[]" else -1)
             for b in dict.fromkeys(raw_shapes)

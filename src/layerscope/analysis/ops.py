@@ -1,14 +1,16 @@
-"""Operator tables: aggregate a Profile's op rows by any of name, input shapes, module and phase."""
+"""Operator tables: aggregate a Profile's op rows by any of name, input shapes, module, phase and
+Python call stack (source location)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from layerscope.attribution.stacks import user_frames
 from layerscope.errors import UsageError
 from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import OpStats, Phase, Profile
 
-GROUP_KEYS = ("name", "input_shapes", "module", "phase")
+GROUP_KEYS = ("name", "input_shapes", "module", "phase", "stack")
 SORT_KEYS = (*FIELD_NAMES, "calls", "name")
 
 
@@ -28,9 +30,15 @@ def op_table(
     phase: Phase | str | None = None,
     module: str | None = None,
     limit: int | None = None,
+    stack_depth: int | None = 5,
+    internal_frames: bool = False,
 ) -> OpTable:
     """Aggregate op rows. Grouping keeps totals: the sum of any additive metric over the result
-    equals the sum over the rows that pass the filters. Fields that differ inside a group become None."""
+    equals the sum over the rows that pass the filters. Fields that differ inside a group become None.
+
+    Grouping by ``"stack"`` (profiles recorded ``with_stack``) splits ops by source location: the
+    ``stack_depth`` innermost frames of the user's code (None: all), frames inside torch and
+    layerscope left out unless ``internal_frames``; each row's ``stack`` holds those frames."""
     if isinstance(group_by, str):
         group_by = (group_by,)
     bad = [g for g in group_by if g not in GROUP_KEYS]
@@ -41,15 +49,27 @@ def op_table(
     wanted_phase = _parse_phase(phase)
     if limit is not None and limit < 0:
         raise UsageError(f"limit must be >= 0, not {limit}")
+    if stack_depth is not None and (
+        not isinstance(stack_depth, int) or isinstance(stack_depth, bool) or stack_depth < 1
+    ):
+        raise UsageError(f"stack_depth must be a positive integer or None, not {stack_depth!r}")
+    by_stack = "stack" in group_by
+    shown: dict[tuple[str, ...], tuple[str, ...]] = {}  # a row's stack -> the frames grouped by
     groups: dict[tuple[object, ...], list[OpStats]] = {}
     for row in profile.op_rows:
         if wanted_phase is not None and row.phase is not wanted_phase:
             continue
         if module is not None and not _in_subtree(row.module, module):
             continue
-        key = tuple(getattr(row, g) for g in group_by)
+        if by_stack:
+            frames = shown.get(row.stack)
+            if frames is None:
+                frames = shown[row.stack] = user_frames(row.stack, internal_frames, stack_depth)
+            key = tuple(frames if g == "stack" else getattr(row, g) for g in group_by)
+        else:
+            key = tuple(getattr(row, g) for g in group_by)
         groups.setdefault(key, []).append(row)
-    result = [_merge(rows, group_by) for rows in groups.values()]
+    result = [_merge(rows, group_by, shown[rows[0].stack] if by_stack else ()) for rows in groups.values()]
     if sort_by == "name":
         result.sort(key=lambda r: r.name)
     elif sort_by == "calls":
@@ -74,7 +94,7 @@ def _in_subtree(path: str | None, root: str) -> bool:
     return root == "" or path == root or path.startswith(root + ".")
 
 
-def _merge(rows: list[OpStats], group_by: Sequence[str]) -> OpStats:
+def _merge(rows: list[OpStats], group_by: Sequence[str], stack: tuple[str, ...]) -> OpStats:
     first = rows[0]
     metrics = first.metrics
     for row in rows[1:]:
@@ -91,6 +111,7 @@ def _merge(rows: list[OpStats], group_by: Sequence[str]) -> OpStats:
         calls=sum(r.calls for r in rows),
         metrics=metrics if len(rows) > 1 else first.metrics,
         scope=first.scope if same["scope"] else "",
+        stack=stack,
     )
 
 

@@ -32,6 +32,7 @@ from layerscope.attribution.memory import (
 )
 from layerscope.attribution.nesting import depths, inclusive, levels, outermost_flops, sweep, time_order
 from layerscope.attribution.op_rows import SpanFigures, op_rows
+from layerscope.attribution.stacks import op_stacks
 from layerscope.attribution.steps import step_stats
 from layerscope.attribution.tree import assemble_tree
 from layerscope.events.table import EventKind, EventTable
@@ -148,7 +149,10 @@ def build_profile(
     # A region (a user annotation standing in for a module) can launch device work itself: it stays
     # an op row, where a layerscope module range never is one.
     range_names = {} if named.regions else named.module_ranges
-    rows = op_rows(table, order, parent, bucket, buckets, catalog, range_names, figures, device.unlinked)
+    stacks = op_stacks(table)  # Python call stacks (with_stack); None when none were recorded
+    rows = op_rows(
+        table, order, parent, bucket, buckets, catalog, range_names, figures, device.unlinked, stacks
+    )
 
     # ---- assemble ------------------------------------------------------------------------------------
     own = [(bucket_metrics(2 * m), bucket_metrics(2 * m + 1)) for m in range(len(catalog))]

@@ -40,9 +40,11 @@ def op_rows(
     module_ranges: dict[int, tuple[str, str]],
     figures: SpanFigures,
     unlinked_device: list[int],
+    stacks: tuple[np.ndarray, list[tuple[str, ...]]] | None = None,
 ) -> tuple[OpStats, ...]:
-    """One row per (name, bucket, input shapes) over every CPU span but module ranges, plus one row
-    per name of device work that no CPU op launched (so device totals reconcile)."""
+    """One row per (name, bucket, input shapes, Python stack) over every CPU span but module ranges,
+    plus one row per name of device work that no CPU op launched (so device totals reconcile).
+    ``stacks`` is each span's stack id and the stacks (``attribution/stacks.py``), when recorded."""
     excl, device_self, flops = figures.excl, figures.device_self, figures.flops
     dev_total = figures.device_total
     mem = figures.memory
@@ -81,6 +83,16 @@ def op_rows(
     keys = (name_col * nb + bucket_col) * ns + shape_col
     uniq, row_of = np.unique(keys, return_inverse=True)
     row_of = row_of.reshape(-1)
+    row_stack: list[int] = []
+    if stacks is not None:
+        # A second key on top of the first's dense row ids (a single key could overflow int64).
+        stack_col = stacks[0][idx] + 1
+        pairs = row_of.astype(np.int64) * (len(stacks[1]) + 1) + stack_col
+        uniq_pairs, row_of = np.unique(pairs, return_inverse=True)
+        row_of = row_of.reshape(-1)
+        span_of_pair = uniq_pairs // (len(stacks[1]) + 1)
+        row_stack = (uniq_pairs % (len(stacks[1]) + 1) - 1).tolist()
+        uniq = uniq[span_of_pair]
     rows = len(uniq)
 
     def summed(values: np.ndarray | list[int]) -> np.ndarray:
@@ -111,7 +123,9 @@ def op_rows(
     col = {k: v.tolist() for k, v in cols.items()}
     calls_list = calls.tolist()
     phases = [buckets.phase_of(b) for b in range(buckets.count)]
+    all_stacks = stacks[1] if stacks is not None else []
     for r, key in enumerate(uniq.tolist()):
+        stack_id = row_stack[r] if row_stack else -1
         shape_id = key % ns - 1
         rest = key // ns
         b = rest % nb
@@ -141,6 +155,7 @@ def op_rows(
                     int(col["retained_bytes"][r]),
                 ),
                 scope=scope,
+                stack=all_stacks[stack_id] if stack_id >= 0 else (),
             )
         )
     # Device work no CPU op launched gets rows of its own so device totals reconcile.

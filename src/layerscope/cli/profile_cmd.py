@@ -55,6 +55,9 @@ def register(sub: Any) -> None:
         "--warmup", type=int, default=1, metavar="N", help="unprofiled steps first (default 1)"
     )
     parser.add_argument("--memory", action="store_true", help="record allocations")
+    parser.add_argument(
+        "--with-stack", action="store_true", help="record Python stacks (for --group-by stack)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs")
     parser.add_argument("-o", "--output", metavar="PATH", help="save the profile (.json or .json.gz)")
@@ -162,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     for _ in range(args.warmup):
         step()
         model.zero_grad(set_to_none=True)
-    with ls.profile(model, memory=args.memory) as prof:
+    with ls.profile(model, memory=args.memory, with_stack=args.with_stack) as prof:
         for k in range(args.steps):
             step()
             if k < args.steps - 1:

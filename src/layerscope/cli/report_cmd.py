@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import UsageError
+from layerscope.model.profile import Profile
 
 FORMATS = ("html", "csv", "collapsed", "svg", "json", "chrome")
 
@@ -29,6 +30,18 @@ def register(sub: Any) -> None:
         default="cpu_us",
         metavar="METRIC",
         help="collapsed stacks: cpu_us, device_us, cpu_alloc_bytes, device_alloc_bytes or flops",
+    )
+    parser.add_argument(
+        "--frames",
+        default="modules",
+        choices=("modules", "source"),
+        help="collapsed stacks and SVG: module frames (default) or the ops' Python source frames "
+        "(profiles recorded with_stack)",
+    )
+    parser.add_argument(
+        "--internal-frames",
+        action="store_true",
+        help="with --frames source: keep torch's and layerscope's frames",
     )
     parser.set_defaults(run=run)
 
@@ -72,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(written[0], modules_csv(profile).encode())
         write_atomic(written[1], ops_csv(profile).encode())
     elif fmt == "collapsed":
-        write_atomic(output, collapsed_stacks(profile, args.metric).encode())
+        _check_source_frames(profile, args.frames)
+        write_atomic(
+            output, collapsed_stacks(profile, args.metric, args.frames, args.internal_frames).encode()
+        )
     elif fmt == "html":
         from layerscope.render.html import write_html_report
 
@@ -80,11 +96,23 @@ def run(args: argparse.Namespace) -> int:
     elif fmt == "svg":
         from layerscope.render.flamegraph import flamegraph_svg
 
-        write_atomic(output, flamegraph_svg(profile, args.metric).encode())
+        _check_source_frames(profile, args.frames)
+        svg = flamegraph_svg(
+            profile, args.metric, frames_of=args.frames, internal_frames=args.internal_frames
+        )
+        write_atomic(output, svg.encode())
     else:
         written = [profile.save(output)]
     report_written(written)
     return 0
+
+
+def _check_source_frames(profile: Profile, frames: str) -> None:
+    if frames == "source" and not any(r.stack for r in profile.op_rows):
+        raise UsageError(
+            "--frames source needs Python stacks: record with --with-stack (ls.profile(..., "
+            "with_stack=True)) or analyze a trace torch wrote with with_stack=True"
+        )
 
 
 def _export_chrome(source: Path, output: Path) -> None:

@@ -40,6 +40,9 @@ def register(sub: Any) -> None:
     group.add_argument("--skip-first", type=int, default=None, metavar="N")
     parser.add_argument("--memory", action="store_true", help="record allocations")
     parser.add_argument(
+        "--with-stack", action="store_true", help="record Python stacks (for --group-by stack)"
+    )
+    parser.add_argument(
         "--activities",
         default=None,
         metavar="LIST",
@@ -147,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         None,
         activities=activities,
         memory=args.memory,
+        with_stack=args.with_stack,
         depth=args.depth,
         schedule=schedule,
         on_trace_ready=saver,

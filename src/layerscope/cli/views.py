@@ -17,6 +17,7 @@ _GROUP_ALIASES = {
     "shapes": ("name", "input_shapes"),
     "module": ("name", "module"),
     "phase": ("name", "phase"),
+    "stack": ("name", "stack"),
 }
 
 
@@ -45,7 +46,20 @@ def add_view_options(parser: argparse.ArgumentParser) -> None:
         "--group-by",
         default="name",
         choices=sorted(_GROUP_ALIASES),
-        help="op table grouping: name, shapes (name + input shapes), module, phase",
+        help="op table grouping: name, shapes (name + input shapes), module, phase, "
+        "stack (name + source location; profiles recorded with --with-stack)",
+    )
+    group.add_argument(
+        "--stack-depth",
+        type=int,
+        default=5,
+        metavar="N",
+        help="frames of the source location to group by with --group-by stack (default 5)",
+    )
+    group.add_argument(
+        "--internal-frames",
+        action="store_true",
+        help="keep frames inside torch and layerscope in source locations",
     )
     group.add_argument(
         "--op-sort",
@@ -74,6 +88,8 @@ def check_view_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--op-sort {args.op_sort!r} is not a metric; choose from {', '.join(SORT_KEYS)}")
     if args.top < 0:
         raise UsageError(f"--top must be >= 0, not {args.top}")
+    if args.stack_depth < 1:
+        raise UsageError(f"--stack-depth must be >= 1, not {args.stack_depth}")
     assert set(_GROUP_ALIASES["shapes"]) <= set(GROUP_KEYS)
 
 
@@ -94,7 +110,19 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
     if len(profile.steps) > 1:
         console.print(steps_table(step_rows(profile.steps), ascii_only=ascii_only))
     if args.top:
-        rows = profile.ops(sort_by=args.op_sort, group_by=_GROUP_ALIASES[args.group_by], limit=args.top)
+        if args.group_by == "stack" and not any(r.stack for r in profile.op_rows):
+            print(
+                "note: this profile has no Python stacks (record it with --with-stack, or analyze a "
+                "trace torch wrote with with_stack=True); ops are grouped by name",
+                file=sys.stderr,
+            )
+        rows = profile.ops(
+            sort_by=args.op_sort,
+            group_by=_GROUP_ALIASES[args.group_by],
+            limit=args.top,
+            stack_depth=args.stack_depth,
+            internal_frames=args.internal_frames,
+        )
         console.print()
         console.print(
             ops_table(

@@ -75,6 +75,9 @@ class OpStats:
     (then ``scope`` names the unattributed entry it belongs to) and for aggregates over several
     modules (then ``scope`` is empty). ``input_shapes`` is ``None`` when shapes were not recorded or
     the row aggregates several shapes; ``phase`` is ``None`` for aggregates over several phases.
+    ``stack`` is the Python call stack the op ran under (``with_stack``), frames innermost first as
+    ``path/to/file.py(LINE): function``; empty when stacks were not recorded. In a grouped table it
+    holds the frames the grouping kept (the user's, ``stack_depth`` deep).
     """
 
     name: str
@@ -84,6 +87,7 @@ class OpStats:
     calls: int
     metrics: Metrics
     scope: str = ""
+    stack: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +178,26 @@ class Profile:
         phase: Phase | str | None = None,
         module: str | None = None,
         limit: int | None = None,
+        stack_depth: int | None = 5,
+        internal_frames: bool = False,
     ) -> list[OpStats]:
-        """Op rows aggregated by ``group_by`` (any of name, input_shapes, module, phase), sorted
-        descending by a metric field, optionally filtered by phase and module subtree."""
+        """Op rows aggregated by ``group_by`` (any of name, input_shapes, module, phase, stack), sorted
+        descending by a metric field, optionally filtered by phase and module subtree.
+
+        ``"stack"`` groups by source location (``with_stack`` profiles): the ``stack_depth`` innermost
+        frames of the user's code; ``internal_frames`` keeps frames inside torch and layerscope."""
         from layerscope.analysis.ops import op_table
 
-        return op_table(self, sort_by=sort_by, group_by=group_by, phase=phase, module=module, limit=limit)
+        return op_table(
+            self,
+            sort_by=sort_by,
+            group_by=group_by,
+            phase=phase,
+            module=module,
+            limit=limit,
+            stack_depth=stack_depth,
+            internal_frames=internal_frames,
+        )
 
     def to_pandas(self, table: str = "modules") -> Any:
         """One table as a ``pandas.DataFrame``: ``"modules"`` (one row per module, ``{phase}_{metric}``

@@ -67,7 +67,11 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "calls": [r.calls for r in rows],
         "metrics": [r.metrics.to_list() for r in rows],
     }
-    return {
+    # Python stacks (with_stack): each distinct stack once, as string ids; rows point at them.
+    stack_ids: dict[tuple[str, ...], int] = {}
+    if any(r.stack for r in rows):
+        ops["stack"] = [stack_ids.setdefault(r.stack, len(stack_ids)) if r.stack else -1 for r in rows]
+    result = {
         "format": FORMAT_TAG,
         "schema_version": SCHEMA_VERSION,
         "metric_fields": list(FIELD_NAMES),
@@ -88,9 +92,13 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
             }
             for s in profile.steps
         ],
-        "strings": table.strings,
+        "strings": [],
         "ops": ops,
     }
+    if stack_ids:
+        result["stacks"] = [[sid(frame) for frame in stack] for stack in stack_ids]
+    result["strings"] = table.strings  # last: the stacks above add strings
+    return result
 
 
 def _node_to_dict(node: ModuleNode) -> dict[str, Any]:
@@ -127,6 +135,8 @@ def profile_from_dict(data: Any) -> Profile:
             return None if i < 0 else strings[i]
 
         ops = data["ops"]
+        stacks = [tuple(strings[f] for f in stack) for stack in data.get("stacks", [])]
+        stack_of_row = ops.get("stack") or [-1] * len(ops["name"])
         rows = tuple(
             OpStats(
                 name=strings[n],
@@ -136,8 +146,9 @@ def profile_from_dict(data: Any) -> Profile:
                 calls=c,
                 metrics=Metrics.from_list(mv),
                 scope=text(sc) or "",
+                stack=stacks[st] if st >= 0 else (),
             )
-            for n, ph, m, s, sc, c, mv in zip(
+            for n, ph, m, s, sc, c, mv, st in zip(
                 ops["name"],
                 ops["phase"],
                 ops["module"],
@@ -145,6 +156,7 @@ def profile_from_dict(data: Any) -> Profile:
                 ops["scope"],
                 ops["calls"],
                 ops["metrics"],
+                stack_of_row,
                 strict=True,
             )
         )

@@ -232,7 +232,11 @@ class _FittedTable:
 
     def _width(self, k: int) -> int:
         cells = [row[k] for section in self.sections for row in section]
-        return max([len(self.headers[k])] + [len(c.plain if isinstance(c, Text) else c) for c in cells])
+        # Multi-line cells (source locations, one frame per line) are as wide as their widest line.
+        return max(
+            [len(self.headers[k])]
+            + [max(map(len, (c.plain if isinstance(c, Text) else c).split("\n"))) for c in cells]
+        )
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         widths = [self._width(k) for k in range(len(self.headers))]
@@ -333,6 +337,7 @@ def ops_table(
     if ascii_only is None:
         ascii_only = _wants_ascii()
     show_shapes = any(r.input_shapes for r in rows)
+    show_stack = any(r.stack for r in rows)
     show_module = any(r.module is not None or r.scope for r in rows)
     show_phase = any(r.phase is not None for r in rows)
     device = any(r.metrics.device_us for r in rows)
@@ -343,6 +348,7 @@ def ops_table(
     headers += ["Phase"] if show_phase else []
     headers += ["Module"] if show_module else []
     headers += ["Input shapes"] if show_shapes else []
+    headers += ["Source location"] if show_stack else []
     headers += ["Calls", "Self CPU", "Self %", "CPU total", "CPU avg"]
     headers += ["Self device", "Device total"] if device else []
     headers += ["Self alloc", "Alloc"] if memory else []
@@ -357,6 +363,8 @@ def ops_table(
             cells.append(_clip(r.module if r.module is not None else (f"[{r.scope}]" if r.scope else ""), 32))
         if show_shapes:
             cells.append(_clip(r.input_shapes or "", 40))
+        if show_stack:  # like torch's "Source Location": one frame per line, innermost first
+            cells.append("\n".join(_clip(frame, 60) for frame in r.stack))
         cells += [
             str(r.calls),
             fmt_time_us(m.self_cpu_us),
@@ -380,7 +388,7 @@ def ops_table(
         ascii_only=ascii_only,
         caption="",
         title=title or "",
-        text_columns={"Phase", "Module", "Input shapes"},
+        text_columns={"Phase", "Module", "Input shapes", "Source location"},
         drop_order=[
             "CPU avg",
             "Self alloc",
@@ -393,6 +401,7 @@ def ops_table(
             "Alloc",
             "FLOPs",
             "Device total",
+            "Source location",
         ],
     )
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import csv
 import io
 
+from layerscope.attribution.stacks import user_frames
 from layerscope.errors import UsageError
 from layerscope.model.metrics import FIELD_NAMES, Metrics
 from layerscope.model.profile import Phase, Profile
 
 #: Metrics a collapsed-stack export can weigh frames by (their self figure is used).
 STACK_METRICS = ("cpu_us", "device_us", "cpu_alloc_bytes", "device_alloc_bytes", "flops")
+#: What a flame graph's frames are: the module tree, or the ops' Python call stacks.
+FRAME_KINDS = ("modules", "source")
 
 
 def modules_csv(profile: Profile) -> str:
@@ -47,14 +50,23 @@ def ops_csv(profile: Profile) -> str:
     return out.getvalue()
 
 
-def stack_values(profile: Profile, metric: str = "cpu_us") -> dict[tuple[str, ...], float]:
+def stack_values(
+    profile: Profile, metric: str = "cpu_us", frames_of: str = "modules", internal_frames: bool = False
+) -> dict[tuple[str, ...], float]:
     """Stack (frames from the root down, ending in an op or ``[python]``) -> the metric's self value.
 
-    Module frames from the root down, then the op; a module's own Python time as ``[python]``;
-    backward work under a ``[backward]`` root, unattributed work under ``[unattributed]``."""
+    ``frames_of="modules"``: module frames from the root down, then the op; a module's own Python
+    time as ``[python]``; backward work under a ``[backward]`` root, unattributed work under
+    ``[unattributed]``. ``frames_of="source"``: the op's Python call stack (``with_stack``), outermost
+    frame first, the user's frames only unless ``internal_frames``; backward ops under
+    ``[backward]``, ops without a stack under ``[no stack]``. Source stacks weigh ops only."""
     if metric not in STACK_METRICS:
         raise UsageError(f"cannot weigh stacks by {metric!r}; choose from {', '.join(STACK_METRICS)}")
+    if frames_of not in FRAME_KINDS:
+        raise UsageError(f"unknown frames {frames_of!r}; choose from {', '.join(FRAME_KINDS)}")
     self_field = f"self_{metric}"
+    if frames_of == "source":
+        return _source_stack_values(profile, self_field, internal_frames)
     root_name = profile.root.type_name or "(root)"
     frames: dict[str, list[str]] = {}
     for node in profile.modules():
@@ -85,11 +97,30 @@ def stack_values(profile: Profile, metric: str = "cpu_us") -> dict[tuple[str, ..
     return values
 
 
-def collapsed_stacks(profile: Profile, metric: str = "cpu_us") -> str:
+def _source_stack_values(
+    profile: Profile, self_field: str, internal_frames: bool
+) -> dict[tuple[str, ...], float]:
+    values: dict[tuple[str, ...], float] = {}
+    for row in profile.op_rows:
+        value = float(getattr(row.metrics, self_field))
+        if value <= 0:
+            continue
+        frames = user_frames(row.stack, internal_frames)
+        stack = [*reversed(frames)] if frames else ["[no stack]"]
+        if row.phase is Phase.BACKWARD:
+            stack.insert(0, "[backward]")
+        key = (*stack, row.name)
+        values[key] = values.get(key, 0.0) + value
+    return values
+
+
+def collapsed_stacks(
+    profile: Profile, metric: str = "cpu_us", frames_of: str = "modules", internal_frames: bool = False
+) -> str:
     """``frame;frame;op value`` lines (FlameGraph, speedscope and Perfetto read them), from
     :func:`stack_values`. Values are integers (µs, bytes, FLOPs); zero lines are left out."""
     lines = []
-    for stack, value in stack_values(profile, metric).items():
+    for stack, value in stack_values(profile, metric, frames_of, internal_frames).items():
         if round(value) > 0:
             lines.append(
                 ";".join(f.replace(";", ",").replace(" ", "_") for f in stack) + f" {round(value)}\n"

@@ -56,10 +56,16 @@ def _kind(name: str, depth: int, leaf: bool) -> str:
 
 
 def flamegraph_svg(
-    profile: Profile, metric: str = "cpu_us", title: str | None = None, standalone: bool = True
+    profile: Profile,
+    metric: str = "cpu_us",
+    title: str | None = None,
+    standalone: bool = True,
+    frames_of: str = "modules",
+    internal_frames: bool = False,
 ) -> str:
-    """The flame graph of ``profile`` weighted by ``metric`` (see ``STACK_METRICS``), as SVG text."""
-    stacks = stack_values(profile, metric)
+    """The flame graph of ``profile`` weighted by ``metric`` (see ``STACK_METRICS``), as SVG text;
+    ``frames_of`` picks module frames or Python source frames (see ``stack_values``)."""
+    stacks = stack_values(profile, metric, frames_of, internal_frames)
     root = _tree(stacks, "all")
     total = root.value or 1.0
     unit = {"cpu_us": "µs", "device_us": "µs", "flops": "FLOPs"}.get(metric, "bytes")
@@ -91,7 +97,9 @@ def flamegraph_svg(
 
     draw(root, 0, 0.0)
     height = TOP + (max_depth + 1) * ROW + 40
-    heading = escape(title or f"layerscope flame graph — {metric}")
+    heading = escape(
+        title or f"layerscope flame graph — {metric}" + (" — source" if frames_of == "source" else "")
+    )
     declaration = '<?xml version="1.0" encoding="UTF-8"?>\n' if standalone else ""
     return (
         declaration

@@ -278,3 +278,39 @@ def test_profiles_in_an_executed_notebook_render_inline(browser: Any, tmp_path: 
 def test_tree_shows_achieved_flops(browser_page: Any) -> None:
     rates = _column(browser_page, "tree", "FLOP/s")
     assert any(r.endswith("/s") for r in rates) and "" in rates  # Linear rows have it, ReLU rows not
+
+
+def test_source_locations_in_the_report(browser: Any, tmp_path: Path) -> None:
+    """with_stack profiles: ops group by source location, the flame chart switches to source frames,
+    tree rows tell where each module's forward is defined."""
+    from tests.fixtures.stack_models import TwoCallSites
+
+    model = TwoCallSites()
+    x = torch.randn(8, 8)
+    with ls.profile(model, with_stack=True) as prof:
+        model(x)
+    report = tmp_path / "stacks.html"
+    report.write_text(html_report(prof.profile), encoding="utf-8")
+    page = _open(browser, report, "#tree tbody tr")
+    try:
+        assert page.problems == []
+        root_title = page.evaluate("document.querySelector('#tree tbody tr').title")
+        assert root_title == "TwoCallSites.forward defined at tests/fixtures/stack_models.py:18"
+        page.select_option("#opgroup", "source")
+        sources = [
+            s
+            for s, n in zip(_column(page, "ops", "Source location"), _column(page, "ops", "Op"), strict=True)
+            if n == "aten::mm"
+        ]
+        assert sorted(s.split("\n")[0] for s in sources) == [
+            "tests/fixtures/stack_models.py(21): left",
+            "tests/fixtures/stack_models.py(24): right",
+        ]
+        visible = "[...document.querySelectorAll('div.flame')].filter(f => f.style.display !== 'none')"
+        assert page.evaluate(f"{visible}.map(f => f.dataset.frames)") == ["modules"]
+        page.select_option("#flameframes", "source")
+        assert page.evaluate(f"{visible}.map(f => f.dataset.frames)") == ["source"]
+        labels = page.evaluate(f"{visible}[0].querySelector('svg').textContent")
+        assert "stack_models.py(21): left" in labels
+    finally:
+        page.close()

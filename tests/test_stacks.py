@@ -182,3 +182,31 @@ def test_source_frames_without_stacks_is_a_clear_error(
     assert main(["report", str(saved), "-o", str(tmp_path / "x.collapsed"), "--frames", "source"]) == 2
     assert "--with-stack" in capsys.readouterr().err
     assert not (tmp_path / "x.collapsed").exists()
+
+
+def test_with_stack_while_another_python_thread_runs() -> None:
+    """torch reports thread id 2**64-1 for frames of threads running before the profile started;
+    that crashed the build (int64 overflow) before thread ids were read as signed."""
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set():
+            sum(range(100))
+            time.sleep(0.0005)
+
+    worker = threading.Thread(target=busy, daemon=True)
+    worker.start()
+    try:
+        model = TwoCallSites()
+        with ls.profile(model, with_stack=True) as prof:
+            model(torch.randn(8, 8))
+        p = prof.profile
+    finally:
+        stop.set()
+        worker.join()
+    p.validate()
+    assert p.root.calls == 1
+    assert any(r.stack for r in p.op_rows)

@@ -17,6 +17,7 @@ class ModuleInfo:
     params_total: int = 0
     input_shapes: str | None = None
     output_shapes: str | None = None
+    source: str | None = None  # where the class's forward is defined, "path/file.py:LINE"
 
 
 def parent_path(path: str) -> str:

@@ -64,6 +64,7 @@ def assemble_tree(
             forward=with_children_totals(fwd, [k.forward for k in kids]),
             backward=with_children_totals(bwd, [k.backward for k in kids]),
             children=tuple(kids),
+            source=info.source,
         )
 
     node = build(root)

@@ -75,6 +75,15 @@ def _read_names(spans: list[Any], event_type: Any) -> tuple[list[str], int]:
     return names, bad
 
 
+def _signed(values: list[int]) -> list[int]:
+    """Thread ids as signed 64-bit numbers. torch reports ``2**64 - 1`` ("unknown") for the Python
+    frames of threads that were already running when profiling started (with_stack and all
+    threads); numpy columns hold int64."""
+    if values and max(values) >= 2**63:
+        return [v - 2**64 if v >= 2**63 else v for v in values]
+    return values
+
+
 def _records_no_inputs(name: str) -> bool:
     """Spans whose ``shapes()`` is always empty: layerscope's module ranges, autograd's
     ``evaluate_function`` wrappers and ``ProfilerStep#N`` (checked on torch 2.13 captures)."""
@@ -109,7 +118,7 @@ def table_from_kineto(
     if memory:
         table.mem_bytes = list(compress(all_bytes, is_memory))
         table.mem_ts = list(map(event_type.start_ns, memory))
-        table.mem_tid = list(map(event_type.start_thread_id, memory))
+        table.mem_tid = _signed(list(map(event_type.start_thread_id, memory)))
         if cpu_only:
             table.mem_on_device = [False] * len(memory)
         else:  # DeviceType.CPU is 0; any other device type is accelerator memory.
@@ -134,7 +143,7 @@ def table_from_kineto(
     table.span_kind = kinds
     table.span_ts = list(map(event_type.start_ns, spans))
     table.span_dur = list(map(event_type.duration_ns, spans))
-    table.span_tid = list(map(event_type.start_thread_id, spans))
+    table.span_tid = _signed(list(map(event_type.start_thread_id, spans)))
     table.span_seq = seq = list(map(event_type.sequence_nr, spans))
     # Only autograd-recorded ops (sequence number >= 0) have a forward thread worth asking for.
     has_seq = [q >= 0 for q in seq]

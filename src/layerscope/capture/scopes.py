@@ -14,6 +14,9 @@ for ``record_function``, which also records its own enter/exit ops). Two ways to
 
 from __future__ import annotations
 
+import inspect
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -315,6 +318,7 @@ class ModuleScopes:
                         params_total=totals[p],
                         input_shapes=shapes[0],
                         output_shapes=shapes[1],
+                        source=forward_source(self._modules[p]),
                     )
                 )
             return infos
@@ -337,9 +341,32 @@ class ModuleScopes:
                     params_total=totals[p],
                     input_shapes=shapes[0],
                     output_shapes=shapes[1],
+                    source=forward_source(m),
                 )
             )
         return infos
+
+
+def forward_source(module: nn.Module) -> str | None:
+    """Where ``module``'s class defines ``forward``: ``path/file.py:LINE``, the path relative to
+    the sys.path entry it was imported from (as torch's tracer writes frames); None when unknown."""
+    owner_forward = getattr(type(module), "forward", None)
+    if owner_forward is None:
+        return None
+    # inside the block the class may carry layerscope's wrapper, which names the original
+    code = getattr(inspect.unwrap(owner_forward), "__code__", None)
+    if code is None:
+        return None
+    return f"{_short_path(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _short_path(filename: str) -> str:
+    best = ""
+    for entry in sys.path:
+        root = os.path.join(os.path.abspath(entry or "."), "")
+        if filename.startswith(root) and len(root) > len(best):
+            best = root
+    return filename[len(best) :] if best else filename
 
 
 def _nearest_kept_parent(path: str, kept: dict[str, Any]) -> str:

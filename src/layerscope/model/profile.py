@@ -41,6 +41,9 @@ class ModuleNode:
     forward: Metrics
     backward: Metrics
     children: tuple[ModuleNode, ...] = ()
+    #: Where the module's class defines ``forward`` (``path/file.py:LINE``, the path relative to its
+    #: sys.path entry); None when unknown (modules read from a trace, builtins, scripted modules).
+    source: str | None = None
 
     @property
     def name(self) -> str:

@@ -113,6 +113,7 @@ def _node_to_dict(node: ModuleNode) -> dict[str, Any]:
         "fwd": node.forward.to_list(),
         "bwd": node.backward.to_list(),
         "children": [_node_to_dict(c) for c in node.children],
+        **({"src": node.source} if node.source else {}),
     }
 
 
@@ -197,6 +198,7 @@ def _node_from_dict(d: dict[str, Any]) -> ModuleNode:
         forward=Metrics.from_list(d["fwd"]),
         backward=Metrics.from_list(d["bwd"]),
         children=tuple(_node_from_dict(c) for c in d["children"]),
+        source=d.get("src"),
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from layerscope.analysis.steps import step_rows
+from layerscope.attribution.stacks import user_frames
 from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import Profile
 from layerscope.model.serialize import StringTable, write_atomic
@@ -73,6 +74,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
             "parent": parent,
             "calls": [n.calls for n in nodes],
             "params": [n.params_total for n in nodes],
+            "source": [sid(n.source) for n in nodes],
             "fwd": [n.forward.to_list() for n in nodes],
             "bwd": [n.backward.to_list() for n in nodes],
         },
@@ -84,6 +86,12 @@ def report_data(profile: Profile) -> dict[str, Any]:
             "scope": [sid(r.scope) for r in rows],
             "calls": [r.calls for r in rows],
             "m": [r.metrics.to_list() for r in rows],
+            # source locations (with_stack): the user's 5 innermost frames, one per line
+            **(
+                {"stack": [sid("\n".join(user_frames(r.stack, depth=5))) if r.stack else -1 for r in rows]}
+                if any(r.stack for r in rows)
+                else {}
+            ),
         },
         "steps": [
             [
@@ -118,13 +126,30 @@ def html_report(profile: Profile) -> str:
     """The whole page as one string."""
     flames = []
     options = []
+    has_stacks = any(r.stack for r in profile.op_rows)
     for metric, label in FLAME_METRICS:
         total = profile.totals.flops if metric == "flops" else getattr(profile.totals, metric)
         if not total:
             continue
         options.append(f'<option value="{metric}">{escape(label)}</option>')
         svg = flamegraph_svg(profile, metric, title=f"modules and ops by {label}", standalone=False)
-        flames.append(f'<div class="flame" data-metric="{metric}">{svg}</div>')
+        flames.append(f'<div class="flame" data-metric="{metric}" data-frames="modules">{svg}</div>')
+        if has_stacks:  # the same weights over the ops' Python call stacks
+            svg = flamegraph_svg(
+                profile,
+                metric,
+                title=f"source lines and ops by {label}",
+                standalone=False,
+                frames_of="source",
+            )
+            flames.append(f'<div class="flame" data-metric="{metric}" data-frames="source">{svg}</div>')
+    frames_pick = (
+        ' frames <select id="flameframes"><option value="modules">modules</option>'
+        '<option value="source">source (Python stacks)</option></select>'
+        if has_stacks
+        else ""
+    )
+    source_group = '<option value="source">name and source location</option>' if has_stacks else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>layerscope report</title>
@@ -140,11 +165,12 @@ def html_report(profile: Profile) -> str:
 <input type="search" id="treefilter" placeholder="filter modules by name"></div>
 <div class="scroll"><table id="tree"><thead><tr></tr></thead><tbody></tbody></table></div></section>
 <section id="flames"><h2>Flame chart</h2>
-<div class="controls">weigh by <select id="flamemetric">{"".join(options)}</select>
+<div class="controls">weigh by <select id="flamemetric">{"".join(options)}</select>{frames_pick}
 <span class="muted">click a frame to zoom, "Reset zoom" to go back</span></div>{"".join(flames)}</section>
 <section id="opsection"><h2>Ops</h2>
 <div class="controls">group by <select id="opgroup"><option value="name">name</option>
-<option value="shapes">name and input shapes</option><option value="module">name and module</option></select>
+<option value="shapes">name and input shapes</option><option value="module">name and module</option>
+{source_group}</select>
 <input type="search" id="opfilter" placeholder="filter ops or modules">
 <span class="muted" id="opcount"></span></div>
 <div class="scroll"><table id="ops"><thead><tr></tr></thead><tbody></tbody></table></div></section>

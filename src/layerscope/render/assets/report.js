@@ -110,6 +110,7 @@
     (function walk(i) {
       if (filter && !anyMatch(i)) return;
       var tr = el("tr"); tr.dataset.path = str(M.path[i]);
+      if (M.source && M.source[i] >= 0) tr.title = str(M.type[i]) + ".forward defined at " + str(M.source[i]);
       var name = el("td", "l");
       name.style.paddingLeft = (8 + 16 * depth[i]) + "px";
       var tog = el("span", "tog", children[i].length ? (open[i] || filter ? "\u25be" : "\u25b8") : "");
@@ -148,20 +149,27 @@
   renderTree();
 
   // ----- flame charts -------------------------------------------------------------------------
-  var pick = document.getElementById("flamemetric");
+  var pick = document.getElementById("flamemetric"), framesPick = document.getElementById("flameframes");
   function showFlame() {
-    document.querySelectorAll(".flame").forEach(function (f) { f.style.display = f.dataset.metric === pick.value ? "" : "none"; });
+    var frames = framesPick ? framesPick.value : "modules";
+    document.querySelectorAll(".flame").forEach(function (f) {
+      f.style.display = f.dataset.metric === pick.value && f.dataset.frames === frames ? "" : "none";
+    });
   }
-  pick.addEventListener("change", showFlame); showFlame();
+  pick.addEventListener("change", showFlame);
+  if (framesPick) framesPick.addEventListener("change", showFlame);
+  showFlame();
 
   // ----- ops ----------------------------------------------------------------------------------
   var O = D.ops, opSort = "self_cpu_us", opAsc = false, opFilter = "", group = "name";
   var OCOLS = [["Op", "name"], ["Phase", "phase"], ["Module", "module"], ["Input shapes", "shapes"], ["Calls", "calls"],
                ["Self CPU", "self_cpu_us"], ["CPU total", "cpu_us"], ["Self device", "self_device_us"],
                ["Alloc", "cpu_alloc_bytes"], ["FLOPs", "flops"]];
+  var textCols = 4;
+  if (O.stack) { OCOLS.splice(4, 0, ["Source location", "source"]); textCols = 5; }
   var ohead = document.querySelector("#ops thead tr"), obody = document.querySelector("#ops tbody");
   OCOLS.forEach(function (c, k) {
-    var th = el("th", k < 4 ? "l" : "", c[0]);
+    var th = el("th", k < textCols ? "l" : "", c[0]);
     th.addEventListener("click", function () { if (opSort === c[1]) opAsc = !opAsc; else { opSort = c[1]; opAsc = false; } renderOps(); });
     ohead.appendChild(th);
   });
@@ -170,9 +178,11 @@
     for (var r = 0; r < O.name.length; r++) {
       var name = str(O.name[r]), module = O.module[r] >= 0 ? str(O.module[r]) : "[" + str(O.scope[r]) + "]";
       if (opFilter && (name + " " + module).toLowerCase().indexOf(opFilter) < 0) continue;
-      var key = name + (group === "shapes" ? "\u0000" + str(O.shapes[r]) : group === "module" ? "\u0000" + module : "");
+      var source = O.stack ? str(O.stack[r]) : "";
+      var key = name + (group === "shapes" ? "\u0000" + str(O.shapes[r]) : group === "module" ? "\u0000" + module :
+                        group === "source" ? "\u0000" + source : "");
       var row = rows[key];
-      if (!row) { row = rows[key] = {name: name, phase: O.phase[r], module: group === "module" ? module : "", shapes: group === "shapes" ? str(O.shapes[r]) : "", calls: 0, m: new Array(F.length).fill(0)}; keys.push(key); }
+      if (!row) { row = rows[key] = {name: name, phase: O.phase[r], module: group === "module" ? module : "", shapes: group === "shapes" ? str(O.shapes[r]) : "", source: group === "source" ? source : "", calls: 0, m: new Array(F.length).fill(0)}; keys.push(key); }
       if (row.phase !== O.phase[r]) row.phase = "";
       row.calls += O.calls[r];
       for (var f = 0; f < F.length; f++) row.m[f] += O.m[r][f];
@@ -188,6 +198,7 @@
       var tr = el("tr");
       tr.appendChild(el("td", "l", x.name)); tr.appendChild(el("td", "l", x.phase || ""));
       tr.appendChild(el("td", "l", x.module)); tr.appendChild(el("td", "l", x.shapes));
+      if (O.stack) { var src = el("td", "l src", x.source); tr.appendChild(src); }
       tr.appendChild(el("td", null, x.calls)); tr.appendChild(el("td", null, time(get(x, "self_cpu_us"))));
       tr.appendChild(el("td", null, time(get(x, "cpu_us")))); tr.appendChild(el("td", null, time(get(x, "self_device_us"))));
       tr.appendChild(el("td", null, bytes(get(x, "cpu_alloc_bytes")))); tr.appendChild(el("td", null, si(get(x, "flops"))));

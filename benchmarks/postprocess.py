@@ -7,6 +7,7 @@ on two captures, so neither side profits from running second). Prints a table an
     python benchmarks/postprocess.py --steps 20
     python benchmarks/postprocess.py --model mlp --steps 20   # many small ops: 24 LayerNorm+GELU blocks
     python benchmarks/postprocess.py --model mlp --stages      # where our build's time goes, per stage
+    python benchmarks/postprocess.py --with-stack --steps 5    # Python stacks on (many more events)
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from _memory import peak_mib, reset_peak
 from layerscope.models import resnet18
 
 
-def capture(model: torch.nn.Module, x: torch.Tensor, steps: int) -> ls.profile:
-    with ls.profile(model, memory=True, shapes=True) as prof:
+def capture(model: torch.nn.Module, x: torch.Tensor, steps: int, with_stack: bool = False) -> ls.profile:
+    with ls.profile(model, memory=True, shapes=True, with_stack=with_stack) as prof:
         for _ in range(steps):
             model(x).sum().backward()
     return prof
@@ -78,7 +79,7 @@ def stages(prof: ls.profile) -> dict[str, float]:
         t1 = time.perf_counter()
         del events
         t2 = time.perf_counter()
-        table = table_from_kineto(results, FlopCalculator(), shapes=True, cpu_only=True)
+        table = table_from_kineto(results, FlopCalculator(), shapes=True, cpu_only=not prof.with_stack)
         t3 = time.perf_counter()
         build_profile(table, prof._catalog, {})
         t4 = time.perf_counter()
@@ -117,6 +118,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--model", choices=("resnet", "mlp"), default="resnet")
     parser.add_argument("--stages", action="store_true", help="time the build's stages instead")
+    parser.add_argument("--with-stack", action="store_true", help="record Python stacks too")
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.model == "mlp":
@@ -127,7 +129,7 @@ def main() -> None:
         x = torch.randn(args.batch, 3, args.size, args.size)
     model(x).sum().backward()  # warm-up outside the profile
     if args.stages:
-        found = stages(capture(model, x, args.steps))
+        found = stages(capture(model, x, args.steps, args.with_stack))
         count = found.pop("events")
         print(f"{'stage':<24}{'seconds':>9}{'µs/event':>10}   ({count:.0f} events)")
         for name, seconds in found.items():
@@ -138,7 +140,8 @@ def main() -> None:
         return
     runs = []
     for ours_first in (True, False):
-        runs.append({"ours_first": ours_first, **measure(capture(model, x, args.steps), ours_first)})
+        prof = capture(model, x, args.steps, args.with_stack)
+        runs.append({"ours_first": ours_first, **measure(prof, ours_first)})
     print(
         f"{'order':<14}{'events':>9}{'layerscope':>12}{'key_averages':>14}{'ratio':>8}{'µs/event':>10}"
         f"{'RSS+ ours':>11}{'RSS+ torch':>12}"
@@ -156,6 +159,7 @@ def main() -> None:
             {
                 "benchmark": "postprocess",
                 "model": args.model,
+                "with_stack": args.with_stack,
                 "steps": args.steps,
                 "batch": args.batch,
                 "torch": torch.__version__,

@@ -295,17 +295,18 @@ def test_source_locations_in_the_report(browser: Any, tmp_path: Path) -> None:
     try:
         assert page.problems == []
         root_title = page.evaluate("document.querySelector('#tree tbody tr').title")
-        assert root_title == "TwoCallSites.forward defined at tests/fixtures/stack_models.py:18"
+        # the path is relative to the sys.path entry the fixture was imported from
+        assert root_title.startswith("TwoCallSites.forward defined at ")
+        assert root_title.endswith("fixtures/stack_models.py:18")
         page.select_option("#opgroup", "source")
         sources = [
             s
             for s, n in zip(_column(page, "ops", "Source location"), _column(page, "ops", "Op"), strict=True)
             if n == "aten::mm"
         ]
-        assert sorted(s.split("\n")[0] for s in sources) == [
-            "tests/fixtures/stack_models.py(21): left",
-            "tests/fixtures/stack_models.py(24): right",
-        ]
+        innermost = sorted(s.split("\n")[0] for s in sources)
+        assert innermost[0].endswith("fixtures/stack_models.py(21): left")
+        assert innermost[1].endswith("fixtures/stack_models.py(24): right")
         visible = "[...document.querySelectorAll('div.flame')].filter(f => f.style.display !== 'none')"
         assert page.evaluate(f"{visible}.map(f => f.dataset.frames)") == ["modules"]
         page.select_option("#flameframes", "source")

@@ -36,7 +36,8 @@ def is_internal_frame(frame: str) -> bool:
     """Whether ``frame`` is not a source location of the user's: C builtins, torch's ``nn.Module: X``
     markers, and code inside torch or layerscope."""
     return (
-        frame.startswith(("<built-in", "nn.Module: ", "nn.Module.", "<frozen "))
+        # "layerscope(N): <module>" is the console script that `layerscope run` starts from
+        frame.startswith(("<built-in", "nn.Module: ", "nn.Module.", "<frozen ", "layerscope("))
         or frame.startswith(_INTERNAL_PACKAGES)
         or _INSTALLED.search(frame) is not None
     )

@@ -143,17 +143,22 @@ def test_other_instances_of_a_patched_class_are_not_in_the_tree() -> None:
     assert {n.path for n in p.modules()} == {"", "fc1", "act", "fc2"}
 
 
-def test_scripted_submodules_fold_into_their_parent() -> None:
-    """TorchScript runs no Python hooks and takes no patches: its work is the parent's self time."""
-    model = nn.Sequential(torch.jit.script(nn.Linear(4, 4)), nn.ReLU())
-    assert forward_owner(model[0]) is None
-    x = torch.randn(2, 4)
+def forward_once(model: nn.Module, x: torch.Tensor) -> ls.Profile:
+    """One profiled forward whose output must equal the unprofiled one; the validated Profile."""
     expected = model(x)
     with ls.profile(model) as prof:
         got = model(x)
     assert torch.equal(got, expected)
     p = prof.profile
     p.validate()
+    return p
+
+
+def test_scripted_submodules_fold_into_their_parent() -> None:
+    """TorchScript runs no Python hooks and takes no patches: its work is the parent's self time."""
+    model = nn.Sequential(torch.jit.script(nn.Linear(4, 4)), nn.ReLU())
+    assert forward_owner(model[0]) is None
+    p = forward_once(model, torch.randn(2, 4))
     assert p.find("1").calls == 1
     assert [c.path for c in p.root.children] == ["1"]
     assert p.root.forward.self_flops > 0  # the scripted Linear's addmm, counted at the root
@@ -162,14 +167,7 @@ def test_scripted_submodules_fold_into_their_parent() -> None:
 
 def test_a_scripted_model_profiles_without_a_tree() -> None:
     """A scripted root takes no hooks (torch refuses them): the ops are there, unattributed."""
-    model = torch.jit.script(TinyMLP())
-    x = torch.randn(2, 8)
-    expected = model(x)
-    with ls.profile(model) as prof:
-        got = model(x)
-    assert torch.equal(got, expected)
-    p = prof.profile
-    p.validate()
+    p = forward_once(torch.jit.script(TinyMLP()), torch.randn(2, 8))
     assert not p.root.children and p.root.calls == 0
     assert any(r.name == "aten::linear" for r in p.op_rows)
 

@@ -90,9 +90,9 @@ def op_rows(
         pairs = row_of.astype(np.int64) * (len(stacks[1]) + 1) + stack_col
         uniq_pairs, row_of = np.unique(pairs, return_inverse=True)
         row_of = row_of.reshape(-1)
-        span_of_pair = uniq_pairs // (len(stacks[1]) + 1)
+        first_key_row = uniq_pairs // (len(stacks[1]) + 1)
         row_stack = (uniq_pairs % (len(stacks[1]) + 1) - 1).tolist()
-        uniq = uniq[span_of_pair]
+        uniq = uniq[first_key_row]
     rows = len(uniq)
 
     def summed(values: np.ndarray | list[int]) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 A forward pre-hook plus an ``always_call`` forward hook cost about 3.6 µs per module call under the
 profiler (torch's hook dispatch alone is ~1.7 µs); a class-level ``forward`` wrapper that opens a
-``_RecordFunctionFast`` range with ``with`` costs ~1.4 µs (benchmarks/overhead.py --only mlp).
+``_RecordFunctionFast`` range with ``with`` costs ~1.1-1.6 µs (benchmarks/overhead.py --only calls).
 
 Why the class and not the instance: an instance-level ``forward`` closes over one module, so a copy
 of the module made during the block (``copy.deepcopy``, DataParallel's ``replicate``, which copies
@@ -81,11 +81,12 @@ class ForwardRanges:
             # Inside a region torch.compile traces, Dynamo folds this to True: no range, no graph break.
             if _is_compiling():
                 return original(self, *args, **kwargs)
-            name = names.get(id(self))
+            key = id(self)
+            name = names.get(key)
             if name is None:  # an instance outside the profiled model, or a super() call
                 return original(self, *args, **kwargs)
-            if id(self) not in seen:
-                seen.add(id(self))
+            if key not in seen:
+                seen.add(key)
                 return first_call(self, name, original, args, kwargs)
             with _RecordFunctionFast(name):
                 return original(self, *args, **kwargs)
@@ -103,8 +104,3 @@ class ForwardRanges:
             if owner.__dict__.get("forward") is wrapper:
                 type.__setattr__(owner, "forward", original)
         self._names.clear()
-
-    @property
-    def patched_classes(self) -> list[type]:
-        """The classes whose ``forward`` is patched now (for tests and diagnostics)."""
-        return list(self._patched)

@@ -4,7 +4,7 @@ Ranges are torch's C++ ``_RecordFunctionFast`` (about 0.7 µs a pair under the p
 for ``record_function``, which also records its own enter/exit ops). Two ways to open them:
 
 - eager models (the common case): the forward of each module's class is wrapped for the block
-  (``capture/forward_ranges.py``, ~1.4 µs per module call);
+  (``capture/forward_ranges.py``, ~1.1-1.6 µs per module call);
 - hooks, where a class wrapper cannot serve or is unsafe: global mode (``model=None``: modules are
   not known in advance), models with compiled parts (Dynamo guards on the functions it inlined, so a
   patched class would cost recompiles), scripted modules and modules whose instance carries its own
@@ -129,13 +129,13 @@ class ModuleScopes:
         for path, module in inner.named_modules():
             if not self.keeps(path) or (whole_model_compiled and path == ""):
                 continue
-            if path and isinstance(module, torch.jit.ScriptModule):
-                # TorchScript runs no Python hooks and takes no attribute patches: a scripted
-                # submodule's work stays in its parent's self time.
+            if isinstance(module, torch.jit.ScriptModule):
+                # TorchScript runs no Python hooks and takes no patches: a scripted submodule's work
+                # stays in its parent's self time; a scripted root is a tree of the root alone.
+                if not path:
+                    self._register(module, path)
                 continue
             self._register(module, path)
-            if isinstance(module, torch.jit.ScriptModule):
-                continue  # a scripted root: the tree is the root alone
             # Modules that run inside compiled code get no hooks: they would not run there, and Dynamo
             # guards on the hooks' ids (different per module), so hooks would cost recompiles.
             inside = whole_model_compiled or any(

@@ -8,6 +8,7 @@ from typing import Any
 
 from layerscope.errors import UsageError
 from layerscope.model.profile import Profile
+from layerscope.render.exports import FRAME_KINDS
 
 FORMATS = ("html", "csv", "collapsed", "svg", "json", "chrome")
 
@@ -34,7 +35,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--frames",
         default="modules",
-        choices=("modules", "source"),
+        choices=FRAME_KINDS,
         help="collapsed stacks and SVG: module frames (default) or the ops' Python source frames "
         "(profiles recorded with_stack)",
     )
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_source_frames(profile: Profile, frames: str) -> None:
-    if frames == "source" and not any(r.stack for r in profile.op_rows):
+    if frames == "source" and not profile.has_stacks:
         raise UsageError(
             "--frames source needs Python stacks: record with --with-stack (ls.profile(..., "
             "with_stack=True)) or analyze a trace torch wrote with with_stack=True"

@@ -110,7 +110,7 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
     if len(profile.steps) > 1:
         console.print(steps_table(step_rows(profile.steps), ascii_only=ascii_only))
     if args.top:
-        if args.group_by == "stack" and not any(r.stack for r in profile.op_rows):
+        if args.group_by == "stack" and not profile.has_stacks:
             print(
                 "note: this profile has no Python stacks (record it with --with-stack, or analyze a "
                 "trace torch wrote with with_stack=True); ops are grouped by name",

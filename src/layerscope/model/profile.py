@@ -159,6 +159,11 @@ class Profile:
         except KeyError:
             raise KeyError(f"no module with path {path!r} in this profile") from None
 
+    @property
+    def has_stacks(self) -> bool:
+        """Whether op rows carry Python call stacks (recorded ``with_stack``)."""
+        return any(r.stack for r in self.op_rows)
+
     def modules(self) -> Iterator[ModuleNode]:
         """All module nodes, parents before children, in tree order."""
         return self.root.walk()

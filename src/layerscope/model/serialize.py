@@ -69,7 +69,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
     }
     # Python stacks (with_stack): each distinct stack once, as string ids; rows point at them.
     stack_ids: dict[tuple[str, ...], int] = {}
-    if any(r.stack for r in rows):
+    if profile.has_stacks:
         ops["stack"] = [stack_ids.setdefault(r.stack, len(stack_ids)) if r.stack else -1 for r in rows]
     result = {
         "format": FORMAT_TAG,

@@ -89,7 +89,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
             # source locations (with_stack): the user's 5 innermost frames, one per line
             **(
                 {"stack": [sid("\n".join(user_frames(r.stack, depth=5))) if r.stack else -1 for r in rows]}
-                if any(r.stack for r in rows)
+                if profile.has_stacks
                 else {}
             ),
         },
@@ -126,7 +126,7 @@ def html_report(profile: Profile) -> str:
     """The whole page as one string."""
     flames = []
     options = []
-    has_stacks = any(r.stack for r in profile.op_rows)
+    has_stacks = profile.has_stacks
     for metric, label in FLAME_METRICS:
         total = profile.totals.flops if metric == "flops" else getattr(profile.totals, metric)
         if not total:

@@ -9,6 +9,7 @@ and only the columns an event kind needs are read.
 from __future__ import annotations
 
 import operator
+import warnings
 from itertools import compress
 from typing import Any
 
@@ -17,9 +18,11 @@ import orjson
 
 from layerscope.attribution.buckets import BACKWARD_NODE_PREFIX
 from layerscope.attribution.steps import STEP_PREFIX
+from layerscope.capture import native
 from layerscope.capture.flops import FlopCalculator
 from layerscope.events.module_ranges import MODULE_RANGE_PREFIX
 from layerscope.events.shapes import shapes_key_from_json
+from layerscope.errors import LayerscopeError, LayerscopeWarning
 from layerscope.events.table import EventKind, EventTable
 
 _KIND_BY_ACTIVITY: dict[str, EventKind] = {
@@ -91,9 +94,53 @@ def _records_no_inputs(name: str) -> bool:
 
 
 def table_from_kineto(
-    kineto_results: Any, flops: FlopCalculator | None, shapes: bool, cpu_only: bool = False
+    kineto_results: Any,
+    flops: FlopCalculator | None,
+    shapes: bool,
+    cpu_only: bool = False,
+    use_native: bool | None = None,
 ) -> EventTable:
     """Read ``profiler.kineto_results`` (torch's ``_ProfilerResult``) into an EventTable.
+
+    Uses the native reader (``capture/native.py``) when it is built for this torch, else torch's
+    Python bindings; both give the same table. ``use_native`` forces one or the other (False: the
+    bindings; True: the native reader, raising when it is missing).
+    """
+    if use_native is not False:
+        module = native.load()
+        if module is None and use_native:
+            raise LayerscopeError(f"native reader unavailable: {native.status().reason}")
+        if module is not None and hasattr(_event_type(), "activity_type"):
+            try:
+                table = table_from_native(module, kineto_results, flops, shapes, cpu_only)
+            except Exception as exc:
+                if use_native:
+                    raise
+                # Never lose a profile to the fast path: say so once and read it the slow way.
+                native.disable_for_process(f"raised {type(exc).__name__}: {exc}")
+                warnings.warn(
+                    f"native reader failed ({type(exc).__name__}: {exc}); using the Python reader",
+                    LayerscopeWarning,
+                    stacklevel=2,
+                )
+            else:
+                table.meta["reader"] = "native"
+                return table
+    table = table_from_bindings(kineto_results, flops, shapes, cpu_only)
+    table.meta["reader"] = "python"
+    return table
+
+
+def _event_type() -> Any:
+    from torch._C._autograd import _KinetoEvent
+
+    return _KinetoEvent
+
+
+def table_from_bindings(
+    kineto_results: Any, flops: FlopCalculator | None, shapes: bool, cpu_only: bool = False
+) -> EventTable:
+    """Read ``profiler.kineto_results`` through torch's Python bindings, column by column.
 
     ``cpu_only`` (no accelerator activity, no Python stacks recorded) lets the reader skip the
     accessors whose answer is then known: every span is CPU-side, every allocation host memory.
@@ -195,20 +242,138 @@ def table_from_kineto(
         table.span_shapes = [-1] * len(spans)
     span_flops = [0] * len(spans)
     if flops is not None:
-        wanted = [name_ids[n] for n in name_ids if flops.needs(n)]
-        if wanted:
-            picked = np.flatnonzero(np.isin(np.asarray(table.span_name, dtype=np.int64), wanted))
-            # Training repeats the same calls step after step: count each distinct
-            # (op, shapes, scalar arguments) once.
-            cache: dict[tuple[int, bytes, bytes], int] = {}
-            for j in picked.tolist():
-                e = spans[j]
-                concrete = e.concrete_inputs()
-                shapes_raw = raw_shapes[j] if raw_shapes is not None else orjson.dumps(e.shapes())
-                key = (table.span_name[j], shapes_raw, orjson.dumps(concrete, default=str))
-                found = cache.get(key)
-                if found is None:
-                    found = cache[key] = flops.count(table.names[key[0]], orjson.loads(shapes_raw), concrete)
-                span_flops[j] = found
+        picked = _flop_candidates(table, name_ids.values(), flops)
+        if picked:
+            shapes_raw = [
+                raw_shapes[j] if raw_shapes is not None else orjson.dumps(spans[j].shapes()) for j in picked
+            ]
+            concrete = [spans[j].concrete_inputs() for j in picked]
+            keys = [orjson.dumps(c, default=str) for c in concrete]
+            _count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
+    table.span_flops = span_flops
+    return table
+
+
+def _flop_candidates(table: EventTable, name_ids: Any, flops: FlopCalculator) -> list[int]:
+    """Span positions whose op has a FLOP formula (only those need concrete inputs read)."""
+    wanted = [i for i in name_ids if flops.needs(table.names[i])]
+    if not wanted:
+        return []
+    return np.flatnonzero(np.isin(table.array("span_name"), wanted)).tolist()
+
+
+def _count_flops(
+    table: EventTable,
+    flops: FlopCalculator,
+    span_flops: list[int],
+    picked: list[int],
+    shapes_raw: list[bytes],
+    concrete_keys: list[bytes],
+    concrete: list[Any],
+) -> None:
+    """Fill ``span_flops`` at ``picked`` positions. Training repeats the same calls step after step:
+    each distinct (op, shapes, scalar arguments) is counted once."""
+    cache: dict[tuple[int, bytes, bytes], int] = {}
+    for j, shapes_json, key_bytes, inputs in zip(picked, shapes_raw, concrete_keys, concrete, strict=True):
+        key = (table.span_name[j], shapes_json, key_bytes)
+        found = cache.get(key)
+        if found is None:
+            values = orjson.loads(inputs) if isinstance(inputs, bytes) else inputs
+            found = cache[key] = flops.count(table.names[key[0]], orjson.loads(shapes_json), values)
+        span_flops[j] = found
+
+
+def _column(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype=np.int64)
+
+
+def table_from_native(
+    module: Any, kineto_results: Any, flops: FlopCalculator | None, shapes: bool, cpu_only: bool = False
+) -> EventTable:
+    """Read ``profiler.kineto_results`` with the native reader (``native_reader.cpp``): one C++ pass
+    hands back int64 columns and each distinct name and shapes list once. Gives the same table as
+    :func:`table_from_bindings` (tested column by column)."""
+    cols = module.read_columns(kineto_results, bool(shapes or flops is not None))
+    table = EventTable()
+    arrays: dict[str, np.ndarray] = {}
+    mem_bytes = _column(cols["mem_bytes"])
+    if len(mem_bytes):
+        arrays["mem_bytes"], arrays["mem_ts"] = mem_bytes, _column(cols["mem_ts"])
+        arrays["mem_tid"] = _column(cols["mem_tid"])
+        on_device = (
+            np.zeros(len(mem_bytes), dtype=bool) if cpu_only else _column(cols["mem_device"]) != 0
+        )  # DeviceType.CPU is 0
+        arrays["mem_on_device"] = on_device
+    span_local_name = _column(cols["span_name"])
+    if len(span_local_name) == 0 and not len(mem_bytes):
+        return table
+
+    # Names: decoded once each; the table interns them in first-seen order, as the bindings path does.
+    decoded: list[str] = []
+    bad_local: list[int] = []
+    for i, raw in enumerate(cols["names"]):
+        try:
+            decoded.append(raw.decode())
+        except UnicodeDecodeError:
+            decoded.append(UNDECODABLE_NAME)
+            bad_local.append(i)
+    name_of_local = np.array([table.intern(n) for n in decoded], dtype=np.int64)
+    span_name = name_of_local[span_local_name] if len(decoded) else span_local_name
+    if bad_local:
+        table.meta["undecodable_names"] = int(np.isin(span_local_name, bad_local).sum())
+    arrays["span_name"] = span_name
+
+    activity = _column(cols["span_activity"])
+    if cpu_only:
+        kinds = np.full(len(span_name), int(EventKind.CPU_OP), dtype=np.int64)
+    else:
+        # torch's bindings turn the activity number into its name; ask them once per number.
+        index = _column(cols["span_index"])
+        codes, first = np.unique(activity, return_index=True)
+        lookup = np.zeros(int(codes.max()) + 1 if len(codes) else 1, dtype=np.int64)
+        for code, at in zip(codes.tolist(), first.tolist(), strict=True):
+            name = module.event_at(kineto_results, int(index[at])).activity_type()
+            lookup[code] = int(kind_of_activity(name))
+        kinds = lookup[activity] if len(activity) else activity
+    arrays["span_kind"] = kinds
+    for column in ("span_ts", "span_dur", "span_tid", "span_seq", "span_fwd_tid"):
+        arrays[column] = _column(cols[column])
+    arrays["span_corr"] = np.zeros(len(span_name), dtype=np.int64)
+    # As in the bindings path: device work links to its op by linked_correlation_id, a CPU op holds
+    # its own external id in correlation_id, runtime calls hold none.
+    on_device = kinds >= int(EventKind.KERNEL)
+    if on_device.any():
+        ext = np.where(on_device, _column(cols["span_linked"]), _column(cols["span_corr"]))
+        ext[kinds == int(EventKind.RUNTIME)] = 0
+    else:  # nothing to link
+        ext = np.zeros(len(span_name), dtype=np.int64)
+    arrays["span_ext"] = ext
+
+    shape_texts: list[bytes] = cols["shapes"]
+    local_shapes = _column(cols["span_shapes"])
+    if shapes:
+        shape_ids = np.array(
+            [table.intern(shapes_key_from_json(b)) if b != b"[]" else -1 for b in shape_texts], dtype=np.int64
+        )
+        arrays["span_shapes"] = shape_ids[local_shapes] if len(shape_texts) else local_shapes
+    else:
+        arrays["span_shapes"] = np.full(len(span_name), -1, dtype=np.int64)
+
+    for column, values in arrays.items():
+        setattr(table, column, values.tolist())
+    table._arrays.update(arrays)  # the attribution reads these columns as arrays: no second conversion
+    span_flops = [0] * len(span_name)
+    if flops is not None:
+        picked = _flop_candidates(table, range(len(table.names)), flops)
+        if picked:
+            event_index = _column(cols["span_index"])[picked]
+            keys: list[bytes | None] = module.concrete_inputs(kineto_results, event_index.tobytes())
+            concrete: list[Any] = list(keys)
+            for k, key in enumerate(keys):
+                if key is None:  # an input kind the C++ writer leaves to torch's bindings
+                    concrete[k] = module.event_at(kineto_results, int(event_index[k])).concrete_inputs()
+                    keys[k] = orjson.dumps(concrete[k], default=str)
+            shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
+            _count_flops(table, flops, span_flops, picked, shapes_raw, [k or b"" for k in keys], concrete)
     table.span_flops = span_flops
     return table

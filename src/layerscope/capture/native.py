@@ -1,0 +1,189 @@
+"""The native reader: building it against the installed torch, finding it, loading it.
+
+``native_reader.cpp`` reads torch's profiler results in C++ (see its header). It cannot ship as a
+binary: ``KinetoEvent``'s layout and symbols belong to one torch build. So it is compiled here, once
+per (torch build, Python, source) by ``layerscope native build`` (``make demo``/``make test`` do it
+too), with the compiler torch's own extensions use, into a cache folder. Profiling never compiles:
+without a built reader, or when it fails to load, layerscope reads through torch's Python bindings as
+before (the same table, 3-4x slower to make).
+
+``LAYERSCOPE_NATIVE=0`` turns the native reader off; ``LAYERSCOPE_CACHE`` moves the cache folder
+(default ``~/.cache/layerscope``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from layerscope.errors import LayerscopeError
+
+SOURCE = Path(__file__).with_name("native_reader.cpp")
+_MODULE_PREFIX = "_layerscope_native_"
+
+#: The loaded module, or the reason there is none; looked up once per process.
+_loaded: ModuleType | None = None
+_why_not: str | None = None
+_looked = False
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    """Where the native reader for this torch lives and whether it is in use."""
+
+    path: Path
+    built: bool
+    enabled: bool
+    #: Why it is not in use (not built, disabled, failed to load), or None when it is.
+    reason: str | None
+
+
+def cache_dir() -> Path:
+    """The folder built readers go to (``LAYERSCOPE_CACHE`` or ``~/.cache/layerscope``)."""
+    root = os.environ.get("LAYERSCOPE_CACHE")
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerscope"
+    return base / "native"
+
+
+def _build_key() -> str:
+    """What the binary depends on: the source, this torch build, this Python and platform."""
+    import torch
+
+    parts = [
+        SOURCE.read_bytes(),
+        torch.__version__.encode(),
+        str(getattr(torch.version, "git_version", "")).encode(),
+        sys.version.encode(),
+        platform.machine().encode(),
+        str(sysconfig.get_config_var("EXT_SUFFIX")).encode(),
+    ]
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _module_name() -> str:
+    return _MODULE_PREFIX + _build_key()
+
+
+def binary_path() -> Path:
+    """Where the reader for the installed torch is (or would be) built."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return cache_dir() / (_module_name() + suffix)
+
+
+def enabled() -> bool:
+    """False when ``LAYERSCOPE_NATIVE=0`` turns the native reader off."""
+    return os.environ.get("LAYERSCOPE_NATIVE", "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+def _compiler() -> str:
+    found = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not found:
+        raise LayerscopeError("no C++ compiler found (set CXX, or install g++ or clang++)")
+    return found
+
+
+def compile_command(output: Path) -> list[str]:
+    """The compiler command that builds the reader into ``output`` (what torch's own
+    ``cpp_extension`` passes, without needing ninja)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    command = [_compiler(), "-O2", "-std=c++17", "-fPIC", "-shared", "-w"]
+    command.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
+    command += [f"-DTORCH_EXTENSION_NAME={_module_name()}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    for include in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]:
+        command += ["-isystem", include]
+    command += [str(SOURCE), "-o", str(output)]
+    for library in cpp_extension.library_paths():
+        command.append(f"-L{library}")
+    command += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
+    if sys.platform == "darwin":
+        command += ["-undefined", "dynamic_lookup"]
+    return command
+
+
+def build(force: bool = False) -> tuple[Path, float]:
+    """Compile the reader for the installed torch (skipped when already built, unless ``force``).
+
+    Returns the binary's path and the seconds spent compiling (0 when it was there). The binary
+    appears whole or not at all (compiled under a temporary name, then renamed).
+    """
+    global _looked
+    if sys.platform == "win32":
+        raise LayerscopeError("the native reader is not supported on Windows; the Python reader is used")
+    target = binary_path()
+    if target.exists() and not force:
+        return target, 0.0
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, scratch = tempfile.mkstemp(dir=target.parent, prefix=".building-", suffix=target.suffix)
+    os.close(handle)
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(compile_command(Path(scratch)), capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-20:])
+            raise LayerscopeError(f"compiling the native reader failed:\n{tail}")
+        os.replace(scratch, target)
+    finally:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+    _looked = False  # the next load() looks again
+    return target, time.perf_counter() - started
+
+
+def load() -> ModuleType | None:
+    """The native reader module when it is built, enabled and loads; else None (see :func:`status`)."""
+    global _loaded, _why_not, _looked
+    if not enabled():
+        return None
+    if _looked:
+        return _loaded
+    _looked = True
+    _loaded, _why_not = None, None
+    path = binary_path()
+    if not path.exists():
+        _why_not = "not built (run `layerscope native build`)"
+        return None
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(_module_name(), str(path))
+        spec = importlib.util.spec_from_file_location(_module_name(), path, loader=loader)
+        if spec is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except Exception as exc:  # a broken binary must never stop a profile
+        _why_not = f"failed to load: {exc}"
+        return None
+    _loaded = module
+    return module
+
+
+def disable_for_process(reason: str) -> None:
+    """Stop using the native reader in this process (after it raised), remembering why."""
+    global _loaded, _why_not, _looked
+    _loaded, _why_not, _looked = None, reason, True
+
+
+def status() -> NativeStatus:
+    """Whether the native reader is built for this torch, enabled, and loads."""
+    path = binary_path()
+    if not enabled():
+        return NativeStatus(path, path.exists(), False, "turned off by LAYERSCOPE_NATIVE=0")
+    module = load()
+    return NativeStatus(path, path.exists(), True, None if module is not None else _why_not)

@@ -1,0 +1,266 @@
+// layerscope's native reader: torch's profiler results as columns, in one pass over the C++ events.
+//
+// The pybind path (capture/kineto.py) pays ~1.5-2.5 us per event to make the Python `_KinetoEvent`
+// list, ~1 us to free it, and ~0.4 us per accessor call; this reads the same accessors in C++ and
+// hands Python a few contiguous int64 buffers, each distinct name and shapes list once.
+//
+// Built on demand by capture/native.py against the torch installed beside it (never shipped as a
+// binary: KinetoEvent's layout and symbols are torch-version specific). Everything returned here is
+// plain Python data (bytes, lists, dicts), so a mismatch shows up as an exception, not as bad data.
+
+#include <pybind11/pybind11.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+using torch::autograd::profiler::KinetoEvent;
+using torch::autograd::profiler::ProfilerResult;
+
+namespace {
+
+// Strings interned in first-seen order: the Python side interns them in the same order as the
+// pybind path does (dict.fromkeys over the names), so both paths build identical tables.
+struct Interner {
+  std::unordered_map<std::string, int64_t> ids;
+  std::vector<std::string> order;
+
+  int64_t id(std::string&& text) {
+    auto found = ids.find(text);
+    if (found != ids.end()) {
+      return found->second;
+    }
+    const auto next = static_cast<int64_t>(order.size());
+    order.push_back(text);
+    ids.emplace(std::move(text), next);
+    return next;
+  }
+
+  py::list as_bytes() const {
+    // bytes, not str: torch has handed back Python-function names that are not valid UTF-8;
+    // Python decodes each distinct name and decides what a bad one becomes.
+    py::list out(order.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      out[i] = py::bytes(order[i]);
+    }
+    return out;
+  }
+};
+
+template <typename T>
+py::bytes column(const std::vector<T>& values) {
+  return py::bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+// The input shapes as orjson.dumps(event.shapes()) writes them: "[[2,3],[]]".
+void append_shapes(std::string& out, const c10::ArrayRef<std::vector<int64_t>>& shapes) {
+  out.push_back('[');
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (i) out.push_back(',');
+    out.push_back('[');
+    const auto& dims = shapes[i];
+    for (size_t d = 0; d < dims.size(); ++d) {
+      if (d) out.push_back(',');
+      out += std::to_string(dims[d]);
+    }
+    out.push_back(']');
+  }
+  out.push_back(']');
+}
+
+void append_double(std::string& out, double value) {
+  char buffer[32];
+  auto written = std::to_chars(buffer, buffer + sizeof(buffer), value);  // shortest round trip
+  std::string text(buffer, written.ptr);
+  if (text.find_first_of(".e") == std::string::npos) {
+    text += ".0";  // stays a float when parsed back
+  }
+  out += text;
+}
+
+void append_json_string(std::string& out, const std::string& text) {
+  out.push_back('"');
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+      out += escaped;
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  out.push_back('"');
+}
+
+// One concrete (scalar) input as JSON; false for a kind this writer does not know.
+bool append_ivalue(std::string& out, const c10::IValue& value) {
+  if (value.isNone()) {
+    out += "null";
+  } else if (value.isBool()) {
+    out += value.toBool() ? "true" : "false";
+  } else if (value.isInt()) {
+    out += std::to_string(value.toInt());
+  } else if (value.isDouble()) {
+    const double number = value.toDouble();
+    if (!std::isfinite(number)) return false;
+    append_double(out, number);
+  } else if (value.isString()) {
+    append_json_string(out, value.toStringRef());
+  } else if (value.isIntList()) {
+    out.push_back('[');
+    const auto items = value.toIntVector();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i) out.push_back(',');
+      out += std::to_string(items[i]);
+    }
+    out.push_back(']');
+  } else if (value.isBoolList()) {
+    out.push_back('[');
+    const auto items = value.toBoolList();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i) out.push_back(',');
+      out += items.get(i) ? "true" : "false";
+    }
+    out.push_back(']');
+  } else if (value.isDoubleList()) {
+    out.push_back('[');
+    const auto items = value.toDoubleVector();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!std::isfinite(items[i])) return false;
+      if (i) out.push_back(',');
+      append_double(out, items[i]);
+    }
+    out.push_back(']');
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const ProfilerResult& result_of(const py::object& results) {
+  return results.cast<const ProfilerResult&>();
+}
+
+// Every event as columns. Memory events (the only ones with a byte count) go to mem_*; the rest are
+// spans, in the order torch lists them, as the pybind reader keeps them.
+py::dict read_columns(const py::object& results, bool with_shapes) {
+  const auto& events = result_of(results).events();
+  const size_t n = events.size();
+
+  std::vector<int64_t> span_index, span_name, span_activity, span_device, span_ts, span_dur;
+  std::vector<int64_t> span_tid, span_seq, span_fwd_tid, span_corr, span_linked, span_shapes;
+  std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device;
+  span_index.reserve(n);
+  Interner names, shapes;
+  std::string shapes_text;
+  for (size_t i = 0; i < n; ++i) {
+    const KinetoEvent& e = events[i];
+    const int64_t nbytes = e.nBytes();
+    if (nbytes != 0) {
+      mem_bytes.push_back(nbytes);
+      mem_ts.push_back(static_cast<int64_t>(e.startNs()));
+      // torch's "unknown thread" is 2**64 - 1: as int64 it reads -1, as the pybind path reads it.
+      mem_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+      mem_device.push_back(static_cast<int64_t>(e.deviceType()));
+      continue;
+    }
+    span_index.push_back(static_cast<int64_t>(i));
+    span_name.push_back(names.id(e.name()));
+    span_activity.push_back(static_cast<int64_t>(e.activityType()));
+    span_device.push_back(static_cast<int64_t>(e.deviceType()));
+    span_ts.push_back(static_cast<int64_t>(e.startNs()));
+    span_dur.push_back(static_cast<int64_t>(e.durationNs()));
+    span_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+    const int64_t seq = e.sequenceNr();
+    span_seq.push_back(seq);
+    span_fwd_tid.push_back(seq >= 0 ? static_cast<int64_t>(e.fwdThreadId()) : 0);
+    span_corr.push_back(static_cast<int64_t>(e.correlationId()));
+    span_linked.push_back(static_cast<int64_t>(e.linkedCorrelationId()));
+    if (with_shapes && e.hasShapes()) {
+      shapes_text.clear();
+      append_shapes(shapes_text, e.shapes());
+      span_shapes.push_back(shapes.id(std::move(shapes_text)));
+    } else {
+      span_shapes.push_back(shapes.id(std::string("[]")));
+    }
+  }
+
+  py::dict out;
+  out["names"] = names.as_bytes();
+  out["shapes"] = shapes.as_bytes();
+  out["span_index"] = column(span_index);
+  out["span_name"] = column(span_name);
+  out["span_activity"] = column(span_activity);
+  out["span_device"] = column(span_device);
+  out["span_ts"] = column(span_ts);
+  out["span_dur"] = column(span_dur);
+  out["span_tid"] = column(span_tid);
+  out["span_seq"] = column(span_seq);
+  out["span_fwd_tid"] = column(span_fwd_tid);
+  out["span_corr"] = column(span_corr);
+  out["span_linked"] = column(span_linked);
+  out["span_shapes"] = column(span_shapes);
+  out["mem_bytes"] = column(mem_bytes);
+  out["mem_ts"] = column(mem_ts);
+  out["mem_tid"] = column(mem_tid);
+  out["mem_device"] = column(mem_device);
+  return out;
+}
+
+// The concrete inputs of the events at `packed_indices` (positions in torch's event list, packed
+// int64) as JSON arrays, or None where an input is of a kind the writer above does not know (the
+// caller then asks torch's bindings).
+py::list concrete_inputs(const py::object& results, const py::bytes& packed_indices) {
+  const auto& events = result_of(results).events();
+  const std::string packed = packed_indices;
+  std::vector<int64_t> indices(packed.size() / sizeof(int64_t));
+  std::memcpy(indices.data(), packed.data(), indices.size() * sizeof(int64_t));
+  py::list out(indices.size());
+  std::string text;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const auto index = indices[k];
+    if (index < 0 || static_cast<size_t>(index) >= events.size()) {
+      throw py::index_error("event index out of range");
+    }
+    const KinetoEvent& e = events[static_cast<size_t>(index)];
+    text.assign("[");
+    bool known = true;
+    if (e.hasConcreteInputs()) {
+      const auto inputs = e.concreteInputs();
+      for (size_t i = 0; i < inputs.size() && known; ++i) {
+        if (i) text.push_back(',');
+        known = append_ivalue(text, inputs[i]);
+      }
+    }
+    text.push_back(']');
+    out[k] = known ? py::object(py::bytes(text)) : py::object(py::none());
+  }
+  return out;
+}
+
+// torch's own Python object for one event (a copy), for what only torch's bindings can convert.
+py::object event_at(const py::object& results, int64_t index) {
+  const auto& events = result_of(results).events();
+  if (index < 0 || static_cast<size_t>(index) >= events.size()) {
+    throw py::index_error("event index out of range");
+  }
+  return py::cast(events[static_cast<size_t>(index)]);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "layerscope native reader: torch profiler results as columns";
+  m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
+  m.def("concrete_inputs", &concrete_inputs, py::arg("results"), py::arg("packed_indices"));
+  m.def("event_at", &event_at, py::arg("results"), py::arg("index"));
+}

@@ -8,6 +8,10 @@ on two captures, so neither side profits from running second). Prints a table an
     python benchmarks/postprocess.py --model mlp --steps 20   # many small ops: 24 LayerNorm+GELU blocks
     python benchmarks/postprocess.py --model mlp --stages      # where our build's time goes, per stage
     python benchmarks/postprocess.py --with-stack --steps 5    # Python stacks on (many more events)
+    python benchmarks/postprocess.py --reader python            # torch's bindings, not the native reader
+
+``--reader`` picks how torch's results are read: ``native`` (the C++ reader, ``layerscope native
+build`` first), ``python`` (torch's Python bindings) or ``auto`` (native when built, as in use).
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -35,8 +41,8 @@ def capture(model: torch.nn.Module, x: torch.Tensor, steps: int, with_stack: boo
     return prof
 
 
-def measure(prof: ls.profile, ours_first: bool) -> dict[str, float]:
-    result: dict[str, float] = {}
+def measure(prof: ls.profile, ours_first: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {}
 
     def ours() -> None:
         gc.collect()
@@ -47,6 +53,7 @@ def measure(prof: ls.profile, ours_first: bool) -> dict[str, float]:
         result["ours_peak_rss_mib"] = peak_mib()
         result["ours_rss_growth_mib"] = peak_mib() - base
         result["events"] = profile.meta["event_count"]
+        result["reader"] = profile.meta["reader"]
 
     def theirs() -> None:
         gc.collect()
@@ -62,36 +69,44 @@ def measure(prof: ls.profile, ours_first: bool) -> dict[str, float]:
     return result
 
 
-def stages(prof: ls.profile) -> dict[str, float]:
-    """Seconds per stage of the live build, on one capture: torch's ``events()`` (a Python object per
-    Kineto event) and freeing those objects, the rest of the reader (the per-event accessors), and
-    attribution (``build_profile``)."""
+def stages(prof: ls.profile, reader: str) -> dict[str, float]:
+    """Seconds per stage of the live build, on one capture. With torch's bindings: ``events()`` (a
+    Python object per Kineto event), freeing those objects, the per-event accessors; with the native
+    reader: its C++ pass and the columns it hands over. Then attribution (``build_profile``)."""
     from layerscope.attribution.attribute import build_profile
     from layerscope.capture.flops import FlopCalculator
     from layerscope.capture.kineto import table_from_kineto
 
     results = prof.torch_profiler.profiler.kineto_results
+    found: dict[str, float] = {}
     gc.collect()
     gc.disable()
     try:
-        t0 = time.perf_counter()
-        events = results.events()
-        t1 = time.perf_counter()
-        del events
-        t2 = time.perf_counter()
-        table = table_from_kineto(results, FlopCalculator(), shapes=True, cpu_only=not prof.with_stack)
-        t3 = time.perf_counter()
+        if reader == "python":
+            t0 = time.perf_counter()
+            events = results.events()
+            t1 = time.perf_counter()
+            del events
+            t2 = time.perf_counter()
+            table = table_from_kineto(
+                results, FlopCalculator(), shapes=True, cpu_only=not prof.with_stack, use_native=False
+            )
+            t3 = time.perf_counter()
+            found["torch events()"] = t1 - t0
+            found["freeing them"] = t2 - t1
+            found["accessors and columns"] = (t3 - t2) - (t2 - t0)
+        else:
+            t2 = time.perf_counter()
+            table = table_from_kineto(
+                results, FlopCalculator(), shapes=True, cpu_only=not prof.with_stack, use_native=True
+            )
+            t3 = time.perf_counter()
+            found["native reader"] = t3 - t2
         build_profile(table, prof._catalog, {})
-        t4 = time.perf_counter()
+        found["attribution"] = time.perf_counter() - t3
     finally:
         gc.enable()
-    return {
-        "events": table.event_count,
-        "torch events()": t1 - t0,
-        "freeing them": t2 - t1,
-        "accessors and columns": (t3 - t2) - (t2 - t0),
-        "attribution": t4 - t3,
-    }
+    return {"events": table.event_count, **found}
 
 
 def deep_mlp(blocks: int = 24, width: int = 256) -> torch.nn.Module:
@@ -119,7 +134,20 @@ def main() -> None:
     parser.add_argument("--model", choices=("resnet", "mlp"), default="resnet")
     parser.add_argument("--stages", action="store_true", help="time the build's stages instead")
     parser.add_argument("--with-stack", action="store_true", help="record Python stacks too")
+    parser.add_argument("--reader", choices=("auto", "native", "python"), default="auto")
     args = parser.parse_args()
+    if args.reader == "python":
+        os.environ["LAYERSCOPE_NATIVE"] = "0"
+    elif args.reader == "native":
+        from layerscope.capture import native
+
+        if native.load() is None:
+            sys.exit(f"postprocess.py: native reader not in use: {native.status().reason}")
+    reader = args.reader
+    if reader == "auto":
+        from layerscope.capture import native
+
+        reader = "native" if native.load() is not None else "python"
     torch.manual_seed(0)
     if args.model == "mlp":
         model: torch.nn.Module = deep_mlp()
@@ -129,19 +157,25 @@ def main() -> None:
         x = torch.randn(args.batch, 3, args.size, args.size)
     model(x).sum().backward()  # warm-up outside the profile
     if args.stages:
-        found = stages(capture(model, x, args.steps, args.with_stack))
+        found = stages(capture(model, x, args.steps, args.with_stack), reader)
         count = found.pop("events")
         print(f"{'stage':<24}{'seconds':>9}{'µs/event':>10}   ({count:.0f} events)")
         for name, seconds in found.items():
             print(f"{name:<24}{seconds:>8.3f}s{seconds / count * 1e6:>10.2f}")
         total = sum(found.values())
         print(f"{'total':<24}{total:>8.3f}s{total / count * 1e6:>10.2f}")
-        print(json.dumps({"benchmark": "postprocess-stages", "model": args.model, "events": count, **found}))
+        print(
+            json.dumps(
+                {"benchmark": "postprocess-stages", "model": args.model, "reader": reader, "events": count}
+                | found
+            )
+        )
         return
     runs = []
     for ours_first in (True, False):
         prof = capture(model, x, args.steps, args.with_stack)
         runs.append({"ours_first": ours_first, **measure(prof, ours_first)})
+    print(f"reader: {runs[0]['reader']}")
     print(
         f"{'order':<14}{'events':>9}{'layerscope':>12}{'key_averages':>14}{'ratio':>8}{'µs/event':>10}"
         f"{'RSS+ ours':>11}{'RSS+ torch':>12}"

@@ -331,14 +331,14 @@ class _FakeResults:
 
 def test_an_undecodable_name_gets_a_placeholder_and_a_count() -> None:
     from layerscope.attribution import build_profile
-    from layerscope.capture.kineto import UNDECODABLE_NAME, table_from_kineto
+    from layerscope.capture.kineto import UNDECODABLE_NAME, table_from_bindings
 
     events = [
         _FakeKinetoEvent("aten::mm", 0),
         _FakeKinetoEvent(None, 100),
         _FakeKinetoEvent("aten::add", 200),
     ]
-    table = table_from_kineto(_FakeResults(events), None, shapes=False, cpu_only=True)
+    table = table_from_bindings(_FakeResults(events), None, shapes=False, cpu_only=True)
     assert [table.names[i] for i in table.span_name] == ["aten::mm", UNDECODABLE_NAME, "aten::add"]
     assert table.meta["undecodable_names"] == 1
     profile = build_profile(table)

@@ -20,9 +20,9 @@ from layerscope.attribution.buckets import BACKWARD_NODE_PREFIX
 from layerscope.attribution.steps import STEP_PREFIX
 from layerscope.capture import native
 from layerscope.capture.flops import FlopCalculator
+from layerscope.errors import LayerscopeError, LayerscopeWarning
 from layerscope.events.module_ranges import MODULE_RANGE_PREFIX
 from layerscope.events.shapes import shapes_key_from_json
-from layerscope.errors import LayerscopeError, LayerscopeWarning
 from layerscope.events.table import EventKind, EventTable
 
 _KIND_BY_ACTIVITY: dict[str, EventKind] = {
@@ -283,6 +283,20 @@ def _count_flops(
         span_flops[j] = found
 
 
+def decode_names(raw_names: list[bytes]) -> tuple[list[str], list[int]]:
+    """Distinct event names as text, and the positions of those that are not valid UTF-8 (they
+    become :data:`UNDECODABLE_NAME`, as in the bindings path)."""
+    decoded: list[str] = []
+    bad: list[int] = []
+    for i, raw in enumerate(raw_names):
+        try:
+            decoded.append(raw.decode())
+        except UnicodeDecodeError:
+            decoded.append(UNDECODABLE_NAME)
+            bad.append(i)
+    return decoded, bad
+
+
 def _column(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.int64)
 
@@ -309,14 +323,7 @@ def table_from_native(
         return table
 
     # Names: decoded once each; the table interns them in first-seen order, as the bindings path does.
-    decoded: list[str] = []
-    bad_local: list[int] = []
-    for i, raw in enumerate(cols["names"]):
-        try:
-            decoded.append(raw.decode())
-        except UnicodeDecodeError:
-            decoded.append(UNDECODABLE_NAME)
-            bad_local.append(i)
+    decoded, bad_local = decode_names(cols["names"])
     name_of_local = np.array([table.intern(n) for n in decoded], dtype=np.int64)
     span_name = name_of_local[span_local_name] if len(decoded) else span_local_name
     if bad_local:

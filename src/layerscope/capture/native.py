@@ -53,8 +53,9 @@ class NativeStatus:
 def cache_dir() -> Path:
     """The folder built readers go to (``LAYERSCOPE_CACHE`` or ``~/.cache/layerscope``)."""
     root = os.environ.get("LAYERSCOPE_CACHE")
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerscope"
-    return base / "native"
+    if root:
+        return Path(root) / "native"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerscope" / "native"
 
 
 def _build_key() -> str:
@@ -118,13 +119,20 @@ def compile_command(output: Path) -> list[str]:
     return command
 
 
+def _first_error(output: str) -> str:
+    """The compiler's first error line, as ``: <line>`` (or nothing when it printed none)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    picked = errors[0] if errors else (lines[-1] if lines else "")
+    return f": {picked[:300]}" if picked else ""
+
+
 def build(force: bool = False) -> tuple[Path, float]:
     """Compile the reader for the installed torch (skipped when already built, unless ``force``).
 
     Returns the binary's path and the seconds spent compiling (0 when it was there). The binary
     appears whole or not at all (compiled under a temporary name, then renamed).
     """
-    global _looked
     if sys.platform == "win32":
         raise LayerscopeError("the native reader is not supported on Windows; the Python reader is used")
     target = binary_path()
@@ -135,15 +143,18 @@ def build(force: bool = False) -> tuple[Path, float]:
     os.close(handle)
     started = time.perf_counter()
     try:
-        done = subprocess.run(compile_command(Path(scratch)), capture_output=True, text=True, check=False)
+        command = compile_command(Path(scratch))
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-20:])
-            raise LayerscopeError(f"compiling the native reader failed:\n{tail}")
+            raise LayerscopeError(
+                f"compiling the native reader failed ({Path(command[0]).name} exited {done.returncode})"
+                + _first_error(done.stderr or done.stdout)
+            )
         os.replace(scratch, target)
     finally:
         if os.path.exists(scratch):
             os.unlink(scratch)
-    _looked = False  # the next load() looks again
+    forget()  # the next load() looks again
     return target, time.perf_counter() - started
 
 
@@ -172,6 +183,12 @@ def load() -> ModuleType | None:
         return None
     _loaded = module
     return module
+
+
+def forget() -> None:
+    """Look for the reader again at the next :func:`load` (after ``LAYERSCOPE_*`` changed)."""
+    global _loaded, _why_not, _looked
+    _loaded, _why_not, _looked = None, None, False
 
 
 def disable_for_process(reason: str) -> None:

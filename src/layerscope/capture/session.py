@@ -353,6 +353,7 @@ class profile:
         )
         table = table_from_kineto(results, calculator, shapes=self.shapes, cpu_only=cpu_only)
         meta = self._meta()
+        meta["reader"] = table.meta["reader"]
         if table.meta.get("undecodable_names"):
             meta["undecodable_names"] = table.meta["undecodable_names"]
         if cycle is not None:

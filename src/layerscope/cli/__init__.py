@@ -9,7 +9,16 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from layerscope.cli import analyze_cmd, diff_cmd, merge_cmd, profile_cmd, report_cmd, run_cmd, show_cmd
+from layerscope.cli import (
+    analyze_cmd,
+    diff_cmd,
+    merge_cmd,
+    native_cmd,
+    profile_cmd,
+    report_cmd,
+    run_cmd,
+    show_cmd,
+)
 from layerscope.errors import LayerscopeError, LayerscopeWarning
 
 
@@ -32,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff_cmd.register(sub)
     merge_cmd.register(sub)
     report_cmd.register(sub)
+    native_cmd.register(sub)
     return parser
 
 

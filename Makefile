@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint typecheck unit browser bench clean compat
+.PHONY: demo test lint typecheck unit browser native bench clean compat
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,13 @@ $(VENV)/.test: pyproject.toml $(VENV)/.base
 	$(PIP) install -e ".[test]"
 	touch $@
 
-demo: $(VENV)/.base
+# The native reader (C++, compiled against the installed torch, ~15 s once; a no-op when built).
+# Best effort: without a compiler, post-processing reads through torch's Python bindings instead.
+native: $(VENV)/.base
+	@$(BIN)/layerscope native build || \
+	  echo "layerscope: native reader not built; post-processing uses torch's Python bindings (slower)"
+
+demo: native
 	$(BIN)/layerscope profile --memory
 
 lint: $(VENV)/.test
@@ -43,12 +49,12 @@ browser:
 	     (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1)); } || \
 	  echo "chromium not installed: the HTML report's browser tests will skip"
 
-unit: $(VENV)/.test browser
+unit: $(VENV)/.test browser native
 	$(BIN)/python -m pytest
 
 test: lint typecheck unit
 
-bench: $(VENV)/.base
+bench: native
 	$(BIN)/python benchmarks/postprocess.py --steps 20
 	$(BIN)/python benchmarks/overhead.py
 

@@ -84,24 +84,9 @@ void append_double(std::string& out, double value) {
   out += text;
 }
 
-void append_json_string(std::string& out, const std::string& text) {
-  out.push_back('"');
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(static_cast<char>(c));
-    } else if (c < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
-      out += escaped;
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  out.push_back('"');
-}
-
-// One concrete (scalar) input as JSON; false for a kind this writer does not know.
+// One concrete (scalar) input as JSON; false for a kind this writer does not know. These are the
+// kinds torch 2.13 records (strings and devices are recorded as None); anything else is left to
+// torch's bindings by the caller.
 bool append_ivalue(std::string& out, const c10::IValue& value) {
   if (value.isNone()) {
     out += "null";
@@ -113,8 +98,6 @@ bool append_ivalue(std::string& out, const c10::IValue& value) {
     const double number = value.toDouble();
     if (!std::isfinite(number)) return false;
     append_double(out, number);
-  } else if (value.isString()) {
-    append_json_string(out, value.toStringRef());
   } else if (value.isIntList()) {
     out.push_back('[');
     const auto items = value.toIntVector();
@@ -129,15 +112,6 @@ bool append_ivalue(std::string& out, const c10::IValue& value) {
     for (size_t i = 0; i < items.size(); ++i) {
       if (i) out.push_back(',');
       out += items.get(i) ? "true" : "false";
-    }
-    out.push_back(']');
-  } else if (value.isDoubleList()) {
-    out.push_back('[');
-    const auto items = value.toDoubleVector();
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (!std::isfinite(items[i])) return false;
-      if (i) out.push_back(',');
-      append_double(out, items[i]);
     }
     out.push_back(']');
   } else {

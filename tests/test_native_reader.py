@@ -1,0 +1,290 @@
+"""The native reader (capture/native_reader.cpp): built here, it must give the very table torch's
+Python bindings give, and every way it can be missing or fail must leave profiling working."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import orjson
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+import layerscope as ls
+from layerscope.capture import native
+from layerscope.capture.flops import FlopCalculator
+from layerscope.capture.kineto import (
+    UNDECODABLE_NAME,
+    decode_names,
+    table_from_bindings,
+    table_from_kineto,
+    table_from_native,
+)
+from layerscope.cli import main
+from layerscope.errors import LayerscopeError, LayerscopeWarning
+from layerscope.events.table import EventTable
+
+COLUMNS = (
+    "names",
+    "span_name",
+    "span_kind",
+    "span_tid",
+    "span_ts",
+    "span_dur",
+    "span_seq",
+    "span_fwd_tid",
+    "span_corr",
+    "span_ext",
+    "span_shapes",
+    "span_flops",
+    "mem_tid",
+    "mem_ts",
+    "mem_bytes",
+    "mem_on_device",
+)
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
+    """The reader compiled afresh for this torch into a private cache (so the build itself is tested,
+    not a binary left from an earlier run)."""
+    cache = tmp_path_factory.mktemp("native-cache")
+    before = os.environ.get("LAYERSCOPE_CACHE")
+    os.environ["LAYERSCOPE_CACHE"] = str(cache)
+    native.forget()
+    try:
+        try:
+            path, seconds = native.build(force=True)
+        except LayerscopeError as exc:
+            pytest.skip(f"the native reader cannot be built here: {exc}")
+        assert path.parent == cache / "native" and path.exists() and seconds > 0
+        # Nothing but the binary is left behind (the scratch file was renamed, not copied).
+        assert [p.name for p in path.parent.iterdir()] == [path.name]
+        module = native.load()
+        assert module is not None, native.status().reason
+        yield module
+    finally:
+        if before is None:
+            os.environ.pop("LAYERSCOPE_CACHE", None)
+        else:
+            os.environ["LAYERSCOPE_CACHE"] = before
+        native.forget()
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+        self.up = nn.Linear(32, 64)
+        self.act = nn.GELU(approximate="tanh")  # a string argument among the concrete inputs
+        self.down = nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.act(self.up(self.norm(x))))
+
+
+def _workload() -> None:
+    model = nn.Sequential(Block(), Block())
+    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    x = torch.randn(4, 32)
+    for _ in range(2):
+        model(x).sum().backward()
+        conv(torch.randn(1, 3, 9, 9)).relu().sum().backward()
+        torch.nn.functional.dropout(x, p=0.25, training=True)  # a float concrete input
+        x.to(torch.float64).clamp(min=-1.5, max=2.0)  # an optional float
+    with torch.no_grad():
+        torch.addmm(torch.zeros(2, 3), torch.randn(2, 4), torch.randn(4, 3), beta=0.5, alpha=2.0)
+
+
+def _capture(with_stack: bool = False, memory: bool = True, shapes: bool = True) -> Any:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=shapes,
+        profile_memory=memory,
+        with_stack=with_stack,
+    ) as prof:
+        _workload()
+        # Another thread's ops: thread ids (and with_stack's "unknown thread") must match too.
+        worker = threading.Thread(target=lambda: torch.randn(8, 8) @ torch.randn(8, 8))
+        worker.start()
+        worker.join()
+    return prof.profiler.kineto_results
+
+
+def _assert_same(a: EventTable, b: EventTable) -> None:
+    for column in COLUMNS:
+        assert getattr(a, column) == getattr(b, column), column
+        if column != "names":  # the arrays handed over with the columns hold the same numbers
+            assert b.array(column).tolist() == list(getattr(a, column)), column
+    assert a.meta.get("undecodable_names") == b.meta.get("undecodable_names")
+
+
+@pytest.mark.parametrize(
+    ("with_stack", "memory", "shapes", "cpu_only"),
+    [
+        (False, True, True, True),  # the common live capture
+        (False, True, True, False),  # kinds from torch's activity names
+        (True, True, True, False),  # Python-function events
+        (False, False, False, True),  # no shapes, no memory
+    ],
+)
+def test_native_table_equals_the_bindings_table(
+    reader: ModuleType, with_stack: bool, memory: bool, shapes: bool, cpu_only: bool
+) -> None:
+    results = _capture(with_stack=with_stack, memory=memory, shapes=shapes)
+    expected = table_from_bindings(results, FlopCalculator(), shapes=shapes, cpu_only=cpu_only)
+    found = table_from_native(reader, results, FlopCalculator(), shapes=shapes, cpu_only=cpu_only)
+    _assert_same(expected, found)
+    # The comparison has teeth: spans, allocations, shapes and counted FLOPs are all there.
+    assert expected.span_count > 200
+    assert (sum(expected.span_flops) > 0) == shapes  # FLOPs need recorded shapes
+    assert bool(expected.mem_ts) == memory
+    assert any(s >= 0 for s in expected.span_shapes) == shapes
+    if with_stack:
+        assert any(expected.names[n].startswith("nn.Module:") for n in expected.span_name)
+
+
+def test_concrete_inputs_written_in_cpp_read_back_as_torch_gives_them(reader: ModuleType) -> None:
+    results = _capture()
+    events = results.events()
+    indices = list(range(len(events)))
+    import numpy as np
+
+    written = reader.concrete_inputs(results, np.asarray(indices, dtype=np.int64).tobytes())
+    kinds: set[str] = set()
+    for event, text in zip(events, written, strict=True):
+        expected = event.concrete_inputs()
+        if text is None:
+            continue  # a kind left to torch's bindings
+        found = orjson.loads(text)
+        assert found == expected, event.name()
+        assert [type(v) for v in found] == [type(v) for v in expected], event.name()
+        kinds.update(type(v).__name__ for v in found)
+    # Ints, floats, bools, None and lists (of ints, of bools) all went through the C++ writer.
+    assert {"int", "float", "bool", "NoneType", "list"} <= kinds
+    assert any(
+        v and all(isinstance(b, bool) for b in v)
+        for e in events
+        for v in e.concrete_inputs()
+        if isinstance(v, list)
+    )
+
+
+def test_flops_fall_back_to_the_bindings_for_inputs_cpp_does_not_write(reader: ModuleType) -> None:
+    class NoConcrete:
+        """The reader, but every event's concrete inputs left to torch's bindings."""
+
+        read_columns = reader.read_columns
+        event_at = reader.event_at
+
+        @staticmethod
+        def concrete_inputs(results: Any, packed: bytes) -> list[None]:
+            return [None] * (len(packed) // 8)
+
+    results = _capture()
+    expected = table_from_bindings(results, FlopCalculator(), shapes=True, cpu_only=True)
+    found = table_from_native(NoConcrete(), results, FlopCalculator(), shapes=True, cpu_only=True)
+    assert found.span_flops == expected.span_flops and sum(found.span_flops) > 0
+
+
+def test_undecodable_names_become_the_placeholder() -> None:
+    names, bad = decode_names([b"aten::mm", b"\xff\xfe broken", "nn.Module: Ü".encode()])
+    assert names == ["aten::mm", UNDECODABLE_NAME, "nn.Module: Ü"]
+    assert bad == [1]
+
+
+def test_profiles_use_the_native_reader_and_equal_the_bindings_ones(
+    reader: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = nn.Sequential(Block(), Block())
+    x = torch.randn(4, 32)
+
+    def profiled() -> ls.Profile:
+        with ls.profile(model, memory=True, shapes=True) as prof:
+            model(x).sum().backward()
+        return prof.profile
+
+    monkeypatch.setattr(native, "load", lambda: reader)
+    fast = profiled()
+    monkeypatch.setenv("LAYERSCOPE_NATIVE", "0")
+    monkeypatch.setattr(native, "load", lambda: None)
+    slow = profiled()
+    for p in (fast, slow):
+        p.validate()
+    assert fast.meta["reader"] == "native" and slow.meta["reader"] == "python"
+    assert [n.path for n in fast.root.walk()] == [n.path for n in slow.root.walk()]
+    assert fast.root.total.flops == slow.root.total.flops > 0
+    assert [n.calls for n in fast.root.walk()] == [n.calls for n in slow.root.walk()]
+
+
+def test_a_failing_native_reader_warns_once_and_the_profile_is_still_made(
+    reader: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Broken:
+        @staticmethod
+        def read_columns(results: Any, with_shapes: bool) -> Any:
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(native, "_loaded", Broken())
+    monkeypatch.setattr(native, "_looked", True)
+    model = Block()
+    try:
+        with pytest.warns(LayerscopeWarning, match="native reader failed .*boom.*Python reader"):
+            with ls.profile(model) as prof:
+                model(torch.randn(2, 32))
+            profile = prof.profile
+        profile.validate()
+        assert profile.meta["reader"] == "python"
+        assert native.status().reason == "raised RuntimeError: boom"  # not tried again
+    finally:
+        native.forget()
+
+
+def test_without_a_built_reader_profiling_reads_through_the_bindings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAYERSCOPE_CACHE", str(tmp_path))
+    native.forget()
+    try:
+        state = native.status()
+        assert not state.built and state.reason is not None and "not built" in state.reason
+        model = Block()
+        with ls.profile(model) as prof:
+            model(torch.randn(2, 32))
+        assert prof.profile.meta["reader"] == "python"
+        with pytest.raises(LayerscopeError, match="native reader unavailable: not built"):
+            table_from_kineto(object(), None, shapes=False, use_native=True)
+    finally:
+        native.forget()
+
+
+def test_a_failed_build_says_so_in_one_line_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LAYERSCOPE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    native.forget()
+    try:
+        assert main(["native", "build"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err == "layerscope: error: compiling the native reader failed (false exited 1)"
+        assert list((tmp_path / "native").iterdir()) == []
+        assert main(["native", "status"]) == 1
+        assert "in use   no: not built" in capsys.readouterr().out
+    finally:
+        native.forget()
+
+
+def test_native_off_by_environment(
+    reader: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LAYERSCOPE_NATIVE", "0")
+    assert native.load() is None
+    assert main(["native", "status"]) == 1
+    assert "in use   no: turned off by LAYERSCOPE_NATIVE=0" in capsys.readouterr().out

@@ -59,11 +59,13 @@ def cache_dir() -> Path:
 
 
 def _build_key() -> str:
-    """What the binary depends on: the source, this torch build, this Python and platform."""
+    """What the binary depends on: the source and how it is compiled, this torch build, this Python
+    and platform."""
     import torch
 
     parts = [
         SOURCE.read_bytes(),
+        Path(__file__).read_bytes(),  # the compile command lives here
         torch.__version__.encode(),
         str(getattr(torch.version, "git_version", "")).encode(),
         sys.version.encode(),
@@ -103,16 +105,17 @@ def compile_command(output: Path) -> list[str]:
     """The compiler command that builds the reader into ``output`` (what torch's own
     ``cpp_extension`` passes, without needing ninja)."""
     import torch
-    from torch.utils import cpp_extension
 
-    command = [_compiler(), "-O2", "-std=c++17", "-fPIC", "-shared", "-w"]
+    # The paths torch.utils.cpp_extension would use, without importing it (on a CUDA build without a
+    # GPU its import prints a warning about the CUDA runtime, which this build does not need).
+    torch_dir = Path(torch.__file__).resolve().parent
+    includes = [torch_dir / "include", torch_dir / "include" / "torch" / "csrc" / "api" / "include"]
+    command = [_compiler(), "-O2", "-std=c++20", "-fPIC", "-shared", "-w"]
     command.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
     command += [f"-DTORCH_EXTENSION_NAME={_module_name()}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
-    for include in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]:
-        command += ["-isystem", include]
-    command += [str(SOURCE), "-o", str(output)]
-    for library in cpp_extension.library_paths():
-        command.append(f"-L{library}")
+    for include in [*includes, sysconfig.get_paths()["include"]]:
+        command += ["-isystem", str(include)]
+    command += [str(SOURCE), "-o", str(output), f"-L{torch_dir / 'lib'}"]
     command += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
     if sys.platform == "darwin":
         command += ["-undefined", "dynamic_lookup"]

@@ -6,6 +6,10 @@ step times and the ratios. Only the steps inside the profiling window are timed;
 leaving the profiler and post-processing are not (post-processing is benchmarks/postprocess.py's job).
 
     python benchmarks/overhead.py [--rounds 7] [--steps 3]
+    python benchmarks/overhead.py --only calls     # µs per module call, within one profiler session
+
+Ratios: of the median step times, of the fastest rounds, and the median of the per-round ratios
+(every configuration runs once per round, back to back: the paired ratio resists the VM's drift).
 """
 
 from __future__ import annotations
@@ -89,6 +93,11 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: in
     # On a shared VM the median of a few rounds moves by 10-40% between runs; the fastest round is
     # the least disturbed one, so ratios of minima are quoted beside ratios of medians.
     fastest = {k: min(v) for k, v in samples.items()}
+    # Each round runs every configuration back to back, so the ratio within a round is measured under
+    # nearly the same machine state; the median of those paired ratios resists drift best.
+    paired = statistics.median(
+        a / b for a, b in zip(samples["layerscope"], samples["torch.profiler"], strict=True)
+    )
     calls = sum(1 for _ in model.modules())  # one call per module per step
     return {
         "model": name,
@@ -98,6 +107,7 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: in
         "layerscope_vs_plain": round(median["layerscope"] / median["plain"], 3),
         "layerscope_vs_torch": round(median["layerscope"] / median["torch.profiler"], 3),
         "layerscope_vs_torch_min": round(fastest["layerscope"] / fastest["torch.profiler"], 3),
+        "layerscope_vs_torch_paired": round(paired, 3),
         "modules": calls,
         # what layerscope adds per module call, from the step times (noisy: see module_call_cost)
         "us_per_module_call": round((fastest["layerscope"] - fastest["torch.profiler"]) * 1e6 / calls, 2),
@@ -125,7 +135,8 @@ def module_call_cost(modules: int = 200, repeat: int = 15) -> dict[str, Any]:
         return min(timeit.repeat(forward, number=20, repeat=repeat)) / 20 * 1e6
 
     results: dict[str, list[float]] = {"none": [], "layerscope": [], "hooks": []}
-    with torch.profiler.profile(record_shapes=True), torch.no_grad():
+    probe = ls.profile(model)  # the flags layerscope runs torch.profiler with
+    with torch.profiler.profile(record_shapes=True, **probe.profiler_kwargs), torch.no_grad():
         for _ in range(3):
             results["none"].append(fastest_us())
             scopes = ModuleScopes(model)
@@ -137,11 +148,52 @@ def module_call_cost(modules: int = 200, repeat: int = 15) -> dict[str, Any]:
             results["hooks"].append(fastest_us())
             hooked.remove()
     base = min(results["none"])
+    layers = training_call_cost()
     return {
+        **layers,
         "model": f"{modules} x nn.Identity (forward only, inside one torch.profiler session)",
         "us_per_module_call": round((min(results["layerscope"]) - base) / calls, 2),
         "hooks_us_per_module_call": round((min(results["hooks"]) - base) / calls, 2),
         "torch_profiler_us_per_module_call": round(base / calls, 2),
+    }
+
+
+def training_call_cost(rounds: int = 15, steps: int = 5) -> dict[str, Any]:
+    """µs that module scopes add per module call in training steps of real layers (``--only mlp``'s
+    model), inside one torch.profiler session: scopes installed and removed in alternation, the
+    first step after installing (the one-time catalog of shapes and sources) timed apart."""
+    from layerscope.capture.scopes import ModuleScopes
+
+    model = tiny_transformer_mlps()
+    x = torch.randn(1, 64)
+    calls = sum(1 for _ in model.modules())
+
+    def step() -> float:
+        start = time.perf_counter()
+        model(x).sum().backward()
+        return time.perf_counter() - start
+
+    bare: list[float] = []
+    scoped: list[float] = []
+    first: list[float] = []
+    probe = ls.profile(model)
+    with torch.profiler.profile(record_shapes=True, **probe.profiler_kwargs):
+        step()
+        for _ in range(rounds):
+            bare.append(min(step() for _ in range(steps)))
+            scopes = ModuleScopes(model)
+            scopes.install()
+            first.append(step())
+            scoped.append(min(step() for _ in range(steps)))
+            scopes.remove()
+    paired = statistics.median(a - b for a, b in zip(scoped, bare, strict=True))
+    return {
+        "training_model": f"48 x LN+Linear+GELU+Linear (1x64), {calls} module calls per step",
+        "training_us_per_module_call": round(paired * 1e6 / calls, 2),
+        "training_first_call_us_per_module": round(
+            (statistics.median(first) - statistics.median(scoped)) * 1e6 / calls, 2
+        ),
+        "training_step_ms": round(statistics.median(bare) * 1e3, 3),
     }
 
 
@@ -179,16 +231,21 @@ def main() -> None:
             f"(hooks: {calls['hooks_us_per_module_call']:.2f} µs; torch.profiler's own module call "
             f"{calls['torch_profiler_us_per_module_call']:.2f} µs)"
         )
+        print(
+            f"in training steps of real layers: {calls['training_us_per_module_call']:.2f} µs per module "
+            f"call (first call, once per block: +{calls['training_first_call_us_per_module']:.2f} µs; "
+            f"step {calls['training_step_ms']:.2f} ms)"
+        )
     print(
         f"{'model':<36}{'plain':>10}{'torch':>10}{'layerscope':>12}{'torch/plain':>13}"
-        f"{'ls/plain':>10}{'ls/torch':>10}{'(fastest)':>11}"
+        f"{'ls/plain':>10}{'ls/torch':>10}{'(fastest)':>11}{'(paired)':>10}"
     )
     for r in results:
         ms = r["step_ms"]
         print(
             f"{r['model']:<36}{ms['plain']:>8.2f}ms{ms['torch.profiler']:>8.2f}ms{ms['layerscope']:>10.2f}ms"
             f"{r['torch_vs_plain']:>12.3f}x{r['layerscope_vs_plain']:>9.3f}x{r['layerscope_vs_torch']:>9.3f}x"
-            f"{r['layerscope_vs_torch_min']:>10.3f}x"
+            f"{r['layerscope_vs_torch_min']:>10.3f}x{r['layerscope_vs_torch_paired']:>9.3f}x"
         )
     print(
         json.dumps(

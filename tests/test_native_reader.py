@@ -288,3 +288,23 @@ def test_native_off_by_environment(
     assert native.load() is None
     assert main(["native", "status"]) == 1
     assert "in use   no: turned off by LAYERSCOPE_NATIVE=0" in capsys.readouterr().out
+
+
+def test_a_broken_binary_is_reported_and_profiling_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAYERSCOPE_CACHE", str(tmp_path))
+    native.forget()
+    try:
+        target = native.binary_path()
+        target.parent.mkdir(parents=True)
+        target.write_bytes(b"not a shared object")
+        state = native.status()
+        assert state.built and state.reason is not None and state.reason.startswith("failed to load:")
+        model = Block()
+        with ls.profile(model) as prof:
+            model(torch.randn(2, 32))
+        prof.profile.validate()
+        assert prof.profile.meta["reader"] == "python"
+    finally:
+        native.forget()

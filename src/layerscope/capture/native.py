@@ -23,6 +23,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ _MODULE_PREFIX = "_layerscope_native_"
 _loaded: ModuleType | None = None
 _why_not: str | None = None
 _looked = False
+_lock = threading.Lock()  # two threads building profiles at once load the module once
 
 
 @dataclass(frozen=True)
@@ -168,24 +170,28 @@ def load() -> ModuleType | None:
         return None
     if _looked:
         return _loaded
-    _looked = True
-    _loaded, _why_not = None, None
-    path = binary_path()
+    with _lock:
+        if not _looked:
+            _loaded, _why_not = _load_binary(binary_path())
+            _looked = True
+    return _loaded
+
+
+def _load_binary(path: Path) -> tuple[ModuleType | None, str | None]:
+    """The module at ``path``, or None and why not."""
     if not path.exists():
-        _why_not = "not built (run `layerscope native build`)"
-        return None
+        return None, "not built (run `layerscope native build`)"
+    name = path.name.split(".")[0]
     try:
-        loader = importlib.machinery.ExtensionFileLoader(_module_name(), str(path))
-        spec = importlib.util.spec_from_file_location(_module_name(), path, loader=loader)
+        loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+        spec = importlib.util.spec_from_file_location(name, path, loader=loader)
         if spec is None:
             raise ImportError(f"cannot load {path}")
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
     except Exception as exc:  # a broken binary must never stop a profile
-        _why_not = f"failed to load: {exc}"
-        return None
-    _loaded = module
-    return module
+        return None, f"failed to load: {exc}"
+    return module, None
 
 
 def forget() -> None:

@@ -68,3 +68,26 @@ def test_compiled_model_triton_kernels_go_to_modules() -> None:
     assert below >= 0.8 * p.root.total.device_us
     triton_rows = [r for r in p.ops(group_by=("name", "module")) if r.name.startswith("triton_")]
     assert triton_rows and all(r.module is not None for r in triton_rows)
+
+
+@pytest.mark.parametrize("memory", [False, True])
+def test_native_reader_reads_device_captures_as_the_bindings_do(memory: bool) -> None:
+    """Kernels, memcpys, runtime calls and device allocations: the native reader's table equals the
+    bindings' (activity kinds through torch's names, correlation links, device memory)."""
+    from layerscope.capture import native
+    from layerscope.capture.flops import FlopCalculator
+    from layerscope.capture.kineto import table_from_bindings, table_from_native
+    from layerscope.events.table import EventKind
+    from tests.test_native_reader import COLUMNS
+
+    module = native.load()
+    if module is None:
+        pytest.skip(f"native reader not in use: {native.status().reason}")
+    prof, _ = capture(memory)
+    results = prof.torch_profiler.profiler.kineto_results
+    expected = table_from_bindings(results, FlopCalculator(), shapes=True, cpu_only=False)
+    found = table_from_native(module, results, FlopCalculator(), shapes=True, cpu_only=False)
+    for column in COLUMNS:
+        assert getattr(found, column) == getattr(expected, column), column
+    assert int(EventKind.KERNEL) in set(expected.span_kind)
+    assert any(expected.mem_on_device) == memory

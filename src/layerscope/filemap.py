@@ -153,10 +153,13 @@ def _on_dask(
         completed = as_completed(futures, loop=client.loop)  # type: ignore[no-untyped-call]
         for done, future in enumerate(completed, start=1):
             k = index[future.key]
-            if future.status == "finished":
+            # Not `future.status`: a result can be lost with its worker right after it finished; the
+            # scheduler then computes it again and result() waits for that, or raises the file's
+            # own exception once its retries are spent.
+            try:
                 outcomes[k] = (future.result(), None)
-            else:
-                outcomes[k] = (None, describe(future.exception()))
+            except Exception as exc:
+                outcomes[k] = (None, describe(exc))
                 failed += 1
             progress.update(done, failed)
             future.release()

@@ -1,0 +1,84 @@
+"""What both readers of torch's profiler results share: event kinds from Kineto's activity names,
+the name of undecodable events, and FLOP counting for the ops that have a formula."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from layerscope.capture.flops import FlopCalculator
+from layerscope.events.table import EventKind, EventTable
+
+_KIND_BY_ACTIVITY: dict[str, EventKind] = {
+    "cpu_op": EventKind.CPU_OP,
+    "user_annotation": EventKind.USER_ANNOTATION,
+    "cuda_runtime": EventKind.RUNTIME,
+    "cuda_driver": EventKind.RUNTIME,
+    "privateuse1_runtime": EventKind.RUNTIME,
+    "privateuse1_driver": EventKind.RUNTIME,
+    "xpu_runtime": EventKind.RUNTIME,
+    "mtia_runtime": EventKind.RUNTIME,
+    "python_function": EventKind.PYTHON,
+    "kernel": EventKind.KERNEL,
+    "gpu_memcpy": EventKind.MEMCPY,
+    "gpu_memset": EventKind.MEMSET,
+    "mtia_ccp_events": EventKind.KERNEL,
+    "gpu_user_annotation": EventKind.DEVICE_OTHER,
+}
+
+
+def kind_of_activity(activity: str) -> EventKind:
+    """EventKind of a Kineto activity type name (unknown CPU-side names count as CPU ops)."""
+    found = _KIND_BY_ACTIVITY.get(activity)
+    if found is not None:
+        return found
+    return EventKind.CPU_OP if activity.startswith("cpu") else EventKind.DEVICE_OTHER
+
+
+#: What an event whose name torch cannot decode is called (both readers).
+UNDECODABLE_NAME = "(undecodable name)"
+
+
+def decode_names(raw_names: list[bytes]) -> tuple[list[str], list[int]]:
+    """Distinct event names as text, and the positions of those that are not valid UTF-8 (they
+    become :data:`UNDECODABLE_NAME`, as in the bindings path)."""
+    decoded: list[str] = []
+    bad: list[int] = []
+    for i, raw in enumerate(raw_names):
+        try:
+            decoded.append(raw.decode())
+        except UnicodeDecodeError:
+            decoded.append(UNDECODABLE_NAME)
+            bad.append(i)
+    return decoded, bad
+
+
+def flop_candidates(table: EventTable, name_ids: Any, flops: FlopCalculator) -> list[int]:
+    """Span positions whose op has a FLOP formula (only those need concrete inputs read)."""
+    wanted = [i for i in name_ids if flops.needs(table.names[i])]
+    if not wanted:
+        return []
+    return np.flatnonzero(np.isin(table.array("span_name"), wanted)).tolist()
+
+
+def count_flops(
+    table: EventTable,
+    flops: FlopCalculator,
+    span_flops: list[int],
+    picked: list[int],
+    shapes_raw: list[bytes],
+    concrete_keys: list[bytes],
+    concrete: list[Any],
+) -> None:
+    """Fill ``span_flops`` at ``picked`` positions. Training repeats the same calls step after step:
+    each distinct (op, shapes, scalar arguments) is counted once."""
+    cache: dict[tuple[int, bytes, bytes], int] = {}
+    for j, shapes_json, key_bytes, inputs in zip(picked, shapes_raw, concrete_keys, concrete, strict=True):
+        key = (table.span_name[j], shapes_json, key_bytes)
+        found = cache.get(key)
+        if found is None:
+            values = orjson.loads(inputs) if isinstance(inputs, bytes) else inputs
+            found = cache[key] = flops.count(table.names[key[0]], orjson.loads(shapes_json), values)
+        span_flops[j] = found

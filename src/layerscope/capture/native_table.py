@@ -1,0 +1,103 @@
+"""Turning the native reader's output (``native_reader.cpp``: int64 buffers, each distinct name and
+shapes string once) into an EventTable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from layerscope.capture.event_columns import count_flops, decode_names, flop_candidates, kind_of_activity
+from layerscope.capture.flops import FlopCalculator
+from layerscope.events.shapes import shapes_key_from_json
+from layerscope.events.table import EventKind, EventTable
+
+
+def _column(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype=np.int64)
+
+
+def table_from_native(
+    module: Any, kineto_results: Any, flops: FlopCalculator | None, shapes: bool, cpu_only: bool = False
+) -> EventTable:
+    """Read ``profiler.kineto_results`` with the native reader (``native_reader.cpp``): one C++ pass
+    hands back int64 columns and each distinct name and shapes list once. Gives the same table as
+    :func:`layerscope.capture.bindings_reader.table_from_bindings` (tested column by column)."""
+    cols = module.read_columns(kineto_results, bool(shapes or flops is not None))
+    table = EventTable()
+    arrays: dict[str, np.ndarray] = {}
+    mem_bytes = _column(cols["mem_bytes"])
+    if len(mem_bytes):
+        arrays["mem_bytes"], arrays["mem_ts"] = mem_bytes, _column(cols["mem_ts"])
+        arrays["mem_tid"] = _column(cols["mem_tid"])
+        on_device = (
+            np.zeros(len(mem_bytes), dtype=bool) if cpu_only else _column(cols["mem_device"]) != 0
+        )  # DeviceType.CPU is 0
+        arrays["mem_on_device"] = on_device
+    span_local_name = _column(cols["span_name"])
+    if len(span_local_name) == 0 and not len(mem_bytes):
+        return table
+
+    # Names: decoded once each; the table interns them in first-seen order, as the bindings path does.
+    decoded, bad_local = decode_names(cols["names"])
+    name_of_local = np.array([table.intern(n) for n in decoded], dtype=np.int64)
+    span_name = name_of_local[span_local_name] if len(decoded) else span_local_name
+    if bad_local:
+        table.meta["undecodable_names"] = int(np.isin(span_local_name, bad_local).sum())
+    arrays["span_name"] = span_name
+
+    activity = _column(cols["span_activity"])
+    if cpu_only:
+        kinds = np.full(len(span_name), int(EventKind.CPU_OP), dtype=np.int64)
+    else:
+        # torch's bindings turn the activity number into its name; ask them once per number.
+        index = _column(cols["span_index"])
+        codes, first = np.unique(activity, return_index=True)
+        lookup = np.zeros(int(codes.max()) + 1 if len(codes) else 1, dtype=np.int64)
+        for code, at in zip(codes.tolist(), first.tolist(), strict=True):
+            name = module.event_at(kineto_results, int(index[at])).activity_type()
+            lookup[code] = int(kind_of_activity(name))
+        kinds = lookup[activity] if len(activity) else activity
+    arrays["span_kind"] = kinds
+    for column in ("span_ts", "span_dur", "span_tid", "span_seq", "span_fwd_tid"):
+        arrays[column] = _column(cols[column])
+    arrays["span_corr"] = np.zeros(len(span_name), dtype=np.int64)
+    # As in the bindings path: device work links to its op by linked_correlation_id, a CPU op holds
+    # its own external id in correlation_id, runtime calls hold none.
+    on_device = kinds >= int(EventKind.KERNEL)
+    if on_device.any():
+        ext = np.where(on_device, _column(cols["span_linked"]), _column(cols["span_corr"]))
+        ext[kinds == int(EventKind.RUNTIME)] = 0
+    else:  # nothing to link
+        ext = np.zeros(len(span_name), dtype=np.int64)
+    arrays["span_ext"] = ext
+
+    shape_texts: list[bytes] = cols["shapes"]
+    local_shapes = _column(cols["span_shapes"])
+    if shapes:
+        shape_ids = np.array(
+            [table.intern(shapes_key_from_json(b)) if b != b"[]" else -1 for b in shape_texts], dtype=np.int64
+        )
+        arrays["span_shapes"] = shape_ids[local_shapes] if len(shape_texts) else local_shapes
+    else:
+        arrays["span_shapes"] = np.full(len(span_name), -1, dtype=np.int64)
+
+    for column, values in arrays.items():
+        setattr(table, column, values.tolist())
+    table._arrays.update(arrays)  # the attribution reads these columns as arrays: no second conversion
+    span_flops = [0] * len(span_name)
+    if flops is not None:
+        picked = flop_candidates(table, range(len(table.names)), flops)
+        if picked:
+            event_index = _column(cols["span_index"])[picked]
+            keys: list[bytes | None] = module.concrete_inputs(kineto_results, event_index.tobytes())
+            concrete: list[Any] = list(keys)
+            for k, key in enumerate(keys):
+                if key is None:  # an input kind the C++ writer leaves to torch's bindings
+                    concrete[k] = module.event_at(kineto_results, int(event_index[k])).concrete_inputs()
+                    keys[k] = orjson.dumps(concrete[k], default=str)
+            shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
+            count_flops(table, flops, span_flops, picked, shapes_raw, [k or b"" for k in keys], concrete)
+    table.span_flops = span_flops
+    return table

@@ -308,3 +308,15 @@ def test_a_broken_binary_is_reported_and_profiling_goes_on(
         assert prof.profile.meta["reader"] == "python"
     finally:
         native.forget()
+
+
+def test_the_reader_refuses_what_is_not_torchs_results(reader: ModuleType) -> None:
+    """A wrong argument is a Python exception (the fallback can catch it), never a crash."""
+    for wrong in (object(), None, [1, 2]):
+        with pytest.raises((TypeError, RuntimeError)):
+            reader.read_columns(wrong, True)
+    results = _capture(memory=False)
+    with pytest.raises(IndexError):
+        reader.event_at(results, 10**9)
+    with pytest.raises(IndexError):
+        reader.concrete_inputs(results, (10**9).to_bytes(8, "little"))

@@ -26,11 +26,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from layerscope.capture.module_marks import ModuleMarks
+
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 _is_compiling = torch.compiler.is_compiling
 
 #: Called on a module's first call in the block: (module, range name, original forward, args, kwargs).
-FirstCall = Callable[[nn.Module, str, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+#: A module's first call: (module, the scoped forward, args, kwargs) -> output. It records shapes and
+#: runs the scoped forward, which opens the module's range (or marks) around the original.
+FirstCall = Callable[[nn.Module, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 
 def forward_owner(module: nn.Module) -> type | None:
@@ -51,10 +55,16 @@ def forward_owner(module: nn.Module) -> type | None:
 
 
 class ForwardRanges:
-    """The patched classes of one profiling block and the modules each one names."""
+    """The patched classes of one profiling block and the modules each one names.
 
-    def __init__(self, first_call: FirstCall) -> None:
+    With ``marks`` (the native module's marks, ``module_marks.py``) a call is bracketed by two marks
+    instead of a profiler range; the spans they make carry the same names.
+    """
+
+    def __init__(self, first_call: FirstCall, marks: ModuleMarks | None = None) -> None:
         self._first_call = first_call
+        self._marks = marks
+        self._codes: dict[int, dict[int, int]] = {}  # id(owner's names) -> its wrapper's mark codes
         self._seen: set[int] = set()  # modules whose first call already ran
         self._names: dict[type, dict[int, str]] = {}  # owner class -> id(module) -> range name
         self._patched: dict[type, tuple[Any, Callable[..., Any]]] = {}  # owner -> (original, wrapper)
@@ -75,7 +85,21 @@ class ForwardRanges:
         return True
 
     def _wrapper(self, original: Callable[..., Any], names: dict[int, str]) -> Callable[..., Any]:
+        if self._marks is not None:
+            forward = self._marks_wrapper(original, names, self._marks)
+        else:
+            forward = self._range_wrapper(original, names)
+        # inspect.signature(module.forward) must still show the real parameters (transformers'
+        # Trainer picks dataset columns by them): update_wrapper sets __wrapped__.
+        functools.update_wrapper(forward, original)
+        return forward
+
+    def _range_wrapper(self, original: Callable[..., Any], names: dict[int, str]) -> Callable[..., Any]:
         seen, first_call = self._seen, self._first_call
+
+        def ranged(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            with _RecordFunctionFast(names[id(module)]):
+                return original(module, *args, **kwargs)
 
         def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             # Inside a region torch.compile traces, Dynamo folds this to True: no range, no graph break.
@@ -87,19 +111,49 @@ class ForwardRanges:
                 return original(self, *args, **kwargs)
             if key not in seen:
                 seen.add(key)
-                return first_call(self, name, original, args, kwargs)
+                return first_call(self, ranged, args, kwargs)
             with _RecordFunctionFast(name):
                 return original(self, *args, **kwargs)
 
-        # inspect.signature(module.forward) must still show the real parameters (transformers'
-        # Trainer picks dataset columns by them): update_wrapper sets __wrapped__.
-        functools.update_wrapper(forward, original)
+        return forward
+
+    def _marks_wrapper(
+        self, original: Callable[..., Any], names: dict[int, str], marks: ModuleMarks
+    ) -> Callable[..., Any]:
+        seen, first_call, mark, code_of = self._seen, self._first_call, marks.mark, marks.code
+        codes = self._codes[id(names)] = {}  # id(module) -> mark code, set at its first call
+
+        def marked(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            code = codes[id(module)] = code_of(names[id(module)])
+            mark(code)
+            try:
+                return original(module, *args, **kwargs)
+            finally:
+                mark(-code)
+
+        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if _is_compiling():
+                return original(self, *args, **kwargs)
+            key = id(self)
+            code = codes.get(key)
+            if code is None:
+                if key not in names or key in seen:  # not ours, or a super() call: no scope
+                    return original(self, *args, **kwargs)
+                seen.add(key)
+                return first_call(self, marked, args, kwargs)
+            mark(code)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                mark(-code)
+
         return forward
 
     def remove(self) -> None:
         """Put every class's own ``forward`` back (or turn ours into a pass-through, see module doc)."""
         while self._patched:
             owner, (original, wrapper) = self._patched.popitem()
+            self._codes.pop(id(self._names[owner]), {}).clear()  # a pass-through marks nothing more
             self._names[owner].clear()
             if owner.__dict__.get("forward") is wrapper:
                 type.__setattr__(owner, "forward", original)

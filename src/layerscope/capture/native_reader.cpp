@@ -8,16 +8,26 @@
 // binary: KinetoEvent's layout and symbols are torch-version specific). Everything returned here is
 // plain Python data (bytes, lists, dicts), so a mismatch shows up as an exception, not as bad data.
 
+#include <ATen/record_function.h>
+#include <c10/util/ApproximateClock.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace py = pybind11;
 using torch::autograd::profiler::KinetoEvent;
@@ -230,6 +240,93 @@ py::object event_at(const py::object& results, int64_t index) {
   return py::cast(events[static_cast<size_t>(index)]);
 }
 
+// ----- module marks ------------------------------------------------------------------------------
+// Module boundaries as timestamps instead of profiler ranges: a mark is torch's own raw clock read
+// (c10::getApproximateTime, what torch stamps its CPU events with) plus a code, appended to a
+// per-thread buffer (~0.05 us from Python, against ~0.85-2.5 us for a profiler range). At the end the
+// marks are converted to Unix ns by our own ApproximateClockToUnixTimeConverter, made the way torch
+// makes its own; benchmarks/clock_marks.py measured the two to agree within tens of ns, while marks
+// taken in Python sit 0.5-1 us from the nearest op boundary.
+
+struct MarkBuffer {
+  uint64_t session;
+  int64_t torch_tid;  // at::RecordFunction::currentThreadId(): the thread id torch's events carry
+  int64_t os_tid;     // the thread id torch writes into Chrome traces
+  std::vector<c10::approx_time_t> times;
+  std::vector<int64_t> codes;
+  // Uncontended but for the end of a session: the GIL already serialises callers; this keeps a
+  // free-threaded Python (or a caller that dropped the GIL) from reading a buffer being grown.
+  std::mutex lock;
+};
+
+std::mutex marks_mutex;
+std::vector<std::shared_ptr<MarkBuffer>> mark_buffers;
+std::unique_ptr<c10::ApproximateClockToUnixTimeConverter> mark_clock;
+std::atomic<uint64_t> mark_session{0};
+thread_local std::shared_ptr<MarkBuffer> thread_marks;
+
+int64_t os_thread_id() {
+#if defined(__linux__)
+  return static_cast<int64_t>(syscall(SYS_gettid));
+#else
+  return 0;
+#endif
+}
+
+MarkBuffer& marks_of_this_thread() {
+  const uint64_t session = mark_session.load(std::memory_order_acquire);
+  MarkBuffer* found = thread_marks.get();
+  if (found == nullptr || found->session != session) {
+    auto fresh = std::make_shared<MarkBuffer>();
+    fresh->session = session;
+    fresh->torch_tid = static_cast<int64_t>(at::RecordFunction::currentThreadId());
+    fresh->os_tid = os_thread_id();
+    std::lock_guard<std::mutex> guard(marks_mutex);
+    mark_buffers.push_back(fresh);
+    thread_marks = std::move(fresh);
+  }
+  return *thread_marks;
+}
+
+// Start a marks session (the clock pairs are measured now, as torch does when profiling starts).
+void marks_start() {
+  std::lock_guard<std::mutex> guard(marks_mutex);
+  mark_buffers.clear();
+  mark_clock = std::make_unique<c10::ApproximateClockToUnixTimeConverter>();
+  mark_session.fetch_add(1, std::memory_order_acq_rel);
+}
+
+// One mark on the calling thread: a positive code opens a scope, its negation closes it.
+void mark(int64_t code) {
+  MarkBuffer& buffer = marks_of_this_thread();
+  const auto now = c10::getApproximateTime();
+  std::lock_guard<std::mutex> guard(buffer.lock);
+  buffer.times.push_back(now);
+  buffer.codes.push_back(code);
+}
+
+// End the session: per thread, (torch thread id, OS thread id, Unix ns times, codes) as int64 bytes.
+py::list marks_stop() {
+  std::lock_guard<std::mutex> guard(marks_mutex);
+  py::list out;
+  if (!mark_clock) {
+    return out;
+  }
+  auto to_unix = mark_clock->makeConverter();
+  for (const auto& buffer : mark_buffers) {
+    std::lock_guard<std::mutex> buffer_guard(buffer->lock);
+    std::vector<int64_t> times(buffer->times.size());
+    for (size_t i = 0; i < times.size(); ++i) {
+      times[i] = static_cast<int64_t>(to_unix(buffer->times[i]));
+    }
+    out.append(py::make_tuple(buffer->torch_tid, buffer->os_tid, column(times), column(buffer->codes)));
+  }
+  mark_buffers.clear();
+  mark_clock.reset();
+  mark_session.fetch_add(1, std::memory_order_acq_rel);  // threads' old buffers are not reused
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -237,4 +334,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
   m.def("concrete_inputs", &concrete_inputs, py::arg("results"), py::arg("packed_indices"));
   m.def("event_at", &event_at, py::arg("results"), py::arg("index"));
+  m.def("marks_start", &marks_start);
+  m.def("mark", &mark, py::arg("code"));
+  m.def("marks_stop", &marks_stop);
 }

@@ -28,6 +28,7 @@ from torch.utils.hooks import RemovableHandle
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.capture.compiled import unwrap_compiled
 from layerscope.capture.forward_ranges import ForwardRanges
+from layerscope.capture.module_marks import ModuleMarks
 from layerscope.events.module_ranges import module_range_name
 
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
@@ -66,7 +67,11 @@ class ModuleScopes:
     """
 
     def __init__(
-        self, model: nn.Module | None, paths: Iterable[str] | None = None, depth: int | None = None
+        self,
+        model: nn.Module | None,
+        paths: Iterable[str] | None = None,
+        depth: int | None = None,
+        marks: ModuleMarks | None = None,
     ) -> None:
         self.model = model
         self.paths = tuple(paths) if paths is not None else None
@@ -82,7 +87,8 @@ class ModuleScopes:
         self._awaiting_output: set[int] = set()  # ... and whose output shapes are still to come
         self._lock = threading.Lock()
         self._root_names: set[str] = set()
-        self._forward_ranges = ForwardRanges(self._first_forward)
+        # Class-wrapped modules get marks when given (module_marks.py); hooked ones always ranges.
+        self._forward_ranges = ForwardRanges(self._first_forward, marks)
         #: Called before a top-level module call (no layerscope scope open on the thread), in global
         #: mode; ``layerscope run`` ends deferred training steps there.
         self.before_top_level_call: Callable[[], None] | None = None
@@ -247,17 +253,15 @@ class ModuleScopes:
     def _first_forward(
         self,
         module: nn.Module,
-        name: str,
-        forward: Callable[..., Any],
+        scoped_forward: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """A class-wrapped module's first call: the range, plus its input and output shapes."""
+        """A class-wrapped module's first call: its scoped forward, plus its input and output shapes."""
         path = self._paths[id(module)]
         inputs = shapes_of(args)
         self._first_shapes[path] = (inputs, None)
-        with _RecordFunctionFast(name):
-            output = forward(module, *args, **kwargs)
+        output = scoped_forward(module, *args, **kwargs)
         self._first_shapes[path] = (inputs, shapes_of(output))
         return output
 

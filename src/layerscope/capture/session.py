@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import sys
 import threading
 import time
 import warnings
@@ -18,6 +20,7 @@ from torch import nn
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from layerscope.attribution.attribute import build_profile
+from layerscope.capture import native
 from layerscope.capture.compiled import (
     collecting_compile_info,
     is_compiled,
@@ -27,6 +30,7 @@ from layerscope.capture.compiled import (
 )
 from layerscope.capture.flops import FlopCalculator
 from layerscope.capture.kineto import table_from_kineto
+from layerscope.capture.module_marks import ModuleMarks
 from layerscope.capture.scopes import ModuleScopes
 from layerscope.errors import CaptureError, LayerscopeWarning, UsageError
 from layerscope.gcpause import gc_paused
@@ -155,6 +159,7 @@ class profile:
         self.all_threads = want_all and _enable_all_threads(self.profiler_kwargs)
         self._torch_profiler: torch.profiler.profile | None = None
         self._scopes: ModuleScopes | None = None
+        self._marks: ModuleMarks | None = None
         self._profile: Profile | None = None
         self._trace: dict[str, Any] | None = None
         self._catalog: list[Any] | None = None
@@ -195,14 +200,19 @@ class profile:
                 with_stack=self.with_stack,
                 **self.profiler_kwargs,
             )
-            self._scopes = ModuleScopes(self.model, self.paths, self.depth)
+            self._marks = self._module_marks()
+            self._scopes = ModuleScopes(self.model, self.paths, self.depth, marks=self._marks)
             if should_collect() or is_compiled(self.model):
                 self._compile_info.enter_context(collecting_compile_info())
             with _quiet_cycle_warning():
                 self._torch_profiler.__enter__()  # type: ignore[no-untyped-call]
             try:
+                if self._marks is not None:
+                    self._marks.start()
                 self._scopes.install()
             except BaseException:
+                if self._marks is not None:
+                    self._marks.stop()
                 self._torch_profiler.__exit__(None, None, None)  # type: ignore[no-untyped-call]
                 raise
         except BaseException as exc:
@@ -226,13 +236,33 @@ class profile:
                 self._scopes.remove()
             finally:
                 try:
-                    self._torch_profiler.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
+                    if self._marks is not None:
+                        self._marks.stop()
                 finally:
-                    self._compile_info.close()
+                    try:
+                        self._torch_profiler.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
+                    finally:
+                        self._compile_info.close()
             self._catalog = self._scopes.catalog()
         finally:
             self._finished = True
             _release(self)
+
+    def _module_marks(self) -> ModuleMarks | None:
+        """Marks for module scopes where they can serve: the native module is built, a model is
+        given (global mode uses hooks), and the block is one cycle (under a schedule, torch drops the
+        events of steps it does not record, and each cycle's trace goes out through torch's own
+        exporters, which would not carry the marks). ``LAYERSCOPE_MODULE_MARKS=0`` turns them off."""
+        if self.model is None or self.schedule is not None or self.on_trace_ready is not None:
+            return None
+        if os.environ.get("LAYERSCOPE_MODULE_MARKS", "1").strip().lower() in {"0", "false", "no", "off"}:
+            return None
+        if not sys.platform.startswith("linux"):
+            return None  # the OS thread ids of exported traces are read on Linux only
+        module = native.load()
+        if module is None or not hasattr(module, "mark"):
+            return None
+        return ModuleMarks(module)
 
     # ----- steps and cycles ------------------------------------------------------------------------
     def step(self) -> None:
@@ -289,7 +319,6 @@ class profile:
     def export_chrome_trace(self, path: str | Path) -> Path:
         """Write the run's Chrome/Perfetto trace (``.json`` or ``.json.gz``) with a "modules (backward)"
         track showing where each module's backward ran. Unlike torch's, it can be called again."""
-        import os
         import tempfile
 
         import orjson
@@ -303,7 +332,11 @@ class profile:
             os.close(handle)
             try:
                 self.torch_profiler.export_chrome_trace(tmp)
-                self._trace = with_backward_tracks(orjson.loads(Path(tmp).read_bytes()))
+                trace = orjson.loads(Path(tmp).read_bytes())
+                if self._marks is not None:  # module calls as the ranges torch would have written
+                    base = int(trace.get("baseTimeNanoseconds", 0))
+                    trace["traceEvents"] = [*trace["traceEvents"], *self._marks.trace_events(base)]
+                self._trace = with_backward_tracks(trace)
                 graphs = known_graphs()
                 if graphs and self._catalog:
                     # What `analyze` needs to place compiled kernels in modules without ranges; first
@@ -352,8 +385,11 @@ class profile:
             and not torch.cuda.is_available()
         )
         table = table_from_kineto(results, calculator, shapes=self.shapes, cpu_only=cpu_only)
+        if self._marks is not None:
+            self._marks.add_to(table)
         meta = self._meta()
         meta["reader"] = table.meta["reader"]
+        meta["module_scopes"] = "marks" if self._marks is not None else "ranges"
         if table.meta.get("undecodable_names"):
             meta["undecodable_names"] = table.meta["undecodable_names"]
         if cycle is not None:
@@ -428,8 +464,6 @@ def _enable_all_threads(profiler_kwargs: dict[str, Any]) -> bool:
 
 def distributed_info() -> dict[str, Any] | None:
     """rank, world size and backend of a torch.distributed job (or torchrun's environment)."""
-    import os
-
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return {

@@ -123,6 +123,25 @@ class EventTable:
         self.span_flops.append(flops)
         return len(self.span_ts) - 1
 
+    def append_spans(
+        self, names: list[str], kind: EventKind, tids: list[int], starts: list[int], durations: list[int]
+    ) -> None:
+        """Append spans of one kind with no sequence number, links, shapes or FLOPs (module marks);
+        arrays converted before are dropped, since the columns grew."""
+        count = len(names)
+        self.span_name.extend(self.intern(n) for n in names)
+        self.span_kind.extend([int(kind)] * count)
+        self.span_tid.extend(tids)
+        self.span_ts.extend(starts)
+        self.span_dur.extend(durations)
+        self.span_seq.extend([-1] * count)
+        self.span_fwd_tid.extend([0] * count)
+        self.span_corr.extend([0] * count)
+        self.span_ext.extend([0] * count)
+        self.span_shapes.extend([-1] * count)
+        self.span_flops.extend([0] * count)
+        self._arrays.clear()
+
     def add_memory(self, tid: int, ts: int, nbytes: int, on_device: bool = False) -> None:
         """Append one allocation (positive bytes) or free (negative bytes) event."""
         self.mem_tid.append(tid)

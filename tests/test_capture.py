@@ -270,12 +270,19 @@ def test_model_must_be_a_module() -> None:
 
 
 def test_torch_profiler_is_exposed() -> None:
+    """With module_scopes="ranges", torch's own tools see the module ranges too."""
     model = TinyMLP()
-    with ls.profile(model) as prof:
+    with ls.profile(model, module_scopes="ranges") as prof:
         model(torch.randn(2, 8))
     assert isinstance(prof.torch_profiler, torch.profiler.profile)
     names = {e.key for e in prof.torch_profiler.key_averages()}
     assert "ls:fc1:Linear" in names
+    assert prof.profile.meta["module_scopes"] == "ranges"
+
+
+def test_module_scopes_must_be_a_known_kind() -> None:
+    with pytest.raises(UsageError, match="module_scopes must be one of auto, ranges"):
+        ls.profile(TinyMLP(), module_scopes="hooks")
 
 
 def test_all_threads_with_memory_is_refused() -> None:

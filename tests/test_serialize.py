@@ -78,16 +78,21 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
 
 
-def test_trace_written_by_torch_loads_with_module_tree(tmp_path: Path) -> None:
+@pytest.mark.parametrize("exporter", ["torch", "layerscope"])
+def test_trace_written_by_torch_loads_with_module_tree(tmp_path: Path, exporter: str) -> None:
     """A Chrome trace exported from a layerscope run carries our module ranges: the file path
-    rebuilds the same tree the live path built."""
+    rebuilds the same tree the live path built. torch's own exporter writes them when the scopes
+    are profiler ranges; layerscope's writes them either way (marks become the same events)."""
     model = TinyMLP()
     x = torch.randn(4, 8)
-    with ls.profile(model) as prof:
+    with ls.profile(model, module_scopes="ranges" if exporter == "torch" else "auto") as prof:
         model(x).sum().backward()
     live = prof.profile
     trace = tmp_path / "trace.json"
-    prof.torch_profiler.export_chrome_trace(str(trace))
+    if exporter == "torch":
+        prof.torch_profiler.export_chrome_trace(str(trace))
+    else:
+        prof.export_chrome_trace(trace)
     from_file = ls.load(trace)
     from_file.validate()
     assert [n.path for n in from_file.modules()] == [n.path for n in live.modules()]

@@ -97,6 +97,10 @@ def _check_options(model: Any, paths: Any, depth: Any, profiler_kwargs: Any) -> 
         )
 
 
+#: ``ls.profile(module_scopes=...)``: "auto" (marks when the native module is built) or "ranges".
+MODULE_SCOPE_KINDS = ("auto", "ranges")
+
+
 class profile:
     """Profile the enclosed block module by module, forward and backward.
 
@@ -112,7 +116,9 @@ class profile:
     unless ``memory``, since torch records no allocations in that mode), ``schedule``
     (``layerscope.schedule(...)`` or torch's; call ``prof.step()`` after each training step) with
     ``on_trace_ready`` (called with each finished :class:`Cycle`), ``profiler_kwargs``
-    (passed to ``torch.profiler.profile``).
+    (passed to ``torch.profiler.profile``), ``module_scopes`` (``"auto"``: marks on torch's clock
+    when the native module is built, else profiler ranges; ``"ranges"``: always profiler ranges,
+    which torch's own tools on ``prof.torch_profiler`` see too).
     """
 
     def __init__(
@@ -130,8 +136,14 @@ class profile:
         schedule: Callable[[int], Any] | None = None,
         on_trace_ready: Callable[[Cycle], Any] | None = None,
         profiler_kwargs: dict[str, Any] | None = None,
+        module_scopes: str = "auto",
     ) -> None:
         _check_options(model, paths, depth, profiler_kwargs)
+        if module_scopes not in MODULE_SCOPE_KINDS:
+            raise UsageError(
+                f"module_scopes must be one of {', '.join(MODULE_SCOPE_KINDS)}, not {module_scopes!r}"
+            )
+        self.module_scopes = module_scopes
         if schedule is not None and not callable(schedule):
             raise UsageError("schedule must be layerscope.schedule(...) or a torch.profiler.schedule")
         if on_trace_ready is not None and not callable(on_trace_ready):
@@ -252,8 +264,11 @@ class profile:
         """Marks for module scopes where they can serve: the native module is built, a model is
         given (global mode uses hooks), and the block is one cycle (under a schedule, torch drops the
         events of steps it does not record, and each cycle's trace goes out through torch's own
-        exporters, which would not carry the marks). ``LAYERSCOPE_MODULE_MARKS=0`` turns them off."""
-        if self.model is None or self.schedule is not None or self.on_trace_ready is not None:
+        exporters, which would not carry the marks). ``module_scopes="ranges"`` or
+        ``LAYERSCOPE_MODULE_MARKS=0`` turns them off."""
+        if self.module_scopes == "ranges" or self.model is None:
+            return None
+        if self.schedule is not None or self.on_trace_ready is not None:
             return None
         if os.environ.get("LAYERSCOPE_MODULE_MARKS", "1").strip().lower() in {"0", "false", "no", "off"}:
             return None

@@ -29,6 +29,9 @@ import torch
 from torch import nn
 
 import layerscope as ls
+from layerscope.capture import native
+from layerscope.capture.module_marks import ModuleMarks
+from layerscope.capture.scopes import ModuleScopes
 from layerscope.models import resnet18
 
 
@@ -122,8 +125,6 @@ def module_call_cost(modules: int = 200, repeat: int = 15) -> dict[str, Any]:
     each), which cancels the drift that step-level ratios suffer from. Also measures the hook
     path that models with compiled parts, and global mode, still use.
     """
-    from layerscope.capture.scopes import ModuleScopes
-
     model = nn.Sequential(*(nn.Identity() for _ in range(modules)))
     x = torch.randn(1, 4)
     calls = modules + 1
@@ -134,7 +135,8 @@ def module_call_cost(modules: int = 200, repeat: int = 15) -> dict[str, Any]:
     def fastest_us() -> float:
         return min(timeit.repeat(forward, number=20, repeat=repeat)) / 20 * 1e6
 
-    results: dict[str, list[float]] = {"none": [], "layerscope": [], "hooks": []}
+    results: dict[str, list[float]] = {"none": [], "layerscope": [], "marks": [], "hooks": []}
+    marks_module = native.load()
     probe = ls.profile(model)  # the flags layerscope runs torch.profiler with
     with torch.profiler.profile(record_shapes=True, **probe.profiler_kwargs), torch.no_grad():
         for _ in range(3):
@@ -143,6 +145,14 @@ def module_call_cost(modules: int = 200, repeat: int = 15) -> dict[str, Any]:
             scopes.install()
             results["layerscope"].append(fastest_us())
             scopes.remove()
+            if marks_module is not None:
+                marks = ModuleMarks(marks_module)
+                marks.start()
+                marked = ModuleScopes(model, marks=marks)
+                marked.install()
+                results["marks"].append(fastest_us())
+                marked.remove()
+                marks.stop()
             hooked = ModuleScopes(model)
             hooked.install(force_hooks=True)
             results["hooks"].append(fastest_us())
@@ -153,6 +163,9 @@ def module_call_cost(modules: int = 200, repeat: int = 15) -> dict[str, Any]:
         **layers,
         "model": f"{modules} x nn.Identity (forward only, inside one torch.profiler session)",
         "us_per_module_call": round((min(results["layerscope"]) - base) / calls, 2),
+        "marks_us_per_module_call": (
+            round((min(results["marks"]) - base) / calls, 2) if results["marks"] else None
+        ),
         "hooks_us_per_module_call": round((min(results["hooks"]) - base) / calls, 2),
         "torch_profiler_us_per_module_call": round(base / calls, 2),
     }
@@ -162,8 +175,6 @@ def training_call_cost(rounds: int = 15, steps: int = 5) -> dict[str, Any]:
     """µs that module scopes add per module call in training steps of real layers (``--only mlp``'s
     model), inside one torch.profiler session: scopes installed and removed in alternation, the
     first step after installing (the one-time catalog of shapes and sources) timed apart."""
-    from layerscope.capture.scopes import ModuleScopes
-
     model = tiny_transformer_mlps()
     x = torch.randn(1, 64)
     calls = sum(1 for _ in model.modules())
@@ -173,28 +184,38 @@ def training_call_cost(rounds: int = 15, steps: int = 5) -> dict[str, Any]:
         model(x).sum().backward()
         return time.perf_counter() - start
 
+    marks_module = native.load()
+    kinds = ["ranges", "marks"] if marks_module is not None else ["ranges"]
     bare: list[float] = []
-    scoped: list[float] = []
+    scoped: dict[str, list[float]] = {k: [] for k in kinds}
     first: list[float] = []
     probe = ls.profile(model)
     with torch.profiler.profile(record_shapes=True, **probe.profiler_kwargs):
         step()
         for _ in range(rounds):
             bare.append(min(step() for _ in range(steps)))
-            scopes = ModuleScopes(model)
-            scopes.install()
-            first.append(step())
-            scoped.append(min(step() for _ in range(steps)))
-            scopes.remove()
-    paired = statistics.median(a - b for a, b in zip(scoped, bare, strict=True))
-    return {
+            for kind in kinds:
+                marks = ModuleMarks(marks_module) if kind == "marks" else None
+                scopes = ModuleScopes(model, marks=marks)
+                if marks is not None:
+                    marks.start()
+                scopes.install()
+                first.append(step())
+                scoped[kind].append(min(step() for _ in range(steps)))
+                scopes.remove()
+                if marks is not None:
+                    marks.stop()
+    result: dict[str, Any] = {
         "training_model": f"48 x LN+Linear+GELU+Linear (1x64), {calls} module calls per step",
-        "training_us_per_module_call": round(paired * 1e6 / calls, 2),
-        "training_first_call_us_per_module": round(
-            (statistics.median(first) - statistics.median(scoped)) * 1e6 / calls, 2
-        ),
         "training_step_ms": round(statistics.median(bare) * 1e3, 3),
+        "training_first_call_us_per_module": round(
+            (statistics.median(first) - statistics.median(scoped["ranges"])) * 1e6 / calls, 2
+        ),
     }
+    for kind in kinds:
+        paired = statistics.median(a - b for a, b in zip(scoped[kind], bare, strict=True))
+        result[f"training_{kind}_us_per_module_call"] = round(paired * 1e6 / calls, 2)
+    return result
 
 
 def main() -> None:
@@ -226,15 +247,25 @@ def main() -> None:
     results = [run() for key, run in workloads.items() if args.only in (None, key)]
     calls = module_call_cost() if args.only in (None, "calls") else None
     if calls is not None:
-        print(
-            f"module scopes per module call: {calls['us_per_module_call']:.2f} µs "
-            f"(hooks: {calls['hooks_us_per_module_call']:.2f} µs; torch.profiler's own module call "
-            f"{calls['torch_profiler_us_per_module_call']:.2f} µs)"
+        marks_text = (
+            f"marks: {calls['marks_us_per_module_call']:.2f} µs; "
+            if calls["marks_us_per_module_call"] is not None
+            else "marks: native module not built; "
         )
         print(
-            f"in training steps of real layers: {calls['training_us_per_module_call']:.2f} µs per module "
-            f"call (first call, once per block: +{calls['training_first_call_us_per_module']:.2f} µs; "
-            f"step {calls['training_step_ms']:.2f} ms)"
+            f"module scopes per module call, nn.Identity chain: ranges {calls['us_per_module_call']:.2f} µs "
+            f"({marks_text}hooks: {calls['hooks_us_per_module_call']:.2f} µs; torch.profiler's own module "
+            f"call {calls['torch_profiler_us_per_module_call']:.2f} µs)"
+        )
+        per_kind = ", ".join(
+            f"{kind} {calls[f'training_{kind}_us_per_module_call']:.2f} µs"
+            for kind in ("ranges", "marks")
+            if f"training_{kind}_us_per_module_call" in calls
+        )
+        first = calls["training_first_call_us_per_module"]
+        print(
+            f"in training steps of real layers, per module call: {per_kind} (first call, once per "
+            f"block: +{first:.2f} µs; step {calls['training_step_ms']:.2f} ms)"
         )
     print(
         f"{'model':<36}{'plain':>10}{'torch':>10}{'layerscope':>12}{'torch/plain':>13}"

@@ -189,3 +189,19 @@ def test_a_wrapper_left_in_someone_elses_chain_marks_nothing_more() -> None:
         scopes.remove()
         nn.Linear.forward = ours.__wrapped__  # type: ignore[attr-defined,method-assign]
     assert not hasattr(nn.Linear.forward, "__wrapped__")
+
+
+def test_marks_and_ranges_mix_in_one_tree() -> None:
+    """A module whose instance carries its own forward (as accelerate's hooks do) keeps a hook and a
+    profiler range; its class-wrapped neighbours get marks; the spans nest into one tree."""
+    model = TinyMLP()
+    x = torch.randn(8, 8)
+    plain_forward = model.fc2.forward
+    model.fc2.forward = lambda inp: plain_forward(inp)  # type: ignore[method-assign]
+    mixed = _profile(model, x, "auto")
+    ranged = _profile(model, x, "ranges")
+    assert mixed.meta["module_scopes"] == "marks and ranges"
+    for node in ranged.modules():
+        other = mixed.find(node.path)
+        assert other.calls == node.calls and other.forward.flops == node.forward.flops, node.path
+    assert mixed.find("fc2").forward.flops > 0 and mixed.find("fc1").forward.flops > 0

@@ -149,6 +149,11 @@ class ForwardRanges:
 
         return forward
 
+    @property
+    def module_count(self) -> int:
+        """How many modules this block's class wrappers give scopes to."""
+        return sum(len(names) for names in self._names.values())
+
     def remove(self) -> None:
         """Put every class's own ``forward`` back (or turn ours into a pass-through, see module doc)."""
         while self._patched:

@@ -89,6 +89,7 @@ class ModuleScopes:
         self._root_names: set[str] = set()
         # Class-wrapped modules get marks when given (module_marks.py); hooked ones always ranges.
         self._forward_ranges = ForwardRanges(self._first_forward, marks)
+        self._hooked_callable = 0  # hooked modules that can run (their scopes are ranges)
         #: Called before a top-level module call (no layerscope scope open on the thread), in global
         #: mode; ``layerscope run`` ends deferred training steps there.
         self.before_top_level_call: Callable[[], None] | None = None
@@ -159,7 +160,18 @@ class ModuleScopes:
                 if name is not None and not self._forward_ranges.add(module, name):
                     self._hook(module)
 
+    def scope_kinds(self, marks: bool) -> str:
+        """How module calls are scoped, once installed: ``"ranges"``, ``"marks"`` (every scoped
+        module is class-wrapped and ``marks`` are on) or ``"marks and ranges"`` (some need hooks)."""
+        wrapped = self._forward_ranges.module_count if marks else 0
+        hooked = bool(self._hooked_callable or self._compiled_calls or self.model is None)
+        if not wrapped:
+            return "ranges"
+        return "marks and ranges" if hooked else "marks"
+
     def _hook(self, module: nn.Module) -> None:
+        # Containers without a forward (ModuleList, ModuleDict) get hooks that never run.
+        self._hooked_callable += type(module).forward is not nn.Module.forward
         self._handles.append(module.register_forward_pre_hook(self._pre))
         self._handles.append(module.register_forward_hook(self._post, always_call=True))
 

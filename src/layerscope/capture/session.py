@@ -172,6 +172,7 @@ class profile:
         self._torch_profiler: torch.profiler.profile | None = None
         self._scopes: ModuleScopes | None = None
         self._marks: ModuleMarks | None = None
+        self._scope_kinds = "ranges"  # what meta["module_scopes"] reports
         self._profile: Profile | None = None
         self._trace: dict[str, Any] | None = None
         self._catalog: list[Any] | None = None
@@ -222,6 +223,7 @@ class profile:
                 if self._marks is not None:
                     self._marks.start()
                 self._scopes.install()
+                self._scope_kinds = self._scopes.scope_kinds(marks=self._marks is not None)
             except BaseException:
                 if self._marks is not None:
                     self._marks.stop()
@@ -277,6 +279,8 @@ class profile:
         module = native.load()
         if module is None or not hasattr(module, "mark"):
             return None
+        if not hasattr(torch._C._autograd._KinetoEvent, "activity_type"):
+            return None  # torch < 2.5: no native reader, and its traces' time base is not checked
         return ModuleMarks(module)
 
     # ----- steps and cycles ------------------------------------------------------------------------
@@ -404,7 +408,7 @@ class profile:
             self._marks.add_to(table)
         meta = self._meta()
         meta["reader"] = table.meta["reader"]
-        meta["module_scopes"] = "marks" if self._marks is not None else "ranges"
+        meta["module_scopes"] = self._scope_kinds
         if table.meta.get("undecodable_names"):
             meta["undecodable_names"] = table.meta["undecodable_names"]
         if cycle is not None:

@@ -13,11 +13,13 @@ def register(sub: Any) -> None:
     """Add the ``native`` subcommand."""
     parser = sub.add_parser(
         "native",
-        help="build or check the native reader (post-processing ~3-4x faster)",
-        description="The native reader turns torch's profiler results into layerscope's tables in C++. "
+        help="build or check the native module (post-processing ~4x faster, cheaper module scopes)",
+        description="The native module reads torch's profiler results into layerscope's tables in C++ "
+        "and marks module calls on torch's clock instead of opening profiler ranges. "
         "It is compiled once for the installed torch (about 15 s, needs a C++ compiler) into "
         f"{native.cache_dir()} (LAYERSCOPE_CACHE moves it). Without it, the same results are read "
-        "through torch's Python bindings. LAYERSCOPE_NATIVE=0 turns it off.",
+        "through torch's Python bindings and module calls get profiler ranges. LAYERSCOPE_NATIVE=0 turns "
+        "it off.",
     )
     parser.add_argument(
         "action", choices=("build", "status"), help="build: compile it; status: say whether it is in use"

@@ -273,7 +273,7 @@ def test_a_failed_build_says_so_in_one_line_and_leaves_no_file(
     try:
         assert main(["native", "build"]) == 1
         err = capsys.readouterr().err.strip()
-        assert err == "layerscope: error: compiling the native reader failed (false exited 1)"
+        assert err == "layerscope: error: compiling the native module failed (false exited 1)"
         assert list((tmp_path / "native").iterdir()) == []
         assert main(["native", "status"]) == 1
         assert "in use   no: not built" in capsys.readouterr().out

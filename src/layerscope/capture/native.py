@@ -1,13 +1,14 @@
-"""The native reader: building it against the installed torch, finding it, loading it.
+"""The native module: building it against the installed torch, finding it, loading it.
 
-``native_reader.cpp`` reads torch's profiler results in C++ (see its header). It cannot ship as a
-binary: ``KinetoEvent``'s layout and symbols belong to one torch build. So it is compiled here, once
-per (torch build, Python, source) by ``layerscope native build`` (``make demo``/``make test`` do it
-too), with the compiler torch's own extensions use, into a cache folder. Profiling never compiles:
-without a built reader, or when it fails to load, layerscope reads through torch's Python bindings as
-before (the same table, 3-4x slower to make).
+``native_reader.cpp`` reads torch's profiler results in C++ and takes module marks on torch's clock
+(see its header). It cannot ship as a binary: ``KinetoEvent``'s layout and symbols belong to one
+torch build. So it is compiled here, once per (torch build, Python, source) by ``layerscope native
+build`` (``make demo``/``make test`` do it too), with the compiler torch's own extensions use, into a
+cache folder. Profiling never compiles: without a built module, or when it fails to load, layerscope
+reads through torch's Python bindings (the same table, 3-4x slower to make) and scopes modules with
+profiler ranges.
 
-``LAYERSCOPE_NATIVE=0`` turns the native reader off; ``LAYERSCOPE_CACHE`` moves the cache folder
+``LAYERSCOPE_NATIVE=0`` turns the native module off; ``LAYERSCOPE_CACHE`` moves the cache folder
 (default ``~/.cache/layerscope``).
 """
 
@@ -43,7 +44,7 @@ _lock = threading.Lock()  # two threads building profiles at once load the modul
 
 @dataclass(frozen=True)
 class NativeStatus:
-    """Where the native reader for this torch lives and whether it is in use."""
+    """Where the native module for this torch lives and whether it is in use."""
 
     path: Path
     built: bool
@@ -92,7 +93,7 @@ def binary_path() -> Path:
 
 
 def enabled() -> bool:
-    """False when ``LAYERSCOPE_NATIVE=0`` turns the native reader off."""
+    """False when ``LAYERSCOPE_NATIVE=0`` turns the native module off."""
     return os.environ.get("LAYERSCOPE_NATIVE", "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
@@ -139,7 +140,7 @@ def build(force: bool = False) -> tuple[Path, float]:
     appears whole or not at all (compiled under a temporary name, then renamed).
     """
     if sys.platform == "win32":
-        raise LayerscopeError("the native reader is not supported on Windows; the Python reader is used")
+        raise LayerscopeError("the native module is not supported on Windows; the Python reader is used")
     target = binary_path()
     if target.exists() and not force:
         return target, 0.0
@@ -152,7 +153,7 @@ def build(force: bool = False) -> tuple[Path, float]:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise LayerscopeError(
-                f"compiling the native reader failed ({Path(command[0]).name} exited {done.returncode})"
+                f"compiling the native module failed ({Path(command[0]).name} exited {done.returncode})"
                 + _first_error(done.stderr or done.stdout)
             )
         os.replace(scratch, target)
@@ -164,7 +165,7 @@ def build(force: bool = False) -> tuple[Path, float]:
 
 
 def load() -> ModuleType | None:
-    """The native reader module when it is built, enabled and loads; else None (see :func:`status`)."""
+    """The native module module when it is built, enabled and loads; else None (see :func:`status`)."""
     global _loaded, _why_not, _looked
     if not enabled():
         return None
@@ -201,13 +202,13 @@ def forget() -> None:
 
 
 def disable_for_process(reason: str) -> None:
-    """Stop using the native reader in this process (after it raised), remembering why."""
+    """Stop using the native module in this process (after it raised), remembering why."""
     global _loaded, _why_not, _looked
     _loaded, _why_not, _looked = None, reason, True
 
 
 def status() -> NativeStatus:
-    """Whether the native reader is built for this torch, enabled, and loads."""
+    """Whether the native module is built for this torch, enabled, and loads."""
     path = binary_path()
     if not enabled():
         return NativeStatus(path, path.exists(), False, "turned off by LAYERSCOPE_NATIVE=0")

@@ -1,4 +1,4 @@
-"""``layerscope native build|status``: the native reader for the installed torch."""
+"""``layerscope native build|status``: the native module for the installed torch."""
 
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "build":
         path, seconds = native.build(force=args.force)
         if seconds:
-            print(f"layerscope: built the native reader in {seconds:.1f}s: {path}", file=sys.stderr)
+            print(f"layerscope: built the native module in {seconds:.1f}s: {path}", file=sys.stderr)
         else:
-            print(f"layerscope: native reader already built: {path}", file=sys.stderr)
+            print(f"layerscope: native module already built: {path}", file=sys.stderr)
         state = native.status()
         if state.reason is not None:
             print(f"layerscope: warning: built, but not in use: {state.reason}", file=sys.stderr)

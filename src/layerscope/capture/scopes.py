@@ -39,13 +39,18 @@ _is_compiling = torch.compiler.is_compiling
 GLOBAL_ROOT_TYPE = "(all modules)"
 
 
-def shapes_of(value: Any) -> str | None:
-    """Shapes of the tensors in a hook's args/output, as a compact string (None when no tensor)."""
-    found: list[list[int]] = []
+#: Tensor shapes as taken on a module's first call; formatted only when the catalog is made.
+RawShapes = list[torch.Size] | None
+
+
+def shapes_of(value: Any) -> RawShapes:
+    """Shapes of the tensors in a hook's args/output (None when no tensor). Kept raw: formatting them
+    is most of the cost, and it can wait until the block has ended (:func:`format_shapes`)."""
+    found: list[torch.Size] = []
 
     def visit(v: Any, depth: int) -> None:
         if isinstance(v, torch.Tensor):
-            found.append(list(v.shape))
+            found.append(v.shape)
         elif depth < 3 and isinstance(v, list | tuple):
             for item in v:
                 visit(item, depth + 1)
@@ -54,7 +59,12 @@ def shapes_of(value: Any) -> str | None:
                 visit(item, depth + 1)
 
     visit(value, 0)
-    return str(found) if found else None
+    return found or None
+
+
+def format_shapes(shapes: RawShapes) -> str | None:
+    """The compact string of :func:`shapes_of`'s result: ``[[2, 3], [4]]``."""
+    return str([list(s) for s in shapes]) if shapes else None
 
 
 class ModuleScopes:
@@ -82,7 +92,7 @@ class ModuleScopes:
         self._names: dict[int, str | None] = {}  # id(module) -> range name (None: folded, no range)
         self._paths: dict[int, str] = {}  # id(module) -> qualified path
         self._modules: dict[str, nn.Module] = {}  # path -> module (kept for params at the end)
-        self._first_shapes: dict[str, tuple[str | None, str | None]] = {}
+        self._first_shapes: dict[str, tuple[RawShapes, RawShapes]] = {}
         self._seen: set[int] = set()  # modules whose first call's input shapes are recorded
         self._awaiting_output: set[int] = set()  # ... and whose output shapes are still to come
         self._lock = threading.Lock()
@@ -332,8 +342,8 @@ class ModuleScopes:
                         parent=None if p == "" else parent_of[p],
                         params=max(own, 0),
                         params_total=totals[p],
-                        input_shapes=shapes[0],
-                        output_shapes=shapes[1],
+                        input_shapes=format_shapes(shapes[0]),
+                        output_shapes=format_shapes(shapes[1]),
                         source=forward_source(self._modules[p]),
                     )
                 )
@@ -355,8 +365,8 @@ class ModuleScopes:
                     parent=parent,
                     params=_param_count(m, recurse=False),
                     params_total=totals[p],
-                    input_shapes=shapes[0],
-                    output_shapes=shapes[1],
+                    input_shapes=format_shapes(shapes[0]),
+                    output_shapes=format_shapes(shapes[1]),
                     source=forward_source(m),
                 )
             )

@@ -80,8 +80,10 @@ def test_marks_give_the_profile_ranges_give(name: str) -> None:
         return found
 
     assert rows(marked) == rows(ranged)
-    # Times are of the same run shape (generous: two separate runs on a shared VM).
-    assert 0.3 < marked.root.forward.cpu_us / ranged.root.forward.cpu_us < 3
+    # Time nests the same way: nearly all of the root's forward time is in its children's spans and
+    # ops (two separate runs are not compared in time: their durations vary several-fold here).
+    for p in (marked, ranged):
+        assert p.root.forward.self_cpu_us < 0.5 * p.root.forward.cpu_us
 
 
 def test_an_exception_inside_a_forward_closes_its_marks() -> None:

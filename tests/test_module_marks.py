@@ -207,3 +207,19 @@ def test_marks_and_ranges_mix_in_one_tree() -> None:
         other = mixed.find(node.path)
         assert other.calls == node.calls and other.forward.flops == node.forward.flops, node.path
     assert mixed.find("fc2").forward.flops > 0 and mixed.find("fc1").forward.flops > 0
+
+
+@pytest.mark.parametrize("module_scopes", ["auto", "ranges"])
+def test_threads_torch_does_not_record_get_no_module_calls(module_scopes: str) -> None:
+    """memory=True records only the entering thread: a module call on another thread is not in the
+    profile, whether its scope is a range (torch drops it) or marks (layerscope drops them)."""
+    model = TinyMLP()
+    x = torch.randn(8, 8)
+    with ls.profile(model, memory=True, module_scopes=module_scopes) as prof:
+        worker = threading.Thread(target=lambda: model(x))
+        worker.start()
+        worker.join()
+        model(x).sum().backward()
+    p = prof.profile
+    p.validate()
+    assert p.root.calls == 1 and p.find("fc1").calls == 1

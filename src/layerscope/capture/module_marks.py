@@ -78,17 +78,22 @@ class ModuleMarks:
         self.spans = spans
 
     def add_to(self, table: EventTable) -> None:
-        """Append the spans to ``table`` as the CPU-op ranges they stand for."""
+        """Append the spans to ``table`` as the CPU-op ranges they stand for, on the threads torch
+        recorded (without ``all_threads`` torch records only some threads; a range on another thread
+        would not have been recorded either)."""
+        recorded = set(table.span_tid)
+        kept = [s for s in self.spans if s.tid in recorded]
         table.append_spans(
-            [s.name for s in self.spans],
+            [s.name for s in kept],
             EventKind.CPU_OP,
-            [s.tid for s in self.spans],
-            [s.start_ns for s in self.spans],
-            [s.dur_ns for s in self.spans],
+            [s.tid for s in kept],
+            [s.start_ns for s in kept],
+            [s.dur_ns for s in kept],
         )
 
-    def trace_events(self, base_ns: int) -> list[dict[str, Any]]:
-        """The spans as Chrome trace events, as torch writes its ranges (``ts`` in µs after the trace's
+    def trace_events(self, base_ns: int, os_tids: set[int]) -> list[dict[str, Any]]:
+        """The spans on the OS threads in ``os_tids`` (those torch's trace has events of) as Chrome
+        trace events, as torch writes its ranges (``ts`` in µs after the trace's
         ``baseTimeNanoseconds``, on the process and OS thread that ran them)."""
         pid = os.getpid()
         return [
@@ -103,4 +108,5 @@ class ModuleMarks:
                 "args": {},
             }
             for s in self.spans
+            if s.os_tid in os_tids
         ]

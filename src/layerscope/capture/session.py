@@ -354,7 +354,10 @@ class profile:
                 trace = orjson.loads(Path(tmp).read_bytes())
                 if self._marks is not None:  # module calls as the ranges torch would have written
                     base = int(trace.get("baseTimeNanoseconds", 0))
-                    trace["traceEvents"] = [*trace["traceEvents"], *self._marks.trace_events(base)]
+                    cpu_kinds = ("cpu_op", "user_annotation")
+                    threads = {e.get("tid") for e in trace["traceEvents"] if e.get("cat") in cpu_kinds}
+                    marked = self._marks.trace_events(base, {t for t in threads if isinstance(t, int)})
+                    trace["traceEvents"] = [*trace["traceEvents"], *marked]
                 self._trace = with_backward_tracks(trace)
                 graphs = known_graphs()
                 if graphs and self._catalog:
@@ -406,9 +409,13 @@ class profile:
         table = table_from_kineto(results, calculator, shapes=self.shapes, cpu_only=cpu_only)
         if self._marks is not None:
             self._marks.add_to(table)
+            if self._marks.unmatched:  # calls still running when the block ended, on other threads
+                table.meta["unmatched_module_marks"] = self._marks.unmatched
         meta = self._meta()
         meta["reader"] = table.meta["reader"]
         meta["module_scopes"] = self._scope_kinds
+        if table.meta.get("unmatched_module_marks"):
+            meta["unmatched_module_marks"] = table.meta["unmatched_module_marks"]
         if table.meta.get("undecodable_names"):
             meta["undecodable_names"] = table.meta["undecodable_names"]
         if cycle is not None:

@@ -16,8 +16,8 @@ from layerscope.capture import native
 from layerscope.capture.module_marks import ModuleMarks
 from layerscope.capture.scopes import ModuleScopes
 from layerscope.errors import LayerscopeError
-from layerscope.models import TinyGPT
-from tests.fixtures.models import Containers, TinyMLP, tiny_resnet
+from tests.fixtures.models import TinyMLP
+from tests.test_torch_agreement import MODELS  # the four models torch's numbers are compared on
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,17 +33,6 @@ def native_module() -> Any:
     if module is None:
         pytest.skip(f"native module not in use: {native.status().reason}")
     return module
-
-
-MODELS = {
-    "mlp": (TinyMLP, lambda: torch.randn(8, 8)),
-    "containers": (Containers, lambda: torch.randn(4, 8)),
-    "resnet": (tiny_resnet, lambda: torch.randn(2, 3, 32, 32)),
-    "gpt": (
-        lambda: TinyGPT(vocab=64, dim=32, heads=2, layers=2, max_len=16),
-        lambda: torch.randint(0, 64, (2, 16)),
-    ),
-}
 
 
 def _profile(model: nn.Module, x: torch.Tensor, module_scopes: str, **options: Any) -> ls.Profile:

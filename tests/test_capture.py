@@ -338,7 +338,8 @@ class _FakeResults:
 
 def test_an_undecodable_name_gets_a_placeholder_and_a_count() -> None:
     from layerscope.attribution import build_profile
-    from layerscope.capture.kineto import UNDECODABLE_NAME, table_from_bindings
+    from layerscope.capture.bindings_reader import table_from_bindings
+    from layerscope.capture.event_columns import UNDECODABLE_NAME
 
     events = [
         _FakeKinetoEvent("aten::mm", 0),

@@ -75,8 +75,9 @@ def test_native_reader_reads_device_captures_as_the_bindings_do(memory: bool) ->
     """Kernels, memcpys, runtime calls and device allocations: the native reader's table equals the
     bindings' (activity kinds through torch's names, correlation links, device memory)."""
     from layerscope.capture import native
+    from layerscope.capture.bindings_reader import table_from_bindings
     from layerscope.capture.flops import FlopCalculator
-    from layerscope.capture.kineto import table_from_bindings, table_from_native
+    from layerscope.capture.native_table import table_from_native
     from layerscope.events.table import EventKind
     from tests.test_native_reader import COLUMNS
 

@@ -124,7 +124,7 @@ def test_two_threads_each_get_their_own_module_calls() -> None:
     # Both threads' matmuls are inside fc1 / fc2, none left at the root.
     fc = sum(r.calls for r in p.op_rows if r.name == "aten::addmm" and str(r.module).startswith("fc"))
     assert fc == sum(r.calls for r in p.op_rows if r.name == "aten::addmm") == 4
-    threads = {s.tid for s in prof._marks.spans} if prof._marks else set()
+    threads = set(prof._marks.span_tid) if prof._marks else set()
     assert len(threads) == 2
 
 

@@ -18,36 +18,16 @@ from torch.profiler import ProfilerActivity, profile
 
 import layerscope as ls
 from layerscope.capture import native
+from layerscope.capture.bindings_reader import table_from_bindings
+from layerscope.capture.event_columns import UNDECODABLE_NAME, decode_names
 from layerscope.capture.flops import FlopCalculator
-from layerscope.capture.kineto import (
-    UNDECODABLE_NAME,
-    decode_names,
-    table_from_bindings,
-    table_from_kineto,
-    table_from_native,
-)
+from layerscope.capture.kineto import table_from_kineto
+from layerscope.capture.native_table import table_from_native
 from layerscope.cli import main
 from layerscope.errors import LayerscopeError, LayerscopeWarning
-from layerscope.events.table import EventTable
+from layerscope.events.table import MEMORY_COLUMNS, SPAN_COLUMNS, EventTable
 
-COLUMNS = (
-    "names",
-    "span_name",
-    "span_kind",
-    "span_tid",
-    "span_ts",
-    "span_dur",
-    "span_seq",
-    "span_fwd_tid",
-    "span_corr",
-    "span_ext",
-    "span_shapes",
-    "span_flops",
-    "mem_tid",
-    "mem_ts",
-    "mem_bytes",
-    "mem_on_device",
-)
+COLUMNS = ("names", *SPAN_COLUMNS, *MEMORY_COLUMNS)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +55,15 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
         else:
             os.environ["LAYERSCOPE_CACHE"] = before
         native.forget()
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A cache folder with no native module in it, looked up afresh before and after the test."""
+    monkeypatch.setenv("LAYERSCOPE_CACHE", str(tmp_path))
+    native.forget()
+    yield tmp_path
+    native.forget()
 
 
 class Block(nn.Module):
@@ -236,7 +225,7 @@ def test_a_failing_native_reader_warns_once_and_the_profile_is_still_made(
     model = Block()
     try:
         with pytest.warns(LayerscopeWarning, match="native reader failed .*boom.*Python reader"):
-            with ls.profile(model) as prof:
+            with ls.profile(model, module_scopes="ranges") as prof:  # the stand-in only reads
                 model(torch.randn(2, 32))
             profile = prof.profile
         profile.validate()
@@ -246,39 +235,27 @@ def test_a_failing_native_reader_warns_once_and_the_profile_is_still_made(
         native.forget()
 
 
-def test_without_a_built_reader_profiling_reads_through_the_bindings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("LAYERSCOPE_CACHE", str(tmp_path))
-    native.forget()
-    try:
-        state = native.status()
-        assert not state.built and state.reason is not None and "not built" in state.reason
-        model = Block()
-        with ls.profile(model) as prof:
-            model(torch.randn(2, 32))
-        assert prof.profile.meta["reader"] == "python"
-        with pytest.raises(LayerscopeError, match="native reader unavailable: not built"):
-            table_from_kineto(object(), None, shapes=False, use_native=True)
-    finally:
-        native.forget()
+def test_without_a_built_reader_profiling_reads_through_the_bindings(empty_cache: Path) -> None:
+    state = native.status()
+    assert not state.built and state.reason is not None and "not built" in state.reason
+    model = Block()
+    with ls.profile(model) as prof:
+        model(torch.randn(2, 32))
+    assert prof.profile.meta["reader"] == "python"
+    with pytest.raises(LayerscopeError, match="native reader unavailable: not built"):
+        table_from_kineto(object(), None, shapes=False, use_native=True)
 
 
 def test_a_failed_build_says_so_in_one_line_and_leaves_no_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("LAYERSCOPE_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "false")
-    native.forget()
-    try:
-        assert main(["native", "build"]) == 1
-        err = capsys.readouterr().err.strip()
-        assert err == "layerscope: error: compiling the native module failed (false exited 1)"
-        assert list((tmp_path / "native").iterdir()) == []
-        assert main(["native", "status"]) == 1
-        assert "in use   no: not built" in capsys.readouterr().out
-    finally:
-        native.forget()
+    assert main(["native", "build"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "layerscope: error: compiling the native module failed (false exited 1)"
+    assert list((empty_cache / "native").iterdir()) == []
+    assert main(["native", "status"]) == 1
+    assert "in use   no: not built" in capsys.readouterr().out
 
 
 def test_native_off_by_environment(
@@ -290,24 +267,17 @@ def test_native_off_by_environment(
     assert "in use   no: turned off by LAYERSCOPE_NATIVE=0" in capsys.readouterr().out
 
 
-def test_a_broken_binary_is_reported_and_profiling_goes_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("LAYERSCOPE_CACHE", str(tmp_path))
-    native.forget()
-    try:
-        target = native.binary_path()
-        target.parent.mkdir(parents=True)
-        target.write_bytes(b"not a shared object")
-        state = native.status()
-        assert state.built and state.reason is not None and state.reason.startswith("failed to load:")
-        model = Block()
-        with ls.profile(model) as prof:
-            model(torch.randn(2, 32))
-        prof.profile.validate()
-        assert prof.profile.meta["reader"] == "python"
-    finally:
-        native.forget()
+def test_a_broken_binary_is_reported_and_profiling_goes_on(empty_cache: Path) -> None:
+    target = native.binary_path()
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"not a shared object")
+    state = native.status()
+    assert state.built and state.reason is not None and state.reason.startswith("failed to load:")
+    model = Block()
+    with ls.profile(model) as prof:
+        model(torch.randn(2, 32))
+    prof.profile.validate()
+    assert prof.profile.meta["reader"] == "python"
 
 
 def test_the_reader_refuses_what_is_not_torchs_results(reader: ModuleType) -> None:

@@ -31,7 +31,6 @@ from layerscope.capture.module_marks import ModuleMarks
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 _is_compiling = torch.compiler.is_compiling
 
-#: Called on a module's first call in the block: (module, range name, original forward, args, kwargs).
 #: A module's first call: (module, the scoped forward, args, kwargs) -> output. It records shapes and
 #: runs the scoped forward, which opens the module's range (or marks) around the original.
 FirstCall = Callable[[nn.Module, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
@@ -64,9 +63,9 @@ class ForwardRanges:
     def __init__(self, first_call: FirstCall, marks: ModuleMarks | None = None) -> None:
         self._first_call = first_call
         self._marks = marks
-        self._codes: dict[int, dict[int, int]] = {}  # id(owner's names) -> its wrapper's mark codes
         self._seen: set[int] = set()  # modules whose first call already ran
-        self._names: dict[type, dict[int, str]] = {}  # owner class -> id(module) -> range name
+        # owner class -> id(module) -> its range name, or its mark code when marks are on
+        self._names: dict[type, dict[int, Any]] = {}
         self._patched: dict[type, tuple[Any, Callable[..., Any]]] = {}  # owner -> (original, wrapper)
 
     def add(self, module: nn.Module, name: str) -> bool:
@@ -81,10 +80,10 @@ class ForwardRanges:
             wrapper = self._wrapper(original, names)
             type.__setattr__(owner, "forward", wrapper)
             self._patched[owner] = (original, wrapper)
-        names[id(module)] = name
+        names[id(module)] = self._marks.code(name) if self._marks is not None else name
         return True
 
-    def _wrapper(self, original: Callable[..., Any], names: dict[int, str]) -> Callable[..., Any]:
+    def _wrapper(self, original: Callable[..., Any], names: dict[int, Any]) -> Callable[..., Any]:
         if self._marks is not None:
             forward = self._marks_wrapper(original, names, self._marks)
         else:
@@ -118,13 +117,12 @@ class ForwardRanges:
         return forward
 
     def _marks_wrapper(
-        self, original: Callable[..., Any], names: dict[int, str], marks: ModuleMarks
+        self, original: Callable[..., Any], codes: dict[int, int], marks: ModuleMarks
     ) -> Callable[..., Any]:
-        seen, first_call, mark, code_of = self._seen, self._first_call, marks.mark, marks.code
-        codes = self._codes[id(names)] = {}  # id(module) -> mark code, set at its first call
+        seen, first_call, mark = self._seen, self._first_call, marks.mark
 
         def marked(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            code = codes[id(module)] = code_of(names[id(module)])
+            code = codes[id(module)]
             mark(code)
             try:
                 return original(module, *args, **kwargs)
@@ -136,9 +134,9 @@ class ForwardRanges:
                 return original(self, *args, **kwargs)
             key = id(self)
             code = codes.get(key)
-            if code is None:
-                if key not in names or key in seen:  # not ours, or a super() call: no scope
-                    return original(self, *args, **kwargs)
+            if code is None:  # an instance outside the profiled model, or a super() call
+                return original(self, *args, **kwargs)
+            if key not in seen:
                 seen.add(key)
                 return first_call(self, marked, args, kwargs)
             mark(code)
@@ -158,7 +156,6 @@ class ForwardRanges:
         """Put every class's own ``forward`` back (or turn ours into a pass-through, see module doc)."""
         while self._patched:
             owner, (original, wrapper) = self._patched.popitem()
-            self._codes.pop(id(self._names[owner]), {}).clear()  # a pass-through marks nothing more
             self._names[owner].clear()
             if owner.__dict__.get("forward") is wrapper:
                 type.__setattr__(owner, "forward", original)

@@ -12,20 +12,10 @@ from typing import Any
 
 from layerscope.capture import native
 from layerscope.capture.bindings_reader import table_from_bindings
-from layerscope.capture.event_columns import UNDECODABLE_NAME, decode_names, kind_of_activity
 from layerscope.capture.flops import FlopCalculator
 from layerscope.capture.native_table import table_from_native
 from layerscope.errors import LayerscopeError, LayerscopeWarning
 from layerscope.events.table import EventTable
-
-__all__ = [
-    "UNDECODABLE_NAME",
-    "decode_names",
-    "kind_of_activity",
-    "table_from_bindings",
-    "table_from_kineto",
-    "table_from_native",
-]
 
 
 def table_from_kineto(
@@ -43,14 +33,12 @@ def table_from_kineto(
     """
     if use_native is not False:
         module = native.load()
-        if module is not None and not hasattr(_event_type(), "activity_type"):
-            module = None  # torch < 2.5: the activity names the native path asks the bindings for
-            reason = "torch < 2.5 (its bindings name no activity types)"
-        else:
-            reason = str(native.status().reason)
-        if module is None and use_native:
+        old_torch = not hasattr(_event_type(), "activity_type")
+        if use_native and (module is None or old_torch):
+            reason = "torch < 2.5 (no activity type names)" if old_torch else native.status().reason
             raise LayerscopeError(f"native reader unavailable: {reason}")
-        if module is not None:
+        # The native path asks torch's bindings for activity names, which torch < 2.5 lacks.
+        if module is not None and not old_torch:
             try:
                 table = table_from_native(module, kineto_results, flops, shapes, cpu_only)
             except Exception as exc:

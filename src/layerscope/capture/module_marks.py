@@ -12,23 +12,11 @@ profiles and exported traces cannot tell the two apart.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from layerscope.events.table import EventKind, EventTable
-
-
-@dataclass(frozen=True)
-class MarkSpan:
-    """One module call recovered from its marks."""
-
-    name: str
-    tid: int  # torch's thread id (what its events carry)
-    os_tid: int  # the thread id in Chrome traces
-    start_ns: int
-    dur_ns: int
 
 
 class ModuleMarks:
@@ -39,7 +27,12 @@ class ModuleMarks:
         self.mark = native_module.mark  # the hot call: mark(code) opens, mark(-code) closes
         self._codes: dict[str, int] = {}
         self._names: list[str] = []
-        self.spans: list[MarkSpan] = []
+        # The module calls the marks make, as columns (one entry per call).
+        self.span_name: list[str] = []
+        self.span_tid: list[int] = []  # torch's thread id (what its events carry)
+        self.span_os_tid: list[int] = []  # the thread id in Chrome traces
+        self.span_start: list[int] = []  # Unix ns, on torch's event clock
+        self.span_dur: list[int] = []
         self.unmatched = 0  # marks without their other half (a call still running at the end)
 
     def code(self, name: str) -> int:
@@ -56,7 +49,6 @@ class ModuleMarks:
 
     def stop(self) -> None:
         """Stop recording and pair every thread's marks into spans."""
-        spans: list[MarkSpan] = []
         for tid, os_tid, raw_times, raw_codes in self._native.marks_stop():
             times = np.frombuffer(raw_times, dtype=np.int64).tolist()
             codes = np.frombuffer(raw_codes, dtype=np.int64).tolist()
@@ -64,31 +56,35 @@ class ModuleMarks:
             for at, code in zip(times, codes, strict=True):
                 if code > 0:
                     open_calls.append((code, at))
-                elif any(opened == -code for opened, _ in open_calls):
-                    # Pop down to this call (a child left open would be a lost mark, never seen).
-                    while open_calls[-1][0] != -code:
+                    continue
+                if not (open_calls and open_calls[-1][0] == -code):  # not the innermost open call
+                    if not any(opened == -code for opened, _ in open_calls):
+                        self.unmatched += 1
+                        continue
+                    while open_calls[-1][0] != -code:  # a child's lost end: drop the child
                         open_calls.pop()
                         self.unmatched += 1
-                    opened, start = open_calls.pop()
-                    spans.append(MarkSpan(self._names[opened - 1], tid, os_tid, start, at - start))
-                else:
-                    self.unmatched += 1
+                opened, start = open_calls.pop()
+                self.span_name.append(self._names[opened - 1])
+                self.span_tid.append(tid)
+                self.span_os_tid.append(os_tid)
+                self.span_start.append(start)
+                self.span_dur.append(at - start)
             # A call still running when the block ended has no end: like a profiler range, no span.
             self.unmatched += len(open_calls)
-        self.spans = spans
 
     def add_to(self, table: EventTable) -> None:
         """Append the spans to ``table`` as the CPU-op ranges they stand for, on the threads torch
         recorded (without ``all_threads`` torch records only some threads; a range on another thread
         would not have been recorded either)."""
         recorded = set(table.span_tid)
-        kept = [s for s in self.spans if s.tid in recorded]
+        kept = [i for i, tid in enumerate(self.span_tid) if tid in recorded]
         table.append_spans(
-            [s.name for s in kept],
+            [self.span_name[i] for i in kept],
             EventKind.CPU_OP,
-            [s.tid for s in kept],
-            [s.start_ns for s in kept],
-            [s.dur_ns for s in kept],
+            [self.span_tid[i] for i in kept],
+            [self.span_start[i] for i in kept],
+            [self.span_dur[i] for i in kept],
         )
 
     def trace_events(self, base_ns: int, os_tids: set[int]) -> list[dict[str, Any]]:
@@ -100,13 +96,15 @@ class ModuleMarks:
             {
                 "ph": "X",
                 "cat": "cpu_op",
-                "name": s.name,
+                "name": name,
                 "pid": pid,
-                "tid": s.os_tid,
-                "ts": round((s.start_ns - base_ns) / 1000, 3),
-                "dur": round(s.dur_ns / 1000, 3),
+                "tid": os_tid,
+                "ts": round((start - base_ns) / 1000, 3),
+                "dur": round(dur / 1000, 3),
                 "args": {},
             }
-            for s in self.spans
-            if s.os_tid in os_tids
+            for name, os_tid, start, dur in zip(
+                self.span_name, self.span_os_tid, self.span_start, self.span_dur, strict=True
+            )
+            if os_tid in os_tids
         ]

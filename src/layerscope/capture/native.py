@@ -92,9 +92,14 @@ def binary_path() -> Path:
     return cache_dir() / (_module_name() + suffix)
 
 
+def turned_off(variable: str) -> bool:
+    """Whether the environment variable says off (``0``, ``false``, ``no``, ``off``)."""
+    return os.environ.get(variable, "1").strip().lower() in {"0", "false", "no", "off"}
+
+
 def enabled() -> bool:
     """False when ``LAYERSCOPE_NATIVE=0`` turns the native module off."""
-    return os.environ.get("LAYERSCOPE_NATIVE", "1").strip().lower() not in {"0", "false", "no", "off"}
+    return not turned_off("LAYERSCOPE_NATIVE")
 
 
 def _compiler() -> str:
@@ -165,7 +170,7 @@ def build(force: bool = False) -> tuple[Path, float]:
 
 
 def load() -> ModuleType | None:
-    """The native module module when it is built, enabled and loads; else None (see :func:`status`)."""
+    """The native module when it is built, enabled and loads; else None (see :func:`status`)."""
     global _loaded, _why_not, _looked
     if not enabled():
         return None

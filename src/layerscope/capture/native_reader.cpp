@@ -1,6 +1,7 @@
-// layerscope's native reader: torch's profiler results as columns, in one pass over the C++ events.
+// layerscope's native module: torch's profiler results as columns, in one pass over the C++ events
+// (read_columns), and module marks on torch's clock (see "module marks" below).
 //
-// The pybind path (capture/kineto.py) pays ~1.5-2.5 us per event to make the Python `_KinetoEvent`
+// The bindings path (capture/bindings_reader.py) pays ~1.5-2.5 us per event to make the Python `_KinetoEvent`
 // list, ~1 us to free it, and ~0.4 us per accessor call; this reads the same accessors in C++ and
 // hands Python a few contiguous int64 buffers, each distinct name and shapes list once.
 //
@@ -140,7 +141,7 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   const auto& events = result_of(results).events();
   const size_t n = events.size();
 
-  std::vector<int64_t> span_index, span_name, span_activity, span_device, span_ts, span_dur;
+  std::vector<int64_t> span_index, span_name, span_activity, span_ts, span_dur;
   std::vector<int64_t> span_tid, span_seq, span_fwd_tid, span_corr, span_linked, span_shapes;
   std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device;
   span_index.reserve(n);
@@ -160,7 +161,6 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
     span_index.push_back(static_cast<int64_t>(i));
     span_name.push_back(names.id(e.name()));
     span_activity.push_back(static_cast<int64_t>(e.activityType()));
-    span_device.push_back(static_cast<int64_t>(e.deviceType()));
     span_ts.push_back(static_cast<int64_t>(e.startNs()));
     span_dur.push_back(static_cast<int64_t>(e.durationNs()));
     span_tid.push_back(static_cast<int64_t>(e.startThreadId()));
@@ -184,7 +184,6 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   out["span_index"] = column(span_index);
   out["span_name"] = column(span_name);
   out["span_activity"] = column(span_activity);
-  out["span_device"] = column(span_device);
   out["span_ts"] = column(span_ts);
   out["span_dur"] = column(span_dur);
   out["span_tid"] = column(span_tid);

@@ -65,9 +65,9 @@ def table_from_native(
     arrays["span_corr"] = np.zeros(len(span_name), dtype=np.int64)
     # As in the bindings path: device work links to its op by linked_correlation_id, a CPU op holds
     # its own external id in correlation_id, runtime calls hold none.
-    on_device = kinds >= int(EventKind.KERNEL)
-    if on_device.any():
-        ext = np.where(on_device, _column(cols["span_linked"]), _column(cols["span_corr"]))
+    device_work = kinds >= int(EventKind.KERNEL)
+    if device_work.any():
+        ext = np.where(device_work, _column(cols["span_linked"]), _column(cols["span_corr"]))
         ext[kinds == int(EventKind.RUNTIME)] = 0
     else:  # nothing to link
         ext = np.zeros(len(span_name), dtype=np.int64)
@@ -83,21 +83,22 @@ def table_from_native(
     else:
         arrays["span_shapes"] = np.full(len(span_name), -1, dtype=np.int64)
 
-    for column, values in arrays.items():
-        setattr(table, column, values.tolist())
-    table._arrays.update(arrays)  # the attribution reads these columns as arrays: no second conversion
+    table.set_columns(arrays)  # attribution reads them as arrays: kept, not converted back
     span_flops = [0] * len(span_name)
     if flops is not None:
-        picked = flop_candidates(table, range(len(table.names)), flops)
+        picked = flop_candidates(table, set(name_of_local.tolist()), flops)
         if picked:
             event_index = _column(cols["span_index"])[picked]
-            keys: list[bytes | None] = module.concrete_inputs(kineto_results, event_index.tobytes())
-            concrete: list[Any] = list(keys)
-            for k, key in enumerate(keys):
-                if key is None:  # an input kind the C++ writer leaves to torch's bindings
-                    concrete[k] = module.event_at(kineto_results, int(event_index[k])).concrete_inputs()
-                    keys[k] = orjson.dumps(concrete[k], default=str)
+            keys: list[bytes] = []
+            concrete: list[Any] = []  # JSON text (parsed when counted), or torch's own values
+            for k, text in enumerate(module.concrete_inputs(kineto_results, event_index.tobytes())):
+                if text is None:  # an input kind the C++ writer leaves to torch's bindings
+                    text = module.event_at(kineto_results, int(event_index[k])).concrete_inputs()
+                    keys.append(orjson.dumps(text, default=str))
+                else:
+                    keys.append(text)
+                concrete.append(text)
             shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
-            count_flops(table, flops, span_flops, picked, shapes_raw, [k or b"" for k in keys], concrete)
+            count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
     table.span_flops = span_flops
     return table

@@ -1,4 +1,7 @@
-"""Module scopes: a named profiler range ``ls:<path>:<Type>`` around every module call.
+"""Module scopes: a named scope ``ls:<path>:<Type>`` around every module call.
+
+With the native module built, class-wrapped modules are scoped by two marks on torch's clock
+(``capture/module_marks.py``); everywhere else, and without it, by a profiler range.
 
 Ranges are torch's C++ ``_RecordFunctionFast`` (about 0.7 µs a pair under the profiler, against ~11 µs
 for ``record_function``, which also records its own enter/exit ops). Two ways to open them:
@@ -100,6 +103,7 @@ class ModuleScopes:
         # Class-wrapped modules get marks when given (module_marks.py); hooked ones always ranges.
         self._forward_ranges = ForwardRanges(self._first_forward, marks)
         self._hooked_callable = 0  # hooked modules that can run (their scopes are ranges)
+        self._marks_on = marks is not None
         #: Called before a top-level module call (no layerscope scope open on the thread), in global
         #: mode; ``layerscope run`` ends deferred training steps there.
         self.before_top_level_call: Callable[[], None] | None = None
@@ -170,10 +174,10 @@ class ModuleScopes:
                 if name is not None and not self._forward_ranges.add(module, name):
                     self._hook(module)
 
-    def scope_kinds(self, marks: bool) -> str:
-        """How module calls are scoped, once installed: ``"ranges"``, ``"marks"`` (every scoped
-        module is class-wrapped and ``marks`` are on) or ``"marks and ranges"`` (some need hooks)."""
-        wrapped = self._forward_ranges.module_count if marks else 0
+    def scope_kinds(self) -> str:
+        """How module calls are scoped, once installed: ``"ranges"``, ``"marks"`` (marks are on and
+        every scoped module is class-wrapped) or ``"marks and ranges"`` (some need hooks)."""
+        wrapped = self._forward_ranges.module_count if self._marks_on else 0
         hooked = bool(self._hooked_callable or self._compiled_calls or self.model is None)
         if not wrapped:
             return "ranges"

@@ -223,7 +223,7 @@ class profile:
                 if self._marks is not None:
                     self._marks.start()
                 self._scopes.install()
-                self._scope_kinds = self._scopes.scope_kinds(marks=self._marks is not None)
+                self._scope_kinds = self._scopes.scope_kinds()
             except BaseException:
                 if self._marks is not None:
                     self._marks.stop()
@@ -272,12 +272,12 @@ class profile:
             return None
         if self.schedule is not None or self.on_trace_ready is not None:
             return None
-        if os.environ.get("LAYERSCOPE_MODULE_MARKS", "1").strip().lower() in {"0", "false", "no", "off"}:
+        if native.turned_off("LAYERSCOPE_MODULE_MARKS"):
             return None
         if not sys.platform.startswith("linux"):
             return None  # the OS thread ids of exported traces are read on Linux only
         module = native.load()
-        if module is None or not hasattr(module, "mark"):
+        if module is None:
             return None
         if not hasattr(torch._C._autograd._KinetoEvent, "activity_type"):
             return None  # torch < 2.5: no native reader, and its traces' time base is not checked
@@ -409,13 +409,11 @@ class profile:
         table = table_from_kineto(results, calculator, shapes=self.shapes, cpu_only=cpu_only)
         if self._marks is not None:
             self._marks.add_to(table)
-            if self._marks.unmatched:  # calls still running when the block ended, on other threads
-                table.meta["unmatched_module_marks"] = self._marks.unmatched
         meta = self._meta()
         meta["reader"] = table.meta["reader"]
         meta["module_scopes"] = self._scope_kinds
-        if table.meta.get("unmatched_module_marks"):
-            meta["unmatched_module_marks"] = table.meta["unmatched_module_marks"]
+        if self._marks is not None and self._marks.unmatched:  # calls still running at the end
+            meta["unmatched_module_marks"] = self._marks.unmatched
         if table.meta.get("undecodable_names"):
             meta["undecodable_names"] = table.meta["undecodable_names"]
         if cycle is not None:

@@ -38,6 +38,23 @@ CPU_KINDS = frozenset({EventKind.CPU_OP, EventKind.USER_ANNOTATION, EventKind.RU
 DEVICE_WORK_KINDS = frozenset({EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET})
 
 
+#: The per-span and per-allocation columns of an :class:`EventTable`.
+SPAN_COLUMNS = (
+    "span_name",
+    "span_kind",
+    "span_tid",
+    "span_ts",
+    "span_dur",
+    "span_seq",
+    "span_fwd_tid",
+    "span_corr",
+    "span_ext",
+    "span_shapes",
+    "span_flops",
+)
+MEMORY_COLUMNS = ("mem_tid", "mem_ts", "mem_bytes", "mem_on_device")
+
+
 @dataclass
 class EventTable:
     """Profiler events in columns. Times are integer nanoseconds on one clock.
@@ -159,24 +176,20 @@ class EventTable:
         """Spans plus memory events (the unit of the post-processing benchmark)."""
         return len(self.span_ts) + len(self.mem_ts)
 
+    def set_columns(self, arrays: dict[str, np.ndarray]) -> None:
+        """Set whole columns from arrays (a reader that made them in numpy), keeping the arrays so
+        :meth:`array` need not convert them back."""
+        for column, values in arrays.items():
+            setattr(self, column, values.tolist())
+        self._arrays.update(arrays)
+
     def check(self) -> None:
         """Raise ValueError if the columns have different lengths (a reader bug)."""
         n = len(self.span_ts)
-        for name in (
-            "span_name",
-            "span_kind",
-            "span_tid",
-            "span_dur",
-            "span_seq",
-            "span_fwd_tid",
-            "span_corr",
-            "span_ext",
-            "span_shapes",
-            "span_flops",
-        ):
+        for name in SPAN_COLUMNS:
             if len(getattr(self, name)) != n:
                 raise ValueError(f"column {name} has {len(getattr(self, name))} rows, expected {n}")
         m = len(self.mem_ts)
-        for name in ("mem_tid", "mem_bytes", "mem_on_device"):
+        for name in MEMORY_COLUMNS:
             if len(getattr(self, name)) != m:
                 raise ValueError(f"column {name} has {len(getattr(self, name))} rows, expected {m}")

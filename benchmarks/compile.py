@@ -62,7 +62,7 @@ def measure(name: str, model: nn.Module, tokens: torch.Tensor, rounds: int, step
     compile_s = time.perf_counter() - started
     probe = ls.profile(model)
     torch_kwargs: dict[str, Any] = {
-        "activities": probe.activities,
+        "activities": probe.options.activities,
         "record_shapes": True,
         **probe.profiler_kwargs,
     }

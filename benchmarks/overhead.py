@@ -73,7 +73,7 @@ def measure(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: in
     # memory, profile_all_threads. torch.profiler gets exactly the same.
     probe = ls.profile(model)
     torch_kwargs: dict[str, Any] = {
-        "activities": probe.activities,
+        "activities": probe.options.activities,
         "record_shapes": True,
         **probe.profiler_kwargs,
     }
@@ -141,20 +141,20 @@ def module_call_cost(modules: int = 200, repeat: int = 15) -> dict[str, Any]:
     with torch.profiler.profile(record_shapes=True, **probe.profiler_kwargs), torch.no_grad():
         for _ in range(3):
             results["none"].append(fastest_us())
-            scopes = ModuleScopes(model)
+            scopes = ModuleScopes.for_model(model, "ranges")
             scopes.install()
             results["layerscope"].append(fastest_us())
             scopes.remove()
             if marks_module is not None:
                 marks = ModuleMarks(marks_module)
                 marks.start()
-                marked = ModuleScopes(model, marks=marks)
+                marked = ModuleScopes.for_model(model, "auto", marks)
                 marked.install()
                 results["marks"].append(fastest_us())
                 marked.remove()
                 marks.stop()
-            hooked = ModuleScopes(model)
-            hooked.install(force_hooks=True)
+            hooked = ModuleScopes.for_model(model, "hooks")
+            hooked.install()
             results["hooks"].append(fastest_us())
             hooked.remove()
     base = min(results["none"])
@@ -196,7 +196,7 @@ def training_call_cost(rounds: int = 15, steps: int = 5) -> dict[str, Any]:
             bare.append(min(step() for _ in range(steps)))
             for kind in kinds:
                 marks = ModuleMarks(marks_module) if kind == "marks" else None
-                scopes = ModuleScopes(model, marks=marks)
+                scopes = ModuleScopes.for_model(model, "auto" if marks is not None else "ranges", marks)
                 if marks is not None:
                     marks.start()
                 scopes.install()

@@ -89,7 +89,7 @@ def stages(prof: ls.profile, reader: str) -> dict[str, float]:
             del events
             t2 = time.perf_counter()
             table = table_from_kineto(
-                results, FlopCalculator(), shapes=True, cpu_only=not prof.with_stack, use_native=False
+                results, FlopCalculator(), shapes=True, cpu_only=not prof.options.with_stack, use_native=False
             )
             t3 = time.perf_counter()
             found["torch events()"] = t1 - t0
@@ -98,11 +98,11 @@ def stages(prof: ls.profile, reader: str) -> dict[str, float]:
         else:
             t2 = time.perf_counter()
             table = table_from_kineto(
-                results, FlopCalculator(), shapes=True, cpu_only=not prof.with_stack, use_native=True
+                results, FlopCalculator(), shapes=True, cpu_only=not prof.options.with_stack, use_native=True
             )
             t3 = time.perf_counter()
             found["native reader"] = t3 - t2
-        build_profile(table, prof._catalog, {})
+        build_profile(table, prof.recording.context.catalog, {})
         found["attribution"] = time.perf_counter() - t3
     finally:
         gc.enable()

@@ -281,8 +281,8 @@ def test_torch_profiler_is_exposed() -> None:
 
 
 def test_module_scopes_must_be_a_known_kind() -> None:
-    with pytest.raises(UsageError, match="module_scopes must be one of auto, ranges"):
-        ls.profile(TinyMLP(), module_scopes="hooks")
+    with pytest.raises(UsageError, match="module_scopes must be one of auto, ranges, hooks"):
+        ls.profile(TinyMLP(), module_scopes="marks")
 
 
 def test_all_threads_with_memory_is_refused() -> None:

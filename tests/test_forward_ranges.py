@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import layerscope as ls
-from layerscope.capture.forward_ranges import forward_owner
+from layerscope.capture.scope_plan import forward_owner
 from tests.fixtures.models import Exploding, TinyMLP
 
 LINEAR_FORWARD = nn.Linear.__dict__["forward"]
@@ -103,7 +103,7 @@ def test_an_instance_forward_set_by_others_gets_hooks_and_is_kept() -> None:
 
     patched = functools.partial(new_forward, model.fc2)
     model.fc2.forward = patched  # type: ignore[method-assign]
-    assert forward_owner(model.fc2) is None
+    assert forward_owner(model.fc2)[0] is None
     p = run(model, torch.randn(2, 8))
     assert p.find("fc2").calls == 1 and calls == [1]
     assert model.fc2.__dict__["forward"] is patched
@@ -157,7 +157,7 @@ def forward_once(model: nn.Module, x: torch.Tensor) -> ls.Profile:
 def test_scripted_submodules_fold_into_their_parent() -> None:
     """TorchScript runs no Python hooks and takes no patches: its work is the parent's self time."""
     model = nn.Sequential(torch.jit.script(nn.Linear(4, 4)), nn.ReLU())
-    assert forward_owner(model[0]) is None
+    assert forward_owner(model[0])[0] is None
     p = forward_once(model, torch.randn(2, 4))
     assert p.find("1").calls == 1
     assert [c.path for c in p.root.children] == ["1"]

@@ -91,7 +91,8 @@ def test_an_exception_inside_a_forward_closes_its_marks() -> None:
     p.validate()
     assert p.meta["module_scopes"] == "marks"
     assert p.find("1").calls == 1 and p.find("0").calls == 2 and p.root.calls == 1
-    assert prof._marks is not None and prof._marks.unmatched == 0
+    marks = prof.recording.context.marks
+    assert marks is not None and marks.unmatched == 0
 
 
 def test_keyboard_interrupt_mid_forward_restores_and_profiles() -> None:
@@ -124,7 +125,8 @@ def test_two_threads_each_get_their_own_module_calls() -> None:
     # Both threads' matmuls are inside fc1 / fc2, none left at the root.
     fc = sum(r.calls for r in p.op_rows if r.name == "aten::addmm" and str(r.module).startswith("fc"))
     assert fc == sum(r.calls for r in p.op_rows if r.name == "aten::addmm") == 4
-    threads = set(prof._marks.span_tid) if prof._marks else set()
+    marks = prof.recording.context.marks
+    threads = set(marks.span_tid) if marks else set()
     assert len(threads) == 2
 
 
@@ -160,7 +162,7 @@ def test_a_wrapper_left_in_someone_elses_chain_marks_nothing_more() -> None:
     fake = _RecordingNative()
     marks = ModuleMarks(fake)
     model = nn.Sequential(nn.Linear(4, 4))
-    scopes = ModuleScopes(model, marks=marks)
+    scopes = ModuleScopes.for_model(model, "auto", marks)
     scopes.install()
     ours = nn.Linear.forward
 

@@ -1,20 +1,20 @@
-"""Module ranges by patching the forward of each module's class for the block (the fast path).
+"""Module scopes by patching the forward of each module's class for the block (the fast path).
 
-A forward pre-hook plus an ``always_call`` forward hook cost about 3.6 µs per module call under the
-profiler (torch's hook dispatch alone is ~1.7 µs); a class-level ``forward`` wrapper that opens a
-``_RecordFunctionFast`` range with ``with`` costs ~1.1-1.6 µs (benchmarks/overhead.py --only calls).
+Per-module hooks go through torch's hook dispatch on every call; a class-level ``forward`` wrapper
+is one Python call that opens the scope with ``with`` (docs/benchmarks.md has the costs).
 
 Why the class and not the instance: an instance-level ``forward`` closes over one module, so a copy
 of the module made during the block (``copy.deepcopy``, DataParallel's ``replicate``, which copies
 ``__dict__``) would call the *original* module's forward with the original's parameters. A class
 wrapper is handed ``self``, so every instance runs its own forward; only registered instances get
-a range (one dict lookup for the rest).
+a scope (one dict lookup for the rest).
 
-Each wrapper belongs to the class that *defines* ``forward`` (the owner in the MRO) and names only
-modules whose forward resolves to that owner, so ``super().forward(x)`` into a patched base class
-opens no second range. ``with`` closes the range on any exception, KeyboardInterrupt included.
-Restoring puts each class's own ``forward`` back; if someone else patched the class on top of ours
-during the block, ours is left in their chain but turned into a pass-through (its names cleared).
+Each wrapper belongs to the class that *defines* ``forward`` (the owner in the MRO,
+``scope_plan.forward_owner``) and names only modules whose forward resolves to that owner, so
+``super().forward(x)`` into a patched base class opens no second scope. ``with`` closes the range on
+any exception, KeyboardInterrupt included. Restoring puts each class's own ``forward`` back; if
+someone else patched the class on top of ours during the block, ours is left in their chain but
+turned into a pass-through (its names cleared).
 """
 
 from __future__ import annotations
@@ -36,23 +36,6 @@ _is_compiling = torch.compiler.is_compiling
 FirstCall = Callable[[nn.Module, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 
-def forward_owner(module: nn.Module) -> type | None:
-    """The class in ``module``'s MRO whose ``forward`` runs, or None when no wrapper can serve it.
-
-    None for scripted modules (TorchScript calls its compiled method, not Python's), modules whose
-    instance carries its own ``forward`` (accelerate's ``add_hook_to_module`` and others: a class
-    wrapper would never run for them) and modules with no forward of their own.
-    """
-    if isinstance(module, torch.jit.ScriptModule) or "forward" in module.__dict__:
-        return None
-    for cls in type(module).__mro__:
-        if "forward" in cls.__dict__:
-            if cls is nn.Module or not callable(cls.__dict__["forward"]):
-                return None
-            return cls
-    return None
-
-
 class ForwardRanges:
     """The patched classes of one profiling block and the modules each one names.
 
@@ -68,11 +51,9 @@ class ForwardRanges:
         self._names: dict[type, dict[int, Any]] = {}
         self._patched: dict[type, tuple[Any, Callable[..., Any]]] = {}  # owner -> (original, wrapper)
 
-    def add(self, module: nn.Module, name: str) -> bool:
-        """Give ``module`` a range named ``name``; False if it needs hooks instead."""
-        owner = forward_owner(module)
-        if owner is None:
-            return False
+    def add(self, module: nn.Module, name: str, owner: type) -> None:
+        """Give ``module`` a scope named ``name`` by wrapping ``owner.forward`` (the class in its MRO
+        whose forward runs: ``scope_plan.forward_owner``)."""
         names = self._names.get(owner)
         if names is None:
             names = self._names[owner] = {}
@@ -81,7 +62,6 @@ class ForwardRanges:
             type.__setattr__(owner, "forward", wrapper)
             self._patched[owner] = (original, wrapper)
         names[id(module)] = self._marks.code(name) if self._marks is not None else name
-        return True
 
     def _wrapper(self, original: Callable[..., Any], names: dict[int, Any]) -> Callable[..., Any]:
         if self._marks is not None:
@@ -146,11 +126,6 @@ class ForwardRanges:
                 mark(-code)
 
         return forward
-
-    @property
-    def module_count(self) -> int:
-        """How many modules this block's class wrappers give scopes to."""
-        return sum(len(names) for names in self._names.values())
 
     def remove(self) -> None:
         """Put every class's own ``forward`` back (or turn ours into a pass-through, see module doc)."""

@@ -1,12 +1,12 @@
 """Module scopes as marks on torch's clock instead of profiler ranges (when the native module is built).
 
-A profiler range costs one profiler event per module call: ~0.85 µs alone, 2-3 µs between real ops
-(what torch charges per event). A mark is ``c10::getApproximateTime()`` plus a code in a per-thread
-C++ buffer (~0.1-0.2 µs from Python, ``native_reader.cpp``); converted at the end the way torch
-converts its own events, marks order against torch's events with 0.5-1 µs to spare
-(``benchmarks/clock_marks.py``). After the block, each enter/exit pair becomes a span with the very
-name and kind a range would have had (``ls:<path>:<Type>``, a CPU op), so attribution, saved
-profiles and exported traces cannot tell the two apart.
+A profiler range is one profiler event per module call, charged what torch charges every event. A
+mark is ``c10::getApproximateTime()`` plus a code in a per-thread C++ buffer (``native_reader.cpp``);
+converted at the end the way torch converts its own events, marks order correctly against torch's
+events (``benchmarks/clock_marks.py`` measures the margin; docs/benchmarks.md). After the block, each
+enter/exit pair becomes a span with the very name and kind a range would have had
+(``ls:<path>:<Type>``, a CPU op), so attribution, saved profiles and exported traces cannot tell the
+two apart.
 """
 
 from __future__ import annotations

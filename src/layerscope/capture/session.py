@@ -1,10 +1,13 @@
-"""``layerscope.profile``: a context manager around ``torch.profiler.profile`` plus module scopes."""
+"""``layerscope.profile``: the lifecycle of a profiling block (start, steps, cycles, stop).
+
+What happens before the block is decided elsewhere (``options.py`` checks the arguments,
+``scope_plan.py`` decides each module's scope) and what happens after torch stops belongs to
+``recording.py``. This module starts and stops things, through one ``ExitStack`` that undoes
+whatever was started, in reverse order, whatever goes wrong.
+"""
 
 from __future__ import annotations
 
-import os
-import platform
-import sys
 import threading
 import time
 import warnings
@@ -19,86 +22,25 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from layerscope.attribution.attribute import build_profile
 from layerscope.capture import native
-from layerscope.capture.compiled import (
-    collecting_compile_info,
-    is_compiled,
-    known_graphs,
-    should_collect,
-    unwrap_compiled,
-)
-from layerscope.capture.flops import FlopCalculator
-from layerscope.capture.kineto import table_from_kineto
+from layerscope.capture.compiled import collecting_compile_info, is_compiled, should_collect, unwrap_compiled
 from layerscope.capture.module_marks import ModuleMarks
+from layerscope.capture.options import (
+    MODULE_SCOPE_KINDS,
+    CaptureOptions,
+    check_options,
+    parse_activities,
+)
+from layerscope.capture.recording import CompileInfoWarning, Recording, RecordingContext
+from layerscope.capture.scope_plan import ScopePlan, marks_blocker, plan_scopes
 from layerscope.capture.scopes import ModuleScopes
-from layerscope.errors import CaptureError, LayerscopeWarning, UsageError
-from layerscope.gcpause import gc_paused
-from layerscope.model.profile import SCHEMA_VERSION, Profile
+from layerscope.errors import CaptureError, UsageError
+from layerscope.model.profile import Profile
 
-_ACTIVITY_NAMES: dict[str, ProfilerActivity] = {
-    "cpu": ProfilerActivity.CPU,
-    "cuda": ProfilerActivity.CUDA,
-}
-for _name in ("XPU", "MTIA", "PrivateUse1", "HPU"):
-    if hasattr(ProfilerActivity, _name):
-        _ACTIVITY_NAMES[_name.lower()] = getattr(ProfilerActivity, _name)
+__all__ = ["MODULE_SCOPE_KINDS", "CompileInfoWarning", "Cycle", "parse_activities", "profile"]
 
 _active_lock = threading.Lock()
 _active: list[profile] = []
-
-
-def parse_activities(activities: Iterable[str | ProfilerActivity] | str | None) -> list[ProfilerActivity]:
-    """Turn user activity names (or ProfilerActivity members) into ProfilerActivity; the default is
-    CPU plus every accelerator torch reports as available."""
-    if activities is None:
-        chosen = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            chosen.append(ProfilerActivity.CUDA)
-        xpu = getattr(torch, "xpu", None)
-        if xpu is not None and hasattr(ProfilerActivity, "XPU") and xpu.is_available():
-            chosen.append(ProfilerActivity.XPU)
-        return chosen
-    if isinstance(activities, str | ProfilerActivity):
-        activities = [activities]
-    result: list[ProfilerActivity] = []
-    for item in activities:
-        if isinstance(item, ProfilerActivity):
-            result.append(item)
-            continue
-        if not isinstance(item, str) or item.lower() not in _ACTIVITY_NAMES:
-            raise UsageError(f"unknown activity {item!r}; choose from {', '.join(sorted(_ACTIVITY_NAMES))}")
-        result.append(_ACTIVITY_NAMES[item.lower()])
-    if not result:
-        raise UsageError("activities is empty; choose at least one of " + ", ".join(sorted(_ACTIVITY_NAMES)))
-    return list(dict.fromkeys(result))
-
-
-def _check_options(model: Any, paths: Any, depth: Any, profiler_kwargs: Any) -> None:
-    if model is not None and not isinstance(model, nn.Module):
-        raise UsageError(f"model must be a torch.nn.Module or None, not {type(model).__name__}")
-    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
-        raise UsageError(f"depth must be a non-negative integer or None, not {depth!r}")
-    if paths is not None and (isinstance(paths, str) or not all(isinstance(p, str) for p in paths)):
-        raise UsageError("paths must be a list of qualified module paths such as ['layer1.0', 'fc']")
-    if profiler_kwargs is not None and not isinstance(profiler_kwargs, dict):
-        raise UsageError("profiler_kwargs must be a dict of torch.profiler.profile arguments")
-    reserved = {"activities", "record_shapes", "profile_memory", "with_stack", "with_flops"}
-    clash = reserved & set(profiler_kwargs or {})
-    if clash:
-        raise UsageError(
-            f"set {', '.join(sorted(clash))} through layerscope's own options, not profiler_kwargs"
-        )
-    own = {"schedule", "on_trace_ready"} & set(profiler_kwargs or {})
-    if own:
-        raise UsageError(
-            f"pass {', '.join(sorted(own))} to layerscope.profile itself, not in profiler_kwargs "
-            "(layerscope's handler receives a Cycle with its Profile)"
-        )
-
-
-#: ``ls.profile(module_scopes=...)``: "auto" (marks when the native module is built) or "ranges".
-MODULE_SCOPE_KINDS = ("auto", "ranges")
 
 
 class profile:
@@ -118,7 +60,10 @@ class profile:
     ``on_trace_ready`` (called with each finished :class:`Cycle`), ``profiler_kwargs``
     (passed to ``torch.profiler.profile``), ``module_scopes`` (``"auto"``: marks on torch's clock
     when the native module is built, else profiler ranges; ``"ranges"``: always profiler ranges,
-    which torch's own tools on ``prof.torch_profiler`` see too).
+    which torch's own tools on ``prof.torch_profiler`` see too; ``"hooks"``: per-module hooks
+    instead of class wrappers; default ``$LAYERSCOPE_MODULE_SCOPES``, else ``"auto"``).
+
+    Outside a ``with`` block, :meth:`start` and :meth:`stop` do the same (``is_running`` tells).
     """
 
     def __init__(
@@ -136,157 +81,148 @@ class profile:
         schedule: Callable[[int], Any] | None = None,
         on_trace_ready: Callable[[Cycle], Any] | None = None,
         profiler_kwargs: dict[str, Any] | None = None,
-        module_scopes: str = "auto",
+        module_scopes: str | None = None,
     ) -> None:
-        _check_options(model, paths, depth, profiler_kwargs)
-        if module_scopes not in MODULE_SCOPE_KINDS:
-            raise UsageError(
-                f"module_scopes must be one of {', '.join(MODULE_SCOPE_KINDS)}, not {module_scopes!r}"
-            )
-        self.module_scopes = module_scopes
+        self.options: CaptureOptions = check_options(
+            model,
+            activities=activities,
+            memory=memory,
+            shapes=shapes,
+            flops=flops,
+            with_stack=with_stack,
+            paths=paths,
+            depth=depth,
+            all_threads=all_threads,
+            profiler_kwargs=profiler_kwargs,
+            module_scopes=module_scopes,
+        )
         if schedule is not None and not callable(schedule):
             raise UsageError("schedule must be layerscope.schedule(...) or a torch.profiler.schedule")
         if on_trace_ready is not None and not callable(on_trace_ready):
             raise UsageError("on_trace_ready must be a callable taking a layerscope Cycle")
+        self.model = model
         self.schedule = schedule
         self.on_trace_ready = on_trace_ready
         self.cycles: list[Cycle] = []
         self.step_count = 0
-        self.model = model
-        self.activities = parse_activities(activities)
-        self.memory = bool(memory)
-        self.shapes = bool(shapes)
-        self.flops = bool(flops)
-        self.with_stack = bool(with_stack)
-        self.paths = list(paths) if paths is not None else None
-        self.depth = depth
-        self.profiler_kwargs = dict(profiler_kwargs or {})
-        if all_threads and memory:
-            # Measured on torch 2.13: with profile_all_threads on, no [memory] event is recorded.
-            raise UsageError(
-                "all_threads=True and memory=True cannot be combined: torch.profiler records "
-                "no allocations when it profiles all threads; choose one"
-            )
-        want_all = (not memory) if all_threads is None else bool(all_threads)
-        self.all_threads = want_all and _enable_all_threads(self.profiler_kwargs)
         self._torch_profiler: torch.profiler.profile | None = None
         self._scopes: ModuleScopes | None = None
         self._marks: ModuleMarks | None = None
-        self._scope_kinds = "ranges"  # what meta["module_scopes"] reports
-        self._profile: Profile | None = None
-        self._trace: dict[str, Any] | None = None
-        self._catalog: list[Any] | None = None
-        self._wall_ns = 0
+        self._plan: ScopePlan | None = None
+        self._recording: Recording | None = None
+        self._context: RecordingContext | None = None
+        self._stack = ExitStack()
         self._started_ns = 0
+        self._wall_ns = 0
         self._finished = False
-        self._compile_info = ExitStack()
 
-    # ----- context manager -------------------------------------------------------------------------
+    # ----- options users read back ---------------------------------------------------------------
+    @property
+    def module_scopes(self) -> str:
+        """The ``module_scopes`` option in force (``auto``, ``ranges`` or ``hooks``)."""
+        return self.options.module_scopes
+
+    @property
+    def profiler_kwargs(self) -> dict[str, Any]:
+        """The extra ``torch.profiler.profile`` arguments (layerscope adds ``experimental_config``)."""
+        return self.options.profiler_kwargs
+
+    @property
+    def all_threads(self) -> bool:
+        """Whether torch records every thread."""
+        return self.options.all_threads
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the block runs in cycles (a schedule or an ``on_trace_ready`` handler)."""
+        return self.schedule is not None or self.on_trace_ready is not None
+
+    # ----- lifecycle -----------------------------------------------------------------------------
+    @property
+    def is_running(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        return self._torch_profiler is not None and not self._finished
+
     def __enter__(self) -> profile:
-        with _active_lock:
-            if _active:
-                raise CaptureError(
-                    "layerscope.profile is already active; profiling blocks cannot be "
-                    "nested (end the outer block first)"
-                )
-            if self._torch_profiler is not None:
-                raise CaptureError("this layerscope.profile object was already used; create a new one")
-            if torch._C._autograd._profiler_enabled():
-                # torch would start no second session and, on exit, stop the running one.
-                raise CaptureError(
-                    "another torch.profiler session is already running; end it before "
-                    "layerscope.profile (or use layerscope's own torch_profiler)"
-                )
-            _active.append(self)
-        try:
-            cycle_kwargs: dict[str, Any] = {}
-            if self.schedule is not None or self.on_trace_ready is not None:
-                cycle_kwargs["on_trace_ready"] = self._cycle_ready
-            # torch marks ProfilerStep#N ranges only under a schedule: without one, "always record"
-            # keeps prof.step() meaningful (per-step statistics) and changes nothing else.
-            cycle_kwargs["schedule"] = self.schedule if self.schedule is not None else _always_record
-            self._torch_profiler = torch.profiler.profile(
-                **cycle_kwargs,
-                activities=self.activities,
-                record_shapes=self.shapes or self.flops,
-                profile_memory=self.memory,
-                with_stack=self.with_stack,
-                **self.profiler_kwargs,
-            )
-            self._marks = self._module_marks()
-            self._scopes = ModuleScopes(self.model, self.paths, self.depth, marks=self._marks)
-            if should_collect() or is_compiled(self.model):
-                self._compile_info.enter_context(collecting_compile_info())
-            with _quiet_cycle_warning():
-                self._torch_profiler.__enter__()  # type: ignore[no-untyped-call]
-            try:
-                if self._marks is not None:
-                    self._marks.start()
-                self._scopes.install()
-                self._scope_kinds = self._scopes.scope_kinds()
-            except BaseException:
-                if self._marks is not None:
-                    self._marks.stop()
-                self._torch_profiler.__exit__(None, None, None)  # type: ignore[no-untyped-call]
-                raise
-        except BaseException as exc:
-            if self._scopes is not None:
-                self._scopes.remove()
-            self._compile_info.close()
-            _release(self)
-            if isinstance(exc, TypeError):
-                raise UsageError(f"torch.profiler.profile rejected the options: {exc}") from exc
-            raise
-        self._started_ns = time.perf_counter_ns()
-        return self
+        return self.start()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.stop()
+
+    def start(self) -> profile:
+        """Start profiling: torch.profiler, then the module scopes (undone by :meth:`stop`)."""
+        _claim(self)
+        stack = self._stack
+        stack.callback(_release, self)
+        try:
+            self._torch_profiler = self._make_torch_profiler()
+            plan = self._plan = plan_scopes(
+                self.model,
+                self.options.selection,
+                self.options.module_scopes,
+                marks_blocker(self.options.module_scopes, self.model is None, self.scheduled),
+            )
+            module = native.load() if plan.marks else None
+            self._marks = ModuleMarks(module) if module is not None else None
+            self._scopes = ModuleScopes(plan, self.options.selection, self._marks)
+            if should_collect() or is_compiled(self.model):
+                stack.enter_context(collecting_compile_info())
+            with _quiet_cycle_warning():
+                self._torch_profiler.__enter__()  # type: ignore[no-untyped-call]
+            stack.callback(self._torch_profiler.__exit__, None, None, None)
+            if self._marks is not None:
+                self._marks.start()
+                stack.callback(self._marks.stop)
+            stack.callback(self._scopes.remove)
+            self._scopes.install()
+        except BaseException:
+            self._finished = True
+            stack.close()
+            raise
+        self._started_ns = time.perf_counter_ns()
+        return self
+
+    def _make_torch_profiler(self) -> torch.profiler.profile:
+        cycle_kwargs: dict[str, Any] = {}
+        if self.scheduled:
+            cycle_kwargs["on_trace_ready"] = self._cycle_ready
+        # torch marks ProfilerStep#N ranges only under a schedule: without one, "always record"
+        # keeps prof.step() meaningful (per-step statistics) and changes nothing else.
+        cycle_kwargs["schedule"] = self.schedule if self.schedule is not None else _always_record
+        try:
+            return torch.profiler.profile(**cycle_kwargs, **self.options.torch_kwargs())
+        except TypeError as exc:
+            raise UsageError(f"torch.profiler.profile rejected the options: {exc}") from exc
+
+    def stop(self) -> None:
+        """Stop profiling: remove every scope, stop the marks and torch.profiler (in that order)."""
+        if not self.is_running:
+            raise CaptureError("this layerscope.profile is not running (start() it first)")
         self._wall_ns = time.perf_counter_ns() - self._started_ns
         try:
-            assert self._scopes is not None and self._torch_profiler is not None
-            try:
-                self._scopes.remove()
-            finally:
-                try:
-                    if self._marks is not None:
-                        self._marks.stop()
-                finally:
-                    try:
-                        self._torch_profiler.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
-                    finally:
-                        self._compile_info.close()
-            self._catalog = self._scopes.catalog()
+            self._stack.close()
         finally:
             self._finished = True
-            _release(self)
+        self._context = self._recording_context()
 
-    def _module_marks(self) -> ModuleMarks | None:
-        """Marks for module scopes where they can serve: the native module is built, a model is
-        given (global mode uses hooks), and the block is one cycle (under a schedule, torch drops the
-        events of steps it does not record, and each cycle's trace goes out through torch's own
-        exporters, which would not carry the marks). ``module_scopes="ranges"`` or
-        ``LAYERSCOPE_MODULE_MARKS=0`` turns them off."""
-        if self.module_scopes == "ranges" or self.model is None:
-            return None
-        if self.schedule is not None or self.on_trace_ready is not None:
-            return None
-        if native.turned_off("LAYERSCOPE_MODULE_MARKS"):
-            return None
-        if not sys.platform.startswith("linux"):
-            return None  # the OS thread ids of exported traces are read on Linux only
-        module = native.load()
-        if module is None:
-            return None
-        if not hasattr(torch._C._autograd._KinetoEvent, "activity_type"):
-            return None  # torch < 2.5: no native reader, and its traces' time base is not checked
-        return ModuleMarks(module)
+    def _recording_context(self) -> RecordingContext:
+        assert self._scopes is not None and self._plan is not None
+        model_type = type(unwrap_compiled(self.model)).__name__ if self.model is not None else None
+        return RecordingContext(
+            options=self.options,
+            plan=self._plan,
+            catalog=self._scopes.catalog(),
+            called_modules=self._scopes.called_modules(),
+            model_type=model_type,
+            marks=self._marks,
+        )
 
     # ----- steps and cycles ------------------------------------------------------------------------
     def step(self) -> None:
         """Mark the end of a training step (drives the schedule, like torch.profiler's ``step``)."""
-        if self._finished or self._torch_profiler is None:
+        if not self.is_running:
             raise CaptureError("prof.step() belongs inside the `with layerscope.profile(...)` block")
         with _quiet_cycle_warning():
             self.torch_profiler.step()
@@ -326,51 +262,13 @@ class profile:
     def _cycle_ready(self, tp: torch.profiler.profile) -> None:
         """torch's on_trace_ready: one cycle's results are in; build its Profile, call the handler."""
         assert self._scopes is not None
-        catalog = self._scopes.catalog()
-        with gc_paused():
-            profile = self._build_from(tp, catalog, cycle=len(self.cycles))
-        cycle = Cycle(index=len(self.cycles), profile=profile, torch_profiler=tp)
+        block_us = self._wall_ns / 1000.0  # set when the last cycle ends with the block
+        recording = Recording(tp, self._recording_context(), block_us=block_us, cycle=len(self.cycles))
+        recording.build()  # now: torch reuses its profiler for the next cycle
+        cycle = Cycle(index=len(self.cycles), recording=recording)
         self.cycles.append(cycle)
         if self.on_trace_ready is not None:
             self.on_trace_ready(cycle)
-
-    # ----- exports -----------------------------------------------------------------------------------
-    def export_chrome_trace(self, path: str | Path) -> Path:
-        """Write the run's Chrome/Perfetto trace (``.json`` or ``.json.gz``) with a "modules (backward)"
-        track showing where each module's backward ran. Unlike torch's, it can be called again."""
-        import tempfile
-
-        import orjson
-
-        from layerscope.render.chrome import with_backward_tracks, write_trace
-
-        if not self._finished:
-            raise CaptureError("export the trace after the `with layerscope.profile(...)` block")
-        if self._trace is None:
-            handle, tmp = tempfile.mkstemp(suffix=".json")
-            os.close(handle)
-            try:
-                self.torch_profiler.export_chrome_trace(tmp)
-                trace = orjson.loads(Path(tmp).read_bytes())
-                if self._marks is not None:  # module calls as the ranges torch would have written
-                    base = int(trace.get("baseTimeNanoseconds", 0))
-                    cpu_kinds = ("cpu_op", "user_annotation")
-                    threads = {e.get("tid") for e in trace["traceEvents"] if e.get("cat") in cpu_kinds}
-                    marked = self._marks.trace_events(base, {t for t in threads if isinstance(t, int)})
-                    trace["traceEvents"] = [*trace["traceEvents"], *marked]
-                self._trace = with_backward_tracks(trace)
-                graphs = known_graphs()
-                if graphs and self._catalog:
-                    # What `analyze` needs to place compiled kernels in modules without ranges; first
-                    # in the file, where the block reader reads the header (before traceEvents).
-                    own = {
-                        "compiled_graphs": graphs,
-                        "modules": [[info.path, info.type_name] for info in self._catalog],
-                    }
-                    self._trace = {"layerscope": own, **self._trace}
-            finally:
-                os.unlink(tmp)
-        return write_trace(self._trace, Path(path))
 
     # ----- results -----------------------------------------------------------------------------------
     @property
@@ -381,130 +279,68 @@ class profile:
         return self._torch_profiler
 
     @property
-    def profile(self) -> Profile:
-        """The Profile of the block, built on first access (after the block ended)."""
-        if not self._finished:
+    def recording(self) -> Recording:
+        """The block's recording (the last cycle's under a schedule), after the block ended."""
+        if not self._finished or self._context is None:
             raise CaptureError("the profile is available after the `with layerscope.profile(...)` block")
-        if self.schedule is not None or self.on_trace_ready is not None:
+        if self.scheduled:
             if not self.cycles:
                 raise CaptureError("no profiling cycle completed (the schedule reached no active step)")
-            return self.cycles[-1].profile
-        if self._profile is None:
-            with gc_paused():
-                self._profile = self._build_from(self.torch_profiler, self._catalog, cycle=None)
-        return self._profile
+            return self.cycles[-1].recording
+        if self._recording is None:
+            self._recording = Recording(self.torch_profiler, self._context, block_us=self._wall_ns / 1000.0)
+        return self._recording
 
-    def _build_from(
-        self, tp: torch.profiler.profile, catalog: list[Any] | None, cycle: int | None
-    ) -> Profile:
-        results = tp.profiler.kineto_results if tp.profiler is not None else None
-        if results is None:
-            raise CaptureError("torch.profiler recorded no results")
-        calculator = FlopCalculator() if self.flops else None
-        cpu_only = (
-            self.activities == [ProfilerActivity.CPU]
-            and not self.with_stack
-            and not torch.cuda.is_available()
-        )
-        table = table_from_kineto(results, calculator, shapes=self.shapes, cpu_only=cpu_only)
-        if self._marks is not None:
-            self._marks.add_to(table)
-        meta = self._meta()
-        meta["reader"] = table.meta["reader"]
-        meta["module_scopes"] = self._scope_kinds
-        if self._marks is not None and self._marks.unmatched:  # calls still running at the end
-            meta["unmatched_module_marks"] = self._marks.unmatched
-        if table.meta.get("undecodable_names"):
-            meta["undecodable_names"] = table.meta["undecodable_names"]
-        if cycle is not None:
-            meta["cycle"] = cycle
-        profile = build_profile(table, catalog, meta, compiled_graphs=known_graphs())
-        compiled = profile.meta.get("compiled")
-        if compiled and compiled["mapped_graph_calls"] < compiled["graph_calls"]:
-            unmapped = compiled["graph_calls"] - compiled["mapped_graph_calls"]
-            note = (
-                f"{unmapped} of {compiled['graph_calls']} compiled graph calls ran code compiled before "
-                "layerscope could watch, so their kernels stay with the compiled module; make the first "
-                "call of the compiled model inside layerscope.profile(...) or layerscope.compile_info() "
-                "to see the modules inside"
-            )
-            compiled["note"] = note
-            warnings.warn(note, CompileInfoWarning, stacklevel=3)
-        return profile
+    @property
+    def profile(self) -> Profile:
+        """The Profile of the block (the last cycle's under a schedule), built on first access."""
+        return self.recording.profile
 
-    def _meta(self) -> dict[str, Any]:
-        from layerscope.version import __version__
+    @property
+    def scope_plan(self) -> ScopePlan:
+        """How each module's calls are scoped, and why (decided when the block starts)."""
+        if self._plan is None:
+            raise CaptureError("the scope plan is made when the block starts")
+        return self._plan
 
-        model_type = type(unwrap_compiled(self.model)).__name__ if self.model is not None else None
-        devices: list[dict[str, Any]] = []
-        if torch.cuda.is_available():
-            for i in range(torch.cuda.device_count()):
-                props = torch.cuda.get_device_properties(i)
-                devices.append({"index": i, "name": props.name, "total_memory": int(props.total_memory)})
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "layerscope_version": __version__,
-            "torch_version": torch.__version__,
-            "python_version": platform.python_version(),
-            "source": "live",
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "model": model_type,
-            "distributed": distributed_info(),
-            "block_us": self._wall_ns / 1000.0,
-            "devices": devices,
-            "options": {
-                "activities": [str(a).rsplit(".", 1)[-1].lower() for a in self.activities],
-                "memory": self.memory,
-                "shapes": self.shapes,
-                "flops": self.flops,
-                "with_stack": self.with_stack,
-                "paths": self.paths,
-                "depth": self.depth,
-                "all_threads": self.all_threads,
-            },
-        }
+    def export_chrome_trace(self, path: str | Path) -> Path:
+        """Write the run's Chrome/Perfetto trace (``.json`` or ``.json.gz``) with module calls, a
+        "modules (backward)" track and what ``analyze`` needs for compiled models. Unlike torch's, it
+        can be called again."""
+        if not self._finished:
+            raise CaptureError("export the trace after the `with layerscope.profile(...)` block")
+        return self.recording.export_chrome_trace(path)
 
 
-class CompileInfoWarning(LayerscopeWarning):
-    """Compiled code ran whose kernels layerscope cannot place in modules (it compiled unwatched)."""
+@dataclass
+class Cycle:
+    """One finished profiling cycle (a schedule's active steps), as handed to ``on_trace_ready``."""
 
+    index: int
+    recording: Recording
 
-def _enable_all_threads(profiler_kwargs: dict[str, Any]) -> bool:
-    """Ask torch to record every thread (torch.profiler records only the entering thread by default).
+    @property
+    def profile(self) -> Profile:
+        """This cycle's Profile."""
+        return self.recording.profile
 
-    Sets ``experimental_config`` in ``profiler_kwargs`` unless the caller passed their own; returns
-    whether all threads will be recorded.
-    """
-    if "experimental_config" in profiler_kwargs:
-        return bool(getattr(profiler_kwargs["experimental_config"], "profile_all_threads", False))
-    try:
-        from torch._C._profiler import _ExperimentalConfig
+    @property
+    def torch_profiler(self) -> torch.profiler.profile:
+        """torch's profiler, holding this cycle's events while the handler runs."""
+        return self.recording.torch_profiler
 
-        profiler_kwargs["experimental_config"] = _ExperimentalConfig(profile_all_threads=True)
-    except (ImportError, TypeError):  # older torch: the option does not exist
-        return False
-    return True
-
-
-def distributed_info() -> dict[str, Any] | None:
-    """rank, world size and backend of a torch.distributed job (or torchrun's environment)."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return {
-            "rank": int(dist.get_rank()),
-            "world_size": int(dist.get_world_size()),
-            "backend": str(dist.get_backend()),
-        }
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        try:
-            return {
-                "rank": int(os.environ["RANK"]),
-                "world_size": int(os.environ["WORLD_SIZE"]),
-                "backend": None,
-            }
-        except ValueError:
+    @property
+    def steps(self) -> tuple[int, int] | None:
+        """(first, last) step number recorded in this cycle, or None without steps."""
+        if not self.profile.steps:
             return None
-    return None
+        return self.profile.steps[0].step, self.profile.steps[-1].step
+
+    def export_chrome_trace(self, path: str | Path) -> Path:
+        """Write this cycle's Chrome trace (``.json`` or ``.json.gz``) with the backward module track
+        and the compiled-graph header, as the block's. Valid inside the handler only: torch reuses
+        its profiler for the next cycle."""
+        return self.recording.export_chrome_trace(path)
 
 
 def _always_record(step: int) -> ProfilerAction:
@@ -521,28 +357,23 @@ def _quiet_cycle_warning() -> Iterator[None]:
         yield
 
 
-@dataclass
-class Cycle:
-    """One finished profiling cycle (a schedule's active steps, or the whole block), as handed to
-    ``on_trace_ready``."""
-
-    index: int
-    profile: Profile
-    torch_profiler: torch.profiler.profile
-
-    @property
-    def steps(self) -> tuple[int, int] | None:
-        """(first, last) step number recorded in this cycle, or None without steps."""
-        if not self.profile.steps:
-            return None
-        return self.profile.steps[0].step, self.profile.steps[-1].step
-
-    def export_chrome_trace(self, path: str | Path) -> Path:
-        """Write this cycle's Chrome trace (``.json`` or ``.json.gz``). Valid inside the handler only:
-        torch reuses its profiler for the next cycle."""
-        target = Path(path)
-        self.torch_profiler.export_chrome_trace(str(target))
-        return target
+def _claim(session: profile) -> None:
+    """Register ``session`` as the one running block (torch runs one profiler at a time)."""
+    with _active_lock:
+        if _active:
+            raise CaptureError(
+                "layerscope.profile is already active; profiling blocks cannot be "
+                "nested (end the outer block first)"
+            )
+        if session._torch_profiler is not None or session._finished:
+            raise CaptureError("this layerscope.profile object was already used; create a new one")
+        if torch._C._autograd._profiler_enabled():
+            # torch would start no second session and, on exit, stop the running one.
+            raise CaptureError(
+                "another torch.profiler session is already running; end it before "
+                "layerscope.profile (or use layerscope's own torch_profiler)"
+            )
+        _active.append(session)
 
 
 def _release(session: profile) -> None:

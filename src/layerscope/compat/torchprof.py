@@ -114,7 +114,7 @@ class Profile:
         self._session = ls.profile(
             self._model, activities=activities, memory=self.profile_memory, paths=dotted
         )
-        self._session.__enter__()
+        self._session.start()
         return self
 
     def __exit__(
@@ -122,7 +122,7 @@ class Profile:
     ) -> None:
         if not self.enabled or self._session is None:
             return
-        self._session.__exit__(exc_type, exc, tb)
+        self._session.stop()
         self.exited = True
         self._profile = self._session.profile
         self._collect()

@@ -75,10 +75,10 @@ class LayerscopeProfiler(Profiler):
             schedule=ls.schedule(**self.schedule_args),
             on_trace_ready=self.handler,
         )
-        self.session.__enter__()
+        self.session.start()
 
     def stop(self, action_name: str) -> None:
-        if self.session is not None and not self.session._finished and action_name == _STEP_ACTION:
+        if self.session is not None and self.session.is_running and action_name == _STEP_ACTION:
             self.session.step()
 
     def summary(self) -> str:
@@ -86,6 +86,6 @@ class LayerscopeProfiler(Profiler):
         return text_report(cycles[-1]) if cycles else ""
 
     def teardown(self, stage: str | None) -> None:
-        if self.session is not None and not self.session._finished:
-            self.session.__exit__(None, None, None)
+        if self.session is not None and self.session.is_running:
+            self.session.stop()
         super().teardown(stage=stage)

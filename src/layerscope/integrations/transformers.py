@@ -62,7 +62,7 @@ class LayerscopeCallback(TrainerCallback):
         self.session = ls.profile(
             model, memory=self.memory, depth=self.depth, schedule=self.schedule, on_trace_ready=self.handler
         )
-        self.session.__enter__()
+        self.session.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:
@@ -73,5 +73,5 @@ class LayerscopeCallback(TrainerCallback):
 
     def close(self) -> None:
         """Stop profiling and remove every hook (on_train_end does this; call it if training died)."""
-        if self.session is not None and not self.session._finished:
-            self.session.__exit__(None, None, None)
+        if self.session is not None and self.session.is_running:
+            self.session.stop()

@@ -1,0 +1,132 @@
+"""The module catalog of a live capture: paths, types, parameters, first-call shapes, sources."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from layerscope.attribution.catalog import ModuleInfo
+
+GLOBAL_ROOT_TYPE = "(all modules)"
+
+#: Tensor shapes as taken on a module's first call; formatted only when the catalog is made.
+RawShapes = list[torch.Size] | None
+
+
+def shapes_of(value: Any) -> RawShapes:
+    """Shapes of the tensors in a call's args/output (None when no tensor). Kept raw: formatting them
+    is most of the cost, and it can wait until the block has ended (:func:`format_shapes`)."""
+    found: list[torch.Size] = []
+
+    def visit(v: Any, depth: int) -> None:
+        if isinstance(v, torch.Tensor):
+            found.append(v.shape)
+        elif depth < 3 and isinstance(v, list | tuple):
+            for item in v:
+                visit(item, depth + 1)
+        elif depth < 3 and isinstance(v, dict):
+            for item in v.values():
+                visit(item, depth + 1)
+
+    visit(value, 0)
+    return found or None
+
+
+def format_shapes(shapes: RawShapes) -> str | None:
+    """The compact string of :func:`shapes_of`'s result: ``[[2, 3], [4]]``."""
+    return str([list(s) for s in shapes]) if shapes else None
+
+
+def model_catalog(
+    modules: dict[str, nn.Module],
+    first_shapes: dict[str, tuple[RawShapes, RawShapes]],
+) -> list[ModuleInfo]:
+    """The catalog of a given model's kept modules (``modules``: path -> the module its parameters
+    are read from, root first); a module's own parameters are those no kept descendant counts."""
+    kept = list(modules)
+    parent_of = {p: _nearest_kept_parent(p, modules) for p in kept}
+    totals = {p: _param_count(modules[p], recurse=True) for p in kept}
+    children_total: dict[str, int] = {}
+    for c in kept:
+        if c:
+            children_total[parent_of[c]] = children_total.get(parent_of[c], 0) + totals[c]
+    infos: list[ModuleInfo] = []
+    for p in kept:
+        shapes = first_shapes.get(p, (None, None))
+        infos.append(
+            ModuleInfo(
+                path=p,
+                type_name=type(modules[p]).__name__,
+                parent=None if p == "" else parent_of[p],
+                params=max(totals[p] - children_total.get(p, 0), 0),
+                params_total=totals[p],
+                input_shapes=format_shapes(shapes[0]),
+                output_shapes=format_shapes(shapes[1]),
+                source=forward_source(modules[p]),
+            )
+        )
+    return infos
+
+
+def global_catalog(
+    called: dict[str, nn.Module], roots: set[str], first_shapes: dict[str, tuple[RawShapes, RawShapes]]
+) -> list[ModuleInfo]:
+    """The catalog of global mode: a synthetic root ``""`` holds the top-level modules called."""
+    totals = {p: _param_count(m, recurse=True) for p, m in called.items()}
+    root_total = sum(totals[r] for r in roots if r in totals)
+    infos = [ModuleInfo(path="", type_name=GLOBAL_ROOT_TYPE, parent=None, params=0, params_total=root_total)]
+    for p, m in called.items():
+        shapes = first_shapes.get(p, (None, None))
+        infos.append(
+            ModuleInfo(
+                path=p,
+                type_name=type(m).__name__,
+                parent=_nearest_kept_parent(p, called) if p not in roots else "",
+                params=_param_count(m, recurse=False),
+                params_total=totals[p],
+                input_shapes=format_shapes(shapes[0]),
+                output_shapes=format_shapes(shapes[1]),
+                source=forward_source(m),
+            )
+        )
+    return infos
+
+
+def forward_source(module: nn.Module) -> str | None:
+    """Where ``module``'s class defines ``forward``: ``path/file.py:LINE``, the path relative to
+    the sys.path entry it was imported from (as torch's tracer writes frames); None when unknown."""
+    owner_forward = getattr(type(module), "forward", None)
+    if owner_forward is None:
+        return None
+    # inside the block the class may carry layerscope's wrapper, which names the original
+    code = getattr(inspect.unwrap(owner_forward), "__code__", None)
+    if code is None:
+        return None
+    return f"{_short_path(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _short_path(filename: str) -> str:
+    best = ""
+    for entry in sys.path:
+        root = os.path.join(os.path.abspath(entry or "."), "")
+        if filename.startswith(root) and len(root) > len(best):
+            best = root
+    return filename[len(best) :] if best else filename
+
+
+def _nearest_kept_parent(path: str, kept: dict[str, Any]) -> str:
+    p = path
+    while p:
+        p = p.rpartition(".")[0]
+        if p in kept:
+            return p
+    return ""
+
+
+def _param_count(module: nn.Module, recurse: bool) -> int:
+    return sum(p.numel() for p in module.parameters(recurse=recurse))

@@ -1,0 +1,213 @@
+"""The options of ``ls.profile``, checked once: what to record, which modules, how to scope them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity
+
+from layerscope.errors import UsageError
+
+_ACTIVITY_NAMES: dict[str, ProfilerActivity] = {
+    "cpu": ProfilerActivity.CPU,
+    "cuda": ProfilerActivity.CUDA,
+}
+for _name in ("XPU", "MTIA", "PrivateUse1", "HPU"):
+    if hasattr(ProfilerActivity, _name):
+        _ACTIVITY_NAMES[_name.lower()] = getattr(ProfilerActivity, _name)
+
+#: ``ls.profile(module_scopes=...)``: ``auto`` (marks on torch's clock where the native module can
+#: serve, else profiler ranges), ``ranges`` (always profiler ranges, which torch's own tools see too),
+#: ``hooks`` (forward hooks on every module instead of class wrappers: slower, for comparison).
+MODULE_SCOPE_KINDS = ("auto", "ranges", "hooks")
+
+#: The environment variable that gives ``module_scopes`` its default.
+MODULE_SCOPES_VARIABLE = "LAYERSCOPE_MODULE_SCOPES"
+
+
+def parse_activities(activities: Iterable[str | ProfilerActivity] | str | None) -> list[ProfilerActivity]:
+    """Turn user activity names (or ProfilerActivity members) into ProfilerActivity; the default is
+    CPU plus every accelerator torch reports as available."""
+    if activities is None:
+        chosen = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            chosen.append(ProfilerActivity.CUDA)
+        xpu = getattr(torch, "xpu", None)
+        if xpu is not None and hasattr(ProfilerActivity, "XPU") and xpu.is_available():
+            chosen.append(ProfilerActivity.XPU)
+        return chosen
+    if isinstance(activities, str | ProfilerActivity):
+        activities = [activities]
+    result: list[ProfilerActivity] = []
+    for item in activities:
+        if isinstance(item, ProfilerActivity):
+            result.append(item)
+            continue
+        if not isinstance(item, str) or item.lower() not in _ACTIVITY_NAMES:
+            raise UsageError(f"unknown activity {item!r}; choose from {', '.join(sorted(_ACTIVITY_NAMES))}")
+        result.append(_ACTIVITY_NAMES[item.lower()])
+    if not result:
+        raise UsageError("activities is empty; choose at least one of " + ", ".join(sorted(_ACTIVITY_NAMES)))
+    return list(dict.fromkeys(result))
+
+
+def module_scopes_option(value: str | None) -> str:
+    """``module_scopes`` as given, or its default from ``$LAYERSCOPE_MODULE_SCOPES`` (else ``auto``)."""
+    source = "module_scopes"
+    if value is None:
+        value = os.environ.get(MODULE_SCOPES_VARIABLE, "auto").strip().lower() or "auto"
+        source = f"${MODULE_SCOPES_VARIABLE}"
+    if value not in MODULE_SCOPE_KINDS:
+        raise UsageError(f"{source} must be one of {', '.join(MODULE_SCOPE_KINDS)}, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ModuleSelection:
+    """Which module paths get rows: ``depth`` and ``paths`` fold the others into their ancestors."""
+
+    paths: tuple[str, ...] | None = None
+    depth: int | None = None
+
+    def keeps(self, path: str) -> bool:
+        """Whether ``path`` gets its own row (the root always does)."""
+        return self.why_folded(path) is None
+
+    def why_folded(self, path: str) -> str | None:
+        """Why ``path`` gets no row of its own, or None when it gets one."""
+        if path == "":
+            return None
+        if self.depth is not None and path.count(".") + 1 > self.depth:
+            return f"folded into its ancestor (deeper than depth={self.depth})"
+        if self.paths is None:
+            return None
+        if any(path == p or path.startswith(p + ".") or p.startswith(path + ".") for p in self.paths):
+            return None
+        return "folded into its ancestor (outside paths)"
+
+
+@dataclass
+class CaptureOptions:
+    """What one ``ls.profile`` records; built by :func:`check_options` (which also rejects bad input)."""
+
+    activities: list[ProfilerActivity]
+    memory: bool
+    shapes: bool
+    flops: bool
+    with_stack: bool
+    selection: ModuleSelection
+    all_threads: bool
+    module_scopes: str
+    profiler_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def torch_kwargs(self) -> dict[str, Any]:
+        """The arguments of ``torch.profiler.profile`` these options stand for (no schedule)."""
+        return {
+            "activities": self.activities,
+            "record_shapes": self.shapes or self.flops,
+            "profile_memory": self.memory,
+            "with_stack": self.with_stack,
+            **self.profiler_kwargs,
+        }
+
+    def meta(self) -> dict[str, Any]:
+        """The options as saved in a profile's ``meta["options"]``."""
+        return {
+            "activities": [str(a).rsplit(".", 1)[-1].lower() for a in self.activities],
+            "memory": self.memory,
+            "shapes": self.shapes,
+            "flops": self.flops,
+            "with_stack": self.with_stack,
+            "paths": list(self.selection.paths) if self.selection.paths is not None else None,
+            "depth": self.selection.depth,
+            "all_threads": self.all_threads,
+        }
+
+    @property
+    def cpu_only(self) -> bool:
+        """Only CPU events can occur (the reader then skips the device columns)."""
+        only_cpu = self.activities == [ProfilerActivity.CPU]
+        return only_cpu and not self.with_stack and not torch.cuda.is_available()
+
+
+def check_options(
+    model: Any,
+    *,
+    activities: Iterable[str | ProfilerActivity] | str | None,
+    memory: bool,
+    shapes: bool,
+    flops: bool,
+    with_stack: bool,
+    paths: Sequence[str] | None,
+    depth: int | None,
+    all_threads: bool | None,
+    profiler_kwargs: dict[str, Any] | None,
+    module_scopes: str | None,
+) -> CaptureOptions:
+    """Check ``ls.profile``'s arguments (a :class:`UsageError` naming the first bad one) and return
+    them as :class:`CaptureOptions`."""
+    if model is not None and not isinstance(model, nn.Module):
+        raise UsageError(f"model must be a torch.nn.Module or None, not {type(model).__name__}")
+    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
+        raise UsageError(f"depth must be a non-negative integer or None, not {depth!r}")
+    if paths is not None and (isinstance(paths, str) or not all(isinstance(p, str) for p in paths)):
+        raise UsageError("paths must be a list of qualified module paths such as ['layer1.0', 'fc']")
+    _check_profiler_kwargs(profiler_kwargs)
+    kwargs = dict(profiler_kwargs or {})
+    if all_threads and memory:
+        # torch records no [memory] event while it profiles all threads (docs/architecture.md).
+        raise UsageError(
+            "all_threads=True and memory=True cannot be combined: torch.profiler records "
+            "no allocations when it profiles all threads; choose one"
+        )
+    want_all = (not memory) if all_threads is None else bool(all_threads)
+    return CaptureOptions(
+        activities=parse_activities(activities),
+        memory=bool(memory),
+        shapes=bool(shapes),
+        flops=bool(flops),
+        with_stack=bool(with_stack),
+        selection=ModuleSelection(tuple(paths) if paths is not None else None, depth),
+        all_threads=want_all and _enable_all_threads(kwargs),
+        module_scopes=module_scopes_option(module_scopes),
+        profiler_kwargs=kwargs,
+    )
+
+
+def _check_profiler_kwargs(profiler_kwargs: Any) -> None:
+    if profiler_kwargs is not None and not isinstance(profiler_kwargs, dict):
+        raise UsageError("profiler_kwargs must be a dict of torch.profiler.profile arguments")
+    reserved = {"activities", "record_shapes", "profile_memory", "with_stack", "with_flops"}
+    clash = reserved & set(profiler_kwargs or {})
+    if clash:
+        raise UsageError(
+            f"set {', '.join(sorted(clash))} through layerscope's own options, not profiler_kwargs"
+        )
+    own = {"schedule", "on_trace_ready"} & set(profiler_kwargs or {})
+    if own:
+        raise UsageError(
+            f"pass {', '.join(sorted(own))} to layerscope.profile itself, not in profiler_kwargs "
+            "(layerscope's handler receives a Cycle with its Profile)"
+        )
+
+
+def _enable_all_threads(profiler_kwargs: dict[str, Any]) -> bool:
+    """Ask torch to record every thread (torch.profiler records only the entering thread by default).
+
+    Sets ``experimental_config`` in ``profiler_kwargs`` unless the caller passed their own; returns
+    whether all threads will be recorded.
+    """
+    if "experimental_config" in profiler_kwargs:
+        return bool(getattr(profiler_kwargs["experimental_config"], "profile_all_threads", False))
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        profiler_kwargs["experimental_config"] = _ExperimentalConfig(profile_all_threads=True)
+    except (ImportError, TypeError):  # older torch: the option does not exist
+        return False
+    return True

@@ -1,0 +1,172 @@
+"""One recording: everything after torch stops, for the whole block or for one scheduled cycle.
+
+A :class:`Recording` reads torch's events (``kineto.py``), merges the module marks, writes the meta,
+builds the Profile and exports the Chrome trace. The block and each ``Cycle`` use the same class,
+so every exported trace carries the marks, the backward module track and the compiled-graph header,
+and reading it back (``ls.load``, ``layerscope analyze``) gives the tree the live profile has.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+
+from layerscope.attribution.attribute import build_profile
+from layerscope.attribution.catalog import ModuleInfo
+from layerscope.capture.compiled import known_graphs
+from layerscope.capture.environment import device_meta, distributed_info, environment_meta
+from layerscope.capture.flops import FlopCalculator
+from layerscope.capture.kineto import table_from_kineto
+from layerscope.capture.module_marks import ModuleMarks
+from layerscope.capture.options import CaptureOptions
+from layerscope.capture.scope_plan import ScopePlan
+from layerscope.errors import CaptureError, LayerscopeWarning
+from layerscope.gcpause import gc_paused
+from layerscope.model.profile import Profile
+
+
+class CompileInfoWarning(LayerscopeWarning):
+    """Compiled code ran whose kernels layerscope cannot place in modules (it compiled unwatched)."""
+
+
+@dataclass(frozen=True)
+class RecordingContext:
+    """What the session knew while recording: options, scope plan, modules, marks, the model's type."""
+
+    options: CaptureOptions
+    plan: ScopePlan
+    catalog: list[ModuleInfo]
+    called_modules: list[tuple[str, str]]
+    model_type: str | None
+    marks: ModuleMarks | None = None
+
+
+class Recording:
+    """The results of one recording (torch's events in ``torch_profiler``), read once on demand.
+
+    ``cycle`` is the cycle's index under a schedule (None for the whole block). A cycle's events are
+    valid only until torch starts the next cycle: its session builds the Profile at once.
+    """
+
+    def __init__(
+        self,
+        torch_profiler: torch.profiler.profile,
+        context: RecordingContext,
+        block_us: float,
+        cycle: int | None = None,
+    ) -> None:
+        self.torch_profiler = torch_profiler
+        self.context = context
+        self.block_us = block_us
+        self.cycle = cycle
+        self._profile: Profile | None = None
+        self._trace: dict[str, Any] | None = None
+
+    @property
+    def profile(self) -> Profile:
+        """The Profile, built on first access (the cyclic GC paused while it is)."""
+        return self.build()
+
+    def build(self) -> Profile:
+        """Build the Profile now (once; later calls return it)."""
+        if self._profile is None:
+            with gc_paused():
+                self._profile = self._build()
+        return self._profile
+
+    def _build(self) -> Profile:
+        tp = self.torch_profiler
+        results = tp.profiler.kineto_results if tp.profiler is not None else None
+        if results is None:
+            raise CaptureError("torch.profiler recorded no results")
+        options, marks = self.context.options, self.context.marks
+        calculator = FlopCalculator() if options.flops else None
+        table = table_from_kineto(results, calculator, shapes=options.shapes, cpu_only=options.cpu_only)
+        if marks is not None:
+            marks.add_to(table)
+        meta = self._meta()
+        meta["reader"] = table.meta["reader"]
+        meta["module_scopes"] = self.context.plan.kinds()
+        if marks is not None and marks.unmatched:  # calls still running at the end
+            meta["unmatched_module_marks"] = marks.unmatched
+        if table.meta.get("undecodable_names"):
+            meta["undecodable_names"] = table.meta["undecodable_names"]
+        if self.cycle is not None:
+            meta["cycle"] = self.cycle
+        meta["scope_plan"] = self.context.plan.to_meta(self.context.called_modules)
+        profile = build_profile(table, self.context.catalog, meta, compiled_graphs=known_graphs())
+        _warn_unmapped_compiled_calls(profile)
+        return profile
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            **environment_meta(),
+            "model": self.context.model_type,
+            "distributed": distributed_info(),
+            "block_us": self.block_us,
+            "devices": device_meta(),
+            "options": self.context.options.meta(),
+        }
+
+    def export_chrome_trace(self, path: str | Path) -> Path:
+        """Write the Chrome/Perfetto trace (``.json`` or ``.json.gz``): torch's events, the module
+        calls marks recorded (as the ranges torch would have written), a "modules (backward)" track
+        showing where each module's backward ran, and the compiled-graph header ``analyze`` needs to
+        place compiled kernels. Can be called again (the trace is kept)."""
+        from layerscope.render.chrome import write_trace
+
+        if self._trace is None:
+            self._trace = self._trace_with_modules()
+        return write_trace(self._trace, Path(path))
+
+    def _trace_with_modules(self) -> dict[str, Any]:
+        from layerscope.render.chrome import with_backward_tracks
+
+        handle, tmp = tempfile.mkstemp(suffix=".json")
+        os.close(handle)
+        try:
+            self.torch_profiler.export_chrome_trace(tmp)
+            trace: dict[str, Any] = orjson.loads(Path(tmp).read_bytes())
+        finally:
+            os.unlink(tmp)
+        marks = self.context.marks
+        if marks is not None:  # module calls as the ranges torch would have written
+            base = int(trace.get("baseTimeNanoseconds", 0))
+            cpu_kinds = ("cpu_op", "user_annotation")
+            threads = {e.get("tid") for e in trace["traceEvents"] if e.get("cat") in cpu_kinds}
+            marked = marks.trace_events(base, {t for t in threads if isinstance(t, int)})
+            trace["traceEvents"] = [*trace["traceEvents"], *marked]
+        trace = with_backward_tracks(trace)
+        graphs = known_graphs()
+        if graphs and self.context.catalog:
+            # What `analyze` needs to place compiled kernels in modules without ranges; first in the
+            # file, where the block reader reads the header (before traceEvents).
+            own = {
+                "compiled_graphs": graphs,
+                "modules": [[info.path, info.type_name] for info in self.context.catalog],
+            }
+            trace = {"layerscope": own, **trace}
+        return trace
+
+
+def _warn_unmapped_compiled_calls(profile: Profile) -> None:
+    compiled = profile.meta.get("compiled")
+    if not compiled or compiled["mapped_graph_calls"] >= compiled["graph_calls"]:
+        return
+    unmapped = compiled["graph_calls"] - compiled["mapped_graph_calls"]
+    note = (
+        f"{unmapped} of {compiled['graph_calls']} compiled graph calls ran code compiled before "
+        "layerscope could watch, so their kernels stay with the compiled module; make the first "
+        "call of the compiled model inside layerscope.profile(...) or layerscope.compile_info() "
+        "to see the modules inside"
+    )
+    compiled["note"] = note
+    # user code -> session.profile -> Recording.profile -> _build -> here
+    warnings.warn(note, CompileInfoWarning, stacklevel=5)

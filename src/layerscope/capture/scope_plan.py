@@ -1,0 +1,239 @@
+"""The scope plan: before anything is installed, how each module's calls will be scoped, and why.
+
+A module's calls are scoped by one *mechanism* on one *clock*:
+
+- ``class wrapper``: the forward of the module's class is wrapped for the block
+  (``forward_ranges.py``); the common case for eager models;
+- ``hooks``: a forward pre-hook and an ``always_call`` forward hook on the instance, where a class
+  wrapper cannot serve (the instance carries its own ``forward``, the model has compiled parts whose
+  guards a patched class would break, or ``module_scopes="hooks"``);
+- ``global hooks``: torch's global module hooks, in global mode (``model=None``), naming modules as
+  they are first called;
+- ``compiled call``: ``module.compile()`` runs its hooks inside the compiled call, so the scope goes
+  around that call;
+- ``none``: no scope (inside compiled code, where the compiler's provenance places the kernels;
+  TorchScript; folded by ``depth``/``paths``).
+
+The clock is ``marks`` (two reads of torch's event clock into a native buffer, ``module_marks.py``)
+or ``ranges`` (a profiler range, an event torch records). Marks serve class wrappers only, and only
+when :func:`marks_blocker` finds nothing in their way.
+
+This module decides; ``scopes.py`` carries the plan out and ``Recording`` saves it in ``meta``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from layerscope.capture import native
+from layerscope.capture.compiled import unwrap_compiled
+from layerscope.capture.options import ModuleSelection
+
+CLASS_WRAPPER = "class wrapper"
+HOOKS = "hooks"
+GLOBAL_HOOKS = "global hooks"
+COMPILED_CALL = "compiled call"
+NO_SCOPE = "none"
+
+MARKS = "marks"
+RANGES = "ranges"
+
+
+@dataclass(frozen=True)
+class ModuleScope:
+    """How one module's calls are scoped: mechanism, clock (None without a scope) and the reason."""
+
+    path: str
+    type_name: str
+    mechanism: str
+    clock: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlannedModule:
+    """A module of the model with its scope; ``module`` is what the mechanism is installed on (for a
+    whole-model compile, the compiled wrapper) and ``params_from`` what its parameters are read from."""
+
+    scope: ModuleScope
+    module: nn.Module
+    params_from: nn.Module
+    owner: type | None = None  # the class whose forward a class wrapper patches
+    in_catalog: bool = True  # gets a node in the tree (folded and TorchScript children do not)
+
+    @property
+    def runs_scope(self) -> bool:
+        """Whether the scope can ever run (hooks on a container without ``forward`` never do)."""
+        return self.scope.mechanism != HOOKS or type(self.module).forward is not nn.Module.forward
+
+
+@dataclass
+class ScopePlan:
+    """Every module's scope, decided before the block starts (global mode: modules found later)."""
+
+    modules: list[PlannedModule] = field(default_factory=list)
+    global_mode: bool = False
+    marks: bool = False  # whether class wrappers use marks
+    marks_reason: str = ""  # why they do, or what stood in the way
+
+    def __iter__(self) -> Iterator[PlannedModule]:
+        return iter(self.modules)
+
+    def kinds(self) -> str:
+        """``meta["module_scopes"]``: ``ranges``, ``marks`` (every scope that runs is a mark) or
+        ``marks and ranges``."""
+        marked = any(m.scope.clock == MARKS for m in self.modules)
+        if not marked:
+            return RANGES
+        ranged = self.global_mode or any(m.scope.clock == RANGES and m.runs_scope for m in self.modules)
+        return "marks and ranges" if ranged else MARKS
+
+    def scopes(self, called_paths: list[tuple[str, str]] | None = None) -> list[ModuleScope]:
+        """Each module's scope; in global mode, one per module called (``(path, type)`` pairs)."""
+        if self.global_mode:
+            reason = "global mode (model=None): torch's global module hooks name modules as they are called"
+            return [ModuleScope(p, t, GLOBAL_HOOKS, RANGES, reason) for p, t in called_paths or []]
+        return [m.scope for m in self.modules]
+
+    def to_meta(self, called_paths: list[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+        """The plan as saved in ``meta["scope_plan"]``: one entry per (mechanism, clock, reason) with
+        the modules it covers, in first-seen order."""
+        groups: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+        for s in self.scopes(called_paths):
+            key = (s.mechanism, s.clock, s.reason)
+            if key not in groups:
+                groups[key] = {"mechanism": s.mechanism, "clock": s.clock, "reason": s.reason, "modules": []}
+            groups[key]["modules"].append([s.path, s.type_name])
+        return list(groups.values())
+
+
+def scopes_from_meta(entries: Any) -> list[ModuleScope]:
+    """``meta["scope_plan"]`` of a saved profile back into one :class:`ModuleScope` per module."""
+    found: list[ModuleScope] = []
+    for entry in entries if isinstance(entries, list) else []:
+        for path, type_name in entry.get("modules", []):
+            found.append(
+                ModuleScope(
+                    str(path), str(type_name), entry["mechanism"], entry.get("clock"), entry["reason"]
+                )
+            )
+    return found
+
+
+def marks_blocker(module_scopes: str, global_mode: bool, scheduled: bool) -> str | None:
+    """What keeps class wrappers from using marks, or None when marks can serve."""
+    if module_scopes != "auto":
+        return f"module_scopes={module_scopes!r}"
+    if global_mode:
+        return "global mode uses hooks"
+    if scheduled:
+        # Under a schedule torch drops the events of the steps it does not record; marks would have
+        # to follow its cycles, and each cycle's trace comes out of torch's own exporter.
+        return "a schedule: each cycle's events come from torch alone"
+    if not sys.platform.startswith("linux"):
+        return "not Linux (exported traces' OS thread ids are read on Linux only)"
+    if native.load() is None:
+        return f"the native module is not in use ({native.status().reason})"
+    if not hasattr(torch._C._autograd._KinetoEvent, "activity_type"):
+        return "torch < 2.5 (no native reader, and its traces' time base is not checked)"
+    return None
+
+
+def plan_scopes(
+    model: nn.Module | None, selection: ModuleSelection, module_scopes: str, marks_blocked_by: str | None
+) -> ScopePlan:
+    """Decide every module's mechanism and clock (see the module docstring), installing nothing."""
+    if model is None:
+        return ScopePlan(global_mode=True, marks_reason=marks_blocked_by or "")
+    plan = ScopePlan(
+        marks=marks_blocked_by is None, marks_reason=marks_blocked_by or "the native module's marks"
+    )
+    inner = unwrap_compiled(model)
+    whole_model_compiled = inner is not model
+    if whole_model_compiled:
+        reason = "torch.compile(model): the wrapper's hooks run outside the compiled region"
+        scope = ModuleScope("", type(inner).__name__, HOOKS, RANGES, reason)
+        plan.modules.append(PlannedModule(scope, model, inner))
+    class_wrappers_blocked = _class_wrappers_blocked(inner, whole_model_compiled, module_scopes)
+    compiled_roots: list[str] = []
+    for path, module in inner.named_modules():
+        if whole_model_compiled and path == "":
+            continue
+        planned = _plan_module(
+            path, module, selection, plan, compiled_roots, whole_model_compiled, class_wrappers_blocked
+        )
+        plan.modules.append(planned)
+        if planned.scope.mechanism == COMPILED_CALL:
+            compiled_roots.append(path)
+    return plan
+
+
+def _class_wrappers_blocked(inner: nn.Module, whole_model_compiled: bool, module_scopes: str) -> str | None:
+    if module_scopes == "hooks":
+        return "module_scopes='hooks'"
+    has_compiled_parts = any(getattr(m, "_compiled_call_impl", None) is not None for m in inner.modules())
+    if whole_model_compiled or has_compiled_parts:
+        # Dynamo guards on the forward functions it inlined: a patched class would cost recompiles.
+        return "the model has compiled parts (a patched class would make them recompile)"
+    return None
+
+
+def _plan_module(
+    path: str,
+    module: nn.Module,
+    selection: ModuleSelection,
+    plan: ScopePlan,
+    compiled_roots: list[str],
+    whole_model_compiled: bool,
+    class_wrappers_blocked: str | None,
+) -> PlannedModule:
+    type_name = type(module).__name__
+
+    def planned(mechanism: str, clock: str | None, reason: str, **extra: Any) -> PlannedModule:
+        return PlannedModule(ModuleScope(path, type_name, mechanism, clock, reason), module, module, **extra)
+
+    folded = selection.why_folded(path)
+    if folded is not None:
+        return planned(NO_SCOPE, None, folded, in_catalog=False)
+    if isinstance(module, torch.jit.ScriptModule):
+        # A scripted submodule's work stays in its parent's self time; a scripted root is the tree.
+        return planned(NO_SCOPE, None, "TorchScript runs no Python hooks", in_catalog=path == "")
+    inside = whole_model_compiled or any(
+        path != root and (root == "" or path.startswith(f"{root}.")) for root in compiled_roots
+    )
+    if inside:
+        # Hooks would not run there, and Dynamo guards on their ids (a recompile per module).
+        return planned(NO_SCOPE, None, "inside compiled code: kernels placed by the compiler's provenance")
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        why = "module.compile(): its hooks would run inside the compiled call"
+        return planned(COMPILED_CALL, RANGES, why)
+    if class_wrappers_blocked is not None:
+        return planned(HOOKS, RANGES, class_wrappers_blocked)
+    owner, why_not = forward_owner(module)
+    if owner is None:
+        return planned(HOOKS, RANGES, why_not)
+    clock = MARKS if plan.marks else RANGES
+    return planned(CLASS_WRAPPER, clock, plan.marks_reason, owner=owner)
+
+
+def forward_owner(module: nn.Module) -> tuple[type | None, str]:
+    """The class in ``module``'s MRO whose ``forward`` runs, or (None, why a class wrapper cannot
+    serve): scripted modules (TorchScript calls its compiled method), modules whose instance carries
+    its own ``forward`` (a class wrapper would never run for them) and modules with no forward of
+    their own."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return None, "TorchScript runs no Python hooks"
+    if "forward" in module.__dict__:
+        return None, "the instance carries its own forward (a class wrapper would not run)"
+    for cls in type(module).__mro__:
+        if "forward" in cls.__dict__:
+            if cls is nn.Module or not callable(cls.__dict__["forward"]):
+                return None, "no forward of its own (a container: never called)"
+            return cls, ""
+    return None, "no forward of its own (a container: never called)"

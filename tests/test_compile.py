@@ -9,12 +9,14 @@ every scenario is one module-scoped fixture shared by its tests.
 from __future__ import annotations
 
 import copy
+import gzip
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import torch
 import torch._inductor.debug
@@ -26,6 +28,7 @@ from layerscope.attribution.compiled import LABEL_COMPILING, kernel_key
 from layerscope.capture import compiled as compiled_capture
 from layerscope.capture.compiled import common_ancestor, module_path
 from tests.fixtures.models import WideAmongNarrow
+from tests.test_recording import assert_same_tree
 
 # Older torch has no per-kernel provenance hook in Inductor: there compiled regions stay whole.
 HAS_PROVENANCE = hasattr(torch._inductor.debug, "set_kernel_post_grad_provenance_tracing")
@@ -229,6 +232,26 @@ def test_a_saved_trace_keeps_the_mapping(whole: Scenario, tmp_path: Path) -> Non
     mid = loaded.find(HEAVIEST)
     assert mid.forward.self_cpu_us > 0 and mid.backward.self_cpu_us > 0
     assert loaded.meta["compiled"]["mapped_graph_calls"] == loaded.meta["compiled"]["graph_calls"]
+
+
+@needs_provenance
+def test_cycle_traces_of_a_compiled_model_read_back_to_its_tree(whole: Scenario, tmp_path: Path) -> None:
+    """save_to(trace=True) under a schedule: the cycle's trace carries the compiled-graph header, so
+    reading it back places the compiled kernels in the modules the saved profile has."""
+    handler = ls.save_to(tmp_path, trace=True)
+    x = _inputs()
+    schedule = ls.schedule(wait=0, warmup=1, active=STEPS)
+    with ls.profile(whole.model, schedule=schedule, on_trace_ready=handler) as prof:
+        for _ in range(STEPS + 1):
+            whole.model(x).sum().backward()
+            prof.step()
+    (trace_path,) = [p for p in handler.written if p.name.endswith(".pt.trace.json.gz")]  # type: ignore[attr-defined]
+    profile_path = trace_path.with_name(trace_path.name.replace(".pt.trace.json.gz", ".json.gz"))
+    live = ls.load(profile_path)
+    assert_same_tree(live, ls.load(trace_path))
+    assert live.find(HEAVIEST).forward.self_cpu_us > 0 and live.find(HEAVIEST).backward.self_cpu_us > 0
+    header = orjson.loads(gzip.decompress(trace_path.read_bytes()))["layerscope"]
+    assert header["compiled_graphs"] and ["wide.mid", "Linear"] in header["modules"]
 
 
 @needs_provenance

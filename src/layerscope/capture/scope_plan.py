@@ -101,29 +101,16 @@ class ScopePlan:
             return [ModuleScope(p, t, GLOBAL_HOOKS, RANGES, reason) for p, t in called_paths or []]
         return [m.scope for m in self.modules]
 
-    def to_meta(self, called_paths: list[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
-        """The plan as saved in ``meta["scope_plan"]``: one entry per (mechanism, clock, reason) with
-        the modules it covers, in first-seen order."""
-        groups: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+    def to_meta(self, called_paths: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+        """The plan as saved in ``meta["scope_plan"]``: ``reasons`` lists each distinct
+        ``[mechanism, clock, reason]`` once, ``modules`` each module as ``[path, type, reason index]``
+        in model order (``render/scope_table.py`` reads it)."""
+        reasons: dict[tuple[str, str | None, str], int] = {}
+        modules: list[list[Any]] = []
         for s in self.scopes(called_paths):
-            key = (s.mechanism, s.clock, s.reason)
-            if key not in groups:
-                groups[key] = {"mechanism": s.mechanism, "clock": s.clock, "reason": s.reason, "modules": []}
-            groups[key]["modules"].append([s.path, s.type_name])
-        return list(groups.values())
-
-
-def scopes_from_meta(entries: Any) -> list[ModuleScope]:
-    """``meta["scope_plan"]`` of a saved profile back into one :class:`ModuleScope` per module."""
-    found: list[ModuleScope] = []
-    for entry in entries if isinstance(entries, list) else []:
-        for path, type_name in entry.get("modules", []):
-            found.append(
-                ModuleScope(
-                    str(path), str(type_name), entry["mechanism"], entry.get("clock"), entry["reason"]
-                )
-            )
-    return found
+            k = reasons.setdefault((s.mechanism, s.clock, s.reason), len(reasons))
+            modules.append([s.path, s.type_name, k])
+        return {"reasons": [list(r) for r in reasons], "modules": modules}
 
 
 def marks_blocker(module_scopes: str, global_mode: bool, scheduled: bool) -> str | None:

@@ -28,6 +28,11 @@ def register(sub: Any) -> None:
     )
     add_view_options(parser)
     add_strict_option(parser)
+    parser.add_argument(
+        "--scopes",
+        action="store_true",
+        help="print how each module's calls were scoped (mechanism, clock, reason) instead of the tree",
+    )
     parser.set_defaults(run=run)
 
 
@@ -35,6 +40,12 @@ def run(args: argparse.Namespace) -> int:
     """Load and print."""
     check_view_options(args)
     profile = load(args.path, strict=args.strict)
+    if args.scopes:
+        from layerscope.render.console import make_console
+        from layerscope.render.scope_table import scope_table
+
+        make_console().print(scope_table(profile, ascii_only=bool(args.ascii)))
+        return 0
     note_missing_modules(profile)
     print_profile(profile, args)
     return 0

@@ -1,10 +1,10 @@
 """Reading torch's profiler results through its Python bindings (``_KinetoEvent`` accessors).
 
 The fallback when the native reader is not built, and the reference it is tested against. torch's
-own post-processing builds a Python FunctionEvent per event (tens of µs each); exporting JSON and
-parsing it back costs several µs per event. Reading the accessors column by column with ``map`` (no
-Python loop body per call) is the cheapest way out through the bindings, and only the columns an
-event kind needs are read.
+own post-processing builds a Python FunctionEvent per event, and exporting JSON to parse it back
+makes a Python dict per event; reading the accessors column by column with ``map`` (no Python loop
+body per call) is the cheapest way out through the bindings, and only the columns an event kind
+needs are read (docs/architecture.md, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -74,7 +74,6 @@ def table_from_bindings(
 
     ``cpu_only`` (no accelerator activity, no Python stacks recorded) lets the reader skip the
     accessors whose answer is then known: every span is CPU-side, every allocation host memory.
-    Each skipped accessor saves ~0.3 µs per event.
     """
     events = kineto_results.events()
     table = EventTable()
@@ -85,42 +84,57 @@ def table_from_bindings(
     # (cheaper than asking every event for its name).
     all_bytes = list(map(event_type.nbytes, events))
     is_memory = list(map(bool, all_bytes))
-    is_span = list(map(operator.not_, is_memory))
     memory = list(compress(events, is_memory))
-    spans = list(compress(events, is_span))
+    spans = list(compress(events, map(operator.not_, is_memory)))
     span_names, undecodable = _read_names(spans, event_type)
     if undecodable:
         table.meta["undecodable_names"] = undecodable
-
     if memory:
-        table.mem_bytes = list(compress(all_bytes, is_memory))
-        table.mem_ts = list(map(event_type.start_ns, memory))
-        table.mem_tid = _signed(list(map(event_type.start_thread_id, memory)))
-        if cpu_only:
-            table.mem_on_device = [False] * len(memory)
-        else:  # DeviceType.CPU is 0; any other device type is accelerator memory.
-            table.mem_on_device = [int(d) != 0 for d in map(event_type.device_type, memory)]
-
+        _read_memory(table, memory, list(compress(all_bytes, is_memory)), event_type, cpu_only)
     name_ids = {name: table.intern(name) for name in dict.fromkeys(span_names)}
     table.span_name = list(map(name_ids.__getitem__, span_names))
-    if cpu_only:
-        # CPU ops and user annotations are attributed alike (by name), so one kind serves both.
-        kind_ids = {"cpu_op": int(EventKind.CPU_OP)}
-        kinds = [int(EventKind.CPU_OP)] * len(spans)
-    elif hasattr(event_type, "activity_type"):
-        activities = list(map(event_type.activity_type, spans))
-        kind_ids = {a: int(kind_of_activity(a)) for a in set(activities)}
-        kinds = list(map(kind_ids.__getitem__, activities))
-    else:
-        # torch < 2.5 has no activity_type(): events on the host are CPU ops, the rest device work
-        # (degraded: Python-function events then count as ops, runtime calls as CPU ops).
-        on_device = [int(d) != 0 for d in map(event_type.device_type, spans)]
-        kind_ids = {"cpu_op": int(EventKind.CPU_OP), "kernel": int(EventKind.KERNEL)}
-        kinds = [kind_ids["kernel"] if d else kind_ids["cpu_op"] for d in on_device]
-    table.span_kind = kinds
+    kind_ids, table.span_kind = _span_kinds(spans, event_type, cpu_only)
     table.span_ts = list(map(event_type.start_ns, spans))
     table.span_dur = list(map(event_type.duration_ns, spans))
     table.span_tid = _signed(list(map(event_type.start_thread_id, spans)))
+    _read_links(table, spans, event_type, launches=any(k >= EventKind.KERNEL for k in kind_ids.values()))
+    raw_shapes = _read_shapes(table, spans, name_ids, event_type) if shapes else None
+    if raw_shapes is None:
+        table.span_shapes = [-1] * len(spans)
+    table.span_flops = _read_flops(table, spans, name_ids, raw_shapes, flops)
+    return table
+
+
+def _read_memory(
+    table: EventTable, memory: list[Any], nbytes: list[int], event_type: Any, cpu_only: bool
+) -> None:
+    table.mem_bytes = nbytes
+    table.mem_ts = list(map(event_type.start_ns, memory))
+    table.mem_tid = _signed(list(map(event_type.start_thread_id, memory)))
+    if cpu_only:
+        table.mem_on_device = [False] * len(memory)
+    else:  # DeviceType.CPU is 0; any other device type is accelerator memory.
+        table.mem_on_device = [int(d) != 0 for d in map(event_type.device_type, memory)]
+
+
+def _span_kinds(spans: list[Any], event_type: Any, cpu_only: bool) -> tuple[dict[str, int], list[int]]:
+    """(kind number per activity name seen, each span's kind number)."""
+    if cpu_only:
+        # CPU ops and user annotations are attributed alike (by name), so one kind serves both.
+        return {"cpu_op": int(EventKind.CPU_OP)}, [int(EventKind.CPU_OP)] * len(spans)
+    if hasattr(event_type, "activity_type"):
+        activities = list(map(event_type.activity_type, spans))
+        kind_ids = {a: int(kind_of_activity(a)) for a in set(activities)}
+        return kind_ids, list(map(kind_ids.__getitem__, activities))
+    # torch < 2.5 has no activity_type(): events on the host are CPU ops, the rest device work
+    # (degraded: Python-function events then count as ops, runtime calls as CPU ops).
+    on_device = [int(d) != 0 for d in map(event_type.device_type, spans)]
+    kind_ids = {"cpu_op": int(EventKind.CPU_OP), "kernel": int(EventKind.KERNEL)}
+    return kind_ids, [kind_ids["kernel"] if d else kind_ids["cpu_op"] for d in on_device]
+
+
+def _read_links(table: EventTable, spans: list[Any], event_type: Any, launches: bool) -> None:
+    """Sequence numbers, forward threads and the ids that link device work to its launching op."""
     table.span_seq = seq = list(map(event_type.sequence_nr, spans))
     # Only autograd-recorded ops (sequence number >= 0) have a forward thread worth asking for.
     has_seq = [q >= 0 for q in seq]
@@ -133,52 +147,63 @@ def table_from_bindings(
         fwd_tid[j] = value
     table.span_fwd_tid = fwd_tid
     table.span_corr = [0] * len(spans)
-    if any(k >= EventKind.KERNEL for k in kind_ids.values()):
-        # A CPU op's correlation_id() is its external id; device work's linked_correlation_id()
-        # names the op that launched it (torch's own FunctionEvent linking uses the same pair).
-        table.span_ext = [
-            (
-                e.linked_correlation_id()
-                if k >= EventKind.KERNEL
-                else (0 if k == EventKind.RUNTIME else e.correlation_id())
-            )
-            for e, k in zip(spans, kinds, strict=True)
-        ]
-    else:
+    if not launches:
         table.span_ext = [0] * len(spans)
-    raw_shapes: list[bytes] | None = None
-    if shapes:
-        # orjson.dumps is ~10x faster than str() on nested lists; only distinct shapes are
-        # formatted into their display form. Ranges (module scopes, autograd's evaluate_function
-        # wrappers, steps) record no inputs: their shapes() is always empty, so it is not asked.
-        no_inputs = {i for n, i in name_ids.items() if _records_no_inputs(n)}
-        if no_inputs:
-            asks = [n not in no_inputs for n in table.span_name]
-            raw_shapes = [b"[]"] * len(spans)
-            for j, value in zip(
-                compress(range(len(spans)), asks),
-                map(orjson.dumps, map(event_type.shapes, compress(spans, asks))),
-                strict=True,
-            ):
-                raw_shapes[j] = value
-        else:
-            raw_shapes = list(map(orjson.dumps, map(event_type.shapes, spans)))
-        shape_ids = {
-            b: (table.intern(shapes_key_from_json(b)) if b != b"[]" else -1)
-            for b in dict.fromkeys(raw_shapes)
-        }
-        table.span_shapes = list(map(shape_ids.__getitem__, raw_shapes))
+        return
+    # A CPU op's correlation_id() is its external id; device work's linked_correlation_id() names
+    # the op that launched it (torch's own FunctionEvent linking uses the same pair).
+    table.span_ext = [
+        (
+            e.linked_correlation_id()
+            if k >= EventKind.KERNEL
+            else (0 if k == EventKind.RUNTIME else e.correlation_id())
+        )
+        for e, k in zip(spans, table.span_kind, strict=True)
+    ]
+
+
+def _read_shapes(
+    table: EventTable, spans: list[Any], name_ids: dict[str, int], event_type: Any
+) -> list[bytes]:
+    """Each span's input shapes as JSON (returned for the FLOP formulas), interned into the table."""
+    # orjson.dumps beats str() on nested lists by far; only distinct shapes are formatted into their
+    # display form. Ranges (module scopes, autograd's evaluate_function wrappers, steps) record no
+    # inputs: their shapes() is always empty, so it is not asked.
+    no_inputs = {i for n, i in name_ids.items() if _records_no_inputs(n)}
+    if no_inputs:
+        asks = [n not in no_inputs for n in table.span_name]
+        raw_shapes = [b"[]"] * len(spans)
+        for j, value in zip(
+            compress(range(len(spans)), asks),
+            map(orjson.dumps, map(event_type.shapes, compress(spans, asks))),
+            strict=True,
+        ):
+            raw_shapes[j] = value
     else:
-        table.span_shapes = [-1] * len(spans)
+        raw_shapes = list(map(orjson.dumps, map(event_type.shapes, spans)))
+    shape_ids = {
+        b: (table.intern(shapes_key_from_json(b)) if b != b"[]" else -1) for b in dict.fromkeys(raw_shapes)
+    }
+    table.span_shapes = list(map(shape_ids.__getitem__, raw_shapes))
+    return raw_shapes
+
+
+def _read_flops(
+    table: EventTable,
+    spans: list[Any],
+    name_ids: dict[str, int],
+    raw_shapes: list[bytes] | None,
+    flops: FlopCalculator | None,
+) -> list[int]:
     span_flops = [0] * len(spans)
-    if flops is not None:
-        picked = flop_candidates(table, name_ids.values(), flops)
-        if picked:
-            shapes_raw = [
-                raw_shapes[j] if raw_shapes is not None else orjson.dumps(spans[j].shapes()) for j in picked
-            ]
-            concrete = [spans[j].concrete_inputs() for j in picked]
-            keys = [orjson.dumps(c, default=str) for c in concrete]
-            count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
-    table.span_flops = span_flops
-    return table
+    if flops is None:
+        return span_flops
+    picked = flop_candidates(table, name_ids.values(), flops)
+    if picked:
+        shapes_raw = [
+            raw_shapes[j] if raw_shapes is not None else orjson.dumps(spans[j].shapes()) for j in picked
+        ]
+        concrete = [spans[j].concrete_inputs() for j in picked]
+        keys = [orjson.dumps(c, default=str) for c in concrete]
+        count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
+    return span_flops

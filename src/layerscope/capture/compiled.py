@@ -189,7 +189,7 @@ def known_graphs() -> list[dict[str, Any]]:
 
 
 def should_collect() -> bool:
-    """Collect only when torch.compile is in use in this process (importing Inductor costs ~2 s)."""
+    """Collect only when torch.compile is in use in this process (importing Inductor takes seconds)."""
     return "torch._dynamo" in sys.modules
 
 

@@ -1,8 +1,8 @@
 """Live path: torch's profiler results (``profiler.kineto_results``) into an EventTable.
 
-Two readers give the same table: the native one (``native_table.py`` over ``native_reader.cpp``, ~1 µs
-per event) when it is built for this torch, else torch's Python bindings (``bindings_reader.py``,
-~5-7 µs per event). ``table_from_kineto`` picks one and never loses a profile to the fast one.
+Two readers give the same table: the native one (``native_table.py`` over ``native_reader.cpp``) when
+it is built for this torch, else torch's Python bindings (``bindings_reader.py``, several times slower:
+docs/benchmarks.md). ``table_from_kineto`` picks one and never loses a profile to the fast one.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 torch build. So it is compiled here, once per (torch build, Python, source) by ``layerscope native
 build`` (``make demo``/``make test`` do it too), with the compiler torch's own extensions use, into a
 cache folder. Profiling never compiles: without a built module, or when it fails to load, layerscope
-reads through torch's Python bindings (the same table, 3-4x slower to make) and scopes modules with
+reads through torch's Python bindings (the same table, slower to make) and scopes modules with
 profiler ranges.
 
 ``LAYERSCOPE_NATIVE=0`` turns the native module off; ``LAYERSCOPE_CACHE`` moves the cache folder

@@ -47,19 +47,7 @@ def table_from_native(
         table.meta["undecodable_names"] = int(np.isin(span_local_name, bad_local).sum())
     arrays["span_name"] = span_name
 
-    activity = _column(cols["span_activity"])
-    if cpu_only:
-        kinds = np.full(len(span_name), int(EventKind.CPU_OP), dtype=np.int64)
-    else:
-        # torch's bindings turn the activity number into its name; ask them once per number.
-        index = _column(cols["span_index"])
-        codes, first = np.unique(activity, return_index=True)
-        lookup = np.zeros(int(codes.max()) + 1 if len(codes) else 1, dtype=np.int64)
-        for code, at in zip(codes.tolist(), first.tolist(), strict=True):
-            name = module.event_at(kineto_results, int(index[at])).activity_type()
-            lookup[code] = int(kind_of_activity(name))
-        kinds = lookup[activity] if len(activity) else activity
-    arrays["span_kind"] = kinds
+    kinds = arrays["span_kind"] = _span_kinds(module, kineto_results, cols, cpu_only)
     for column in ("span_ts", "span_dur", "span_tid", "span_seq", "span_fwd_tid"):
         arrays[column] = _column(cols[column])
     arrays["span_corr"] = np.zeros(len(span_name), dtype=np.int64)
@@ -88,17 +76,39 @@ def table_from_native(
     if flops is not None:
         picked = flop_candidates(table, set(name_of_local.tolist()), flops)
         if picked:
-            event_index = _column(cols["span_index"])[picked]
-            keys: list[bytes] = []
-            concrete: list[Any] = []  # JSON text (parsed when counted), or torch's own values
-            for k, text in enumerate(module.concrete_inputs(kineto_results, event_index.tobytes())):
-                if text is None:  # an input kind the C++ writer leaves to torch's bindings
-                    text = module.event_at(kineto_results, int(event_index[k])).concrete_inputs()
-                    keys.append(orjson.dumps(text, default=str))
-                else:
-                    keys.append(text)
-                concrete.append(text)
             shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
+            keys, concrete = _concrete_inputs(module, kineto_results, _column(cols["span_index"])[picked])
             count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
     table.span_flops = span_flops
     return table
+
+
+def _span_kinds(module: Any, kineto_results: Any, cols: dict[str, Any], cpu_only: bool) -> np.ndarray:
+    activity = _column(cols["span_activity"])
+    if cpu_only:
+        return np.full(len(activity), int(EventKind.CPU_OP), dtype=np.int64)
+    # torch's bindings turn the activity number into its name; ask them once per number.
+    index = _column(cols["span_index"])
+    codes, first = np.unique(activity, return_index=True)
+    lookup = np.zeros(int(codes.max()) + 1 if len(codes) else 1, dtype=np.int64)
+    for code, at in zip(codes.tolist(), first.tolist(), strict=True):
+        name = module.event_at(kineto_results, int(index[at])).activity_type()
+        lookup[code] = int(kind_of_activity(name))
+    return lookup[activity] if len(activity) else activity
+
+
+def _concrete_inputs(
+    module: Any, kineto_results: Any, event_index: np.ndarray
+) -> tuple[list[bytes], list[Any]]:
+    """The FLOP formulas' scalar inputs of the picked events: (cache key, value) per event; the value
+    is JSON text (parsed when counted) or, for input kinds the C++ writer leaves to torch, torch's own."""
+    keys: list[bytes] = []
+    concrete: list[Any] = []
+    for k, text in enumerate(module.concrete_inputs(kineto_results, event_index.tobytes())):
+        if text is None:
+            text = module.event_at(kineto_results, int(event_index[k])).concrete_inputs()
+            keys.append(orjson.dumps(text, default=str))
+        else:
+            keys.append(text)
+        concrete.append(text)
+    return keys, concrete

@@ -13,7 +13,7 @@ def register(sub: Any) -> None:
     """Add the ``native`` subcommand."""
     parser = sub.add_parser(
         "native",
-        help="build or check the native module (post-processing ~4x faster, cheaper module scopes)",
+        help="build or check the native module (faster post-processing, cheaper module scopes)",
         description="The native module reads torch's profiler results into layerscope's tables in C++ "
         "and marks module calls on torch's clock instead of opening profiler ranges. "
         "It is compiled once for the installed torch (about 15 s, needs a C++ compiler) into "

@@ -373,3 +373,15 @@ def test_with_stack_profiles_in_a_loop_never_fail_on_a_name() -> None:
         profile = prof.profile
         profile.validate()
         assert profile.root.forward.self_cpu_us > 0
+
+
+def test_a_shape_error_in_the_block_costs_that_op_its_flops_not_the_profile() -> None:
+    """The block raises (Linear(4, 4) on 3 features); torch recorded the failing addmm with shapes its
+    FLOP formula asserts on: that call gets 0 FLOPs, counted in meta, and the profile builds."""
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(RuntimeError), ls.profile(model) as prof:
+        model(torch.randn(2, 3))
+    p = prof.profile
+    p.validate()
+    assert p.meta["flop_formula_failures"] == {"aten::addmm": 1}
+    assert p.find("0").calls == 1 and p.totals.flops == 0

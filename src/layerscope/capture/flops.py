@@ -30,8 +30,8 @@ def _registry() -> dict[str, Callable[..., int]]:
         "sdpa": aten._scaled_dot_product_flash_attention,
         "sdpa_backward": aten._scaled_dot_product_flash_attention_backward,
     }
-    # Registered formulas are wrapped to accept tensors (a pytree walk per call, far costlier than the formula); we pass
-    # shapes already, so call the wrapped formula directly with ``out_shape``.
+    # Registered formulas are wrapped to accept tensors (a pytree walk per call, far costlier than
+    # the formula); we pass shapes already, so call the wrapped formula directly with ``out_shape``.
     raw = {
         key: getattr(flop_registry[op], "__wrapped__", None)
         for key, op in wanted.items()
@@ -72,6 +72,9 @@ class FlopCalculator:
 
     def __init__(self) -> None:
         reg = _registry()
+        #: op name -> how many distinct calls its formula refused (a shape error in the user's
+        #: program records ops whose shapes no formula accepts); those calls count 0 FLOPs.
+        self.failures: dict[str, int] = {}
         formulas: dict[str, _Formula] = {}
         if "mm" in reg:
             formulas["aten::mm"] = lambda s, c: reg["mm"](s[0], s[1], out_shape=None)
@@ -165,6 +168,8 @@ class FlopCalculator:
             return 0
         try:
             return max(0, int(formula(shapes, concrete)))
-        except (IndexError, TypeError, ValueError, ZeroDivisionError):
-            # Unusual overloads or missing concrete inputs: no number rather than a wrong one.
+        except Exception:
+            # Unusual overloads, missing concrete inputs, or the shapes of a call that failed (torch's
+            # formulas assert on them): no number rather than a wrong one, and never a lost profile.
+            self.failures[name] = self.failures.get(name, 0) + 1
             return 0

@@ -98,6 +98,8 @@ class Recording:
             meta["unmatched_module_marks"] = marks.unmatched
         if table.meta.get("undecodable_names"):
             meta["undecodable_names"] = table.meta["undecodable_names"]
+        if calculator is not None and calculator.failures:
+            meta["flop_formula_failures"] = dict(sorted(calculator.failures.items()))
         if self.cycle is not None:
             meta["cycle"] = self.cycle
         meta["scope_plan"] = self.context.plan.to_meta(self.context.called_modules)

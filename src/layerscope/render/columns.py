@@ -143,59 +143,58 @@ def tree_view(view: Profile, per_step: bool | None, peak_tflops: float | None) -
     )
 
 
+def _op_phase(r: OpStats) -> str:
+    return r.phase.value if r.phase is not None else ""
+
+
 def _op_module(r: OpStats) -> str:
     return _clip(r.module if r.module is not None else (f"[{r.scope}]" if r.scope else ""), 32)
 
 
+def _op_source(r: OpStats) -> str:
+    """Like torch's "Source Location": one frame per line, innermost first."""
+    return "\n".join(_clip(frame, 60) for frame in r.stack)
+
+
+def _op_mean(r: OpStats) -> str:
+    return fmt_time_us(r.metrics.cpu_us / r.calls) if r.calls else ""
+
+
+def _op_self_alloc(r: OpStats) -> str:
+    return fmt_bytes(r.metrics.self_cpu_alloc_bytes + r.metrics.self_device_alloc_bytes)
+
+
+def _op_alloc(r: OpStats) -> str:
+    return fmt_bytes(r.metrics.cpu_alloc_bytes + r.metrics.device_alloc_bytes)
+
+
 def op_columns(rows: Sequence[OpStats], whole: float) -> tuple[Column[OpStats], ...]:
     """The op table's columns: optional ones only when some row has data for them."""
+    phases = any(r.phase is not None for r in rows)
+    modules = any(r.module is not None or r.scope for r in rows)
+    shapes = any(r.input_shapes for r in rows)
+    stacks = any(r.stack for r in rows)
     device = any(r.metrics.device_us for r in rows)
     memory = any(r.metrics.cpu_alloc_bytes or r.metrics.device_alloc_bytes for r in rows)
+    flops = any(r.metrics.flops for r in rows)
     return (
-        Column("op", "Op", lambda r: r.name, justify="left"),
-        Column(
-            "phase",
-            "Phase",
-            lambda r: r.phase.value if r.phase is not None else "",
-            justify="left",
-            drop=6,
-            shown=any(r.phase is not None for r in rows),
-        ),
-        Column(
-            "module",
-            "Module",
-            _op_module,
-            justify="left",
-            style="cyan",
-            drop=7,
-            shown=any(r.module is not None or r.scope for r in rows),
-        ),
+        Column("op", "Op", lambda r: r.name, "left"),
+        Column("phase", "Phase", _op_phase, "left", drop=6, shown=phases),
+        Column("module", "Module", _op_module, "left", style="cyan", drop=7, shown=modules),
         Column(
             "input_shapes",
             "Input shapes",
             lambda r: _clip(r.input_shapes or "", 40),
-            justify="left",
+            "left",
             drop=5,
-            shown=any(r.input_shapes for r in rows),
+            shown=shapes,
         ),
-        Column(  # like torch's "Source Location": one frame per line, innermost first
-            "source",
-            "Source location",
-            lambda r: "\n".join(_clip(frame, 60) for frame in r.stack),
-            justify="left",
-            drop=12,
-            shown=any(r.stack for r in rows),
-        ),
+        Column("source", "Source location", _op_source, "left", drop=12, shown=stacks),
         Column("calls", "Calls", lambda r: str(r.calls)),
         Column("self_cpu", "Self CPU", lambda r: fmt_time_us(r.metrics.self_cpu_us)),
         Column("self_share", "Self %", lambda r: fmt_share(r.metrics.self_cpu_us, whole), drop=3),
         Column("cpu_total", "CPU total", lambda r: fmt_time_us(r.metrics.cpu_us), drop=8),
-        Column(
-            "cpu_avg",
-            "CPU avg",
-            lambda r: fmt_time_us(r.metrics.cpu_us / r.calls) if r.calls else "",
-            drop=1,
-        ),
+        Column("cpu_avg", "CPU avg", _op_mean, drop=1),
         Column(
             "self_device",
             "Self device",
@@ -206,27 +205,9 @@ def op_columns(rows: Sequence[OpStats], whole: float) -> tuple[Column[OpStats], 
         Column(
             "device_total", "Device total", lambda r: fmt_time_us(r.metrics.device_us), drop=11, shown=device
         ),
-        Column(
-            "self_alloc",
-            "Self alloc",
-            lambda r: fmt_bytes(r.metrics.self_cpu_alloc_bytes + r.metrics.self_device_alloc_bytes),
-            drop=2,
-            shown=memory,
-        ),
-        Column(
-            "alloc",
-            "Alloc",
-            lambda r: fmt_bytes(r.metrics.cpu_alloc_bytes + r.metrics.device_alloc_bytes),
-            drop=9,
-            shown=memory,
-        ),
-        Column(
-            "flops",
-            "FLOPs",
-            lambda r: fmt_si(r.metrics.flops),
-            drop=10,
-            shown=any(r.metrics.flops for r in rows),
-        ),
+        Column("self_alloc", "Self alloc", _op_self_alloc, drop=2, shown=memory),
+        Column("alloc", "Alloc", _op_alloc, drop=9, shown=memory),
+        Column("flops", "FLOPs", lambda r: fmt_si(r.metrics.flops), drop=10, shown=flops),
     )
 
 

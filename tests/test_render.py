@@ -97,3 +97,68 @@ def test_names_that_look_like_markup_print_as_written() -> None:
     assert "`-- [bold]" in tree
     ops = render_to_text(ops_table(p.ops(group_by=("name", "module")), ascii_only=True), width=150)
     assert "[memory]" in ops and "heads.[bold]" in ops
+
+
+def _header(text: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.startswith("Module"))
+    return [title.strip() for title in line.split("|")]
+
+
+def test_tree_columns_declare_the_drop_order(profile) -> None:  # type: ignore[no-untyped-def]
+    from layerscope.render.columns import tree_columns, tree_view
+    from layerscope.render.table_fit import drop_order
+
+    columns = tree_columns(tree_view(profile, None, peak_tflops=1))
+    assert drop_order(columns) == [
+        "flop_rate",
+        "mfu",
+        "params",
+        "net_alloc",
+        "fwd_self",
+        "bwd_self",
+        "peak",
+        "type",
+        "calls",
+        "flops",
+        "alloc",
+        "bwd_device",
+        "fwd_device",
+    ]
+    ranks = [c.drop for c in columns if c.drop is not None]
+    assert len(ranks) == len(set(ranks))
+
+
+@pytest.mark.parametrize(
+    ("width", "kept"),
+    [
+        (
+            300,
+            "Module Type Calls Fwd_self Fwd_total Bwd_self Bwd_total Fwd_device Bwd_device Alloc Net_alloc "
+            "Peak FLOPs FLOP/s MFU Params Share",
+        ),
+        (120, "Module Type Calls Fwd_total Bwd_total Fwd_device Bwd_device Alloc FLOPs Share"),
+        (100, "Module Fwd_total Bwd_total Fwd_device Bwd_device Alloc FLOPs Share"),
+        (80, "Module Fwd_total Bwd_total Fwd_device Share"),
+    ],
+)
+def test_narrow_terminals_drop_columns_by_rank(profile, width: int, kept: str) -> None:  # type: ignore[no-untyped-def]
+    text = render_to_text(tree_table(profile, ascii_only=True, peak_tflops=1), width=width)
+    assert _header(text) == [title.replace("_", " ") for title in kept.split(" ")]
+    assert max(len(line) for line in text.splitlines()) <= width
+
+
+def test_fitted_table_keeps_undroppable_columns_when_nothing_fits() -> None:
+    from layerscope.render.table_fit import Column, FittedTable, item
+
+    columns = (
+        Column("name", "Name", item(0), justify="left"),
+        Column("a", "A", item(1), drop=2),
+        Column("b", "B", item(2)),
+        Column("c", "C", item(3), drop=1),
+        Column("hidden", "Hidden", item(4), shown=False),
+    )
+    table = FittedTable(columns, [[("x" * 30, "1" * 10, "2" * 10, "3" * 10, "4")]], ascii_only=True)
+    assert table.kept_columns(200) == ["name", "a", "b", "c"]
+    assert table.kept_columns(60) == ["name", "a", "b"]  # c leaves first (rank 1)
+    assert table.kept_columns(45) == ["name", "b"]
+    assert table.kept_columns(10) == ["name", "b"]  # never dropped, even when too wide

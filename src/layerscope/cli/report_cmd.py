@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import UsageError
-from layerscope.model.profile import Profile
 from layerscope.render.exports import FRAME_KINDS
+from layerscope.render.writers import FORMATS as WRITER_FORMATS
+from layerscope.render.writers import ExportOptions, find_writer
 
-FORMATS = ("html", "csv", "collapsed", "svg", "json", "chrome")
+#: The writers' formats, and "chrome": it re-writes a torch.profiler trace, not a Profile.
+FORMATS = (*WRITER_FORMATS, "chrome")
 
 
 def register(sub: Any) -> None:
@@ -48,29 +50,19 @@ def register(sub: Any) -> None:
 
 
 def format_of(output: Path, given: str | None) -> str:
-    """The export format: given, or from the file's suffix."""
+    """The export format: given, or from the file's suffix (see ``render.writers.WRITERS``)."""
     if given:
         return given
-    name = output.name.lower()
-    if name.endswith(".csv"):
-        return "csv"
-    if name.endswith((".collapsed", ".folded", ".txt")):
-        return "collapsed"
-    if name.endswith(".svg"):
-        return "svg"
-    if name.endswith((".html", ".htm")):
-        return "html"
-    if name.endswith((".json", ".json.gz")):
-        return "json"
-    raise UsageError(f"cannot tell the format of {output.name}; use --format {'|'.join(FORMATS)}")
+    writer = find_writer(output)
+    if writer is None:
+        raise UsageError(f"cannot tell the format of {output.name}; use --format {'|'.join(FORMATS)}")
+    return writer.format
 
 
 def run(args: argparse.Namespace) -> int:
     """Load and export."""
     from layerscope.cli.views import report_written
     from layerscope.loading import load
-    from layerscope.model.serialize import write_atomic
-    from layerscope.render.exports import collapsed_stacks, modules_csv, ops_csv
 
     output = Path(args.output)
     fmt = format_of(output, args.format)
@@ -79,41 +71,9 @@ def run(args: argparse.Namespace) -> int:
         report_written([output])
         return 0
     profile = load(args.path)
-    written = [output]
-    if fmt == "csv":
-        stem = output.name[: -len(".csv")] if output.name.lower().endswith(".csv") else output.name
-        written = [output.with_name(f"{stem}.modules.csv"), output.with_name(f"{stem}.ops.csv")]
-        write_atomic(written[0], modules_csv(profile).encode())
-        write_atomic(written[1], ops_csv(profile).encode())
-    elif fmt == "collapsed":
-        _check_source_frames(profile, args.frames)
-        write_atomic(
-            output, collapsed_stacks(profile, args.metric, args.frames, args.internal_frames).encode()
-        )
-    elif fmt == "html":
-        from layerscope.render.html import write_html_report
-
-        write_html_report(profile, output)
-    elif fmt == "svg":
-        from layerscope.render.flamegraph import flamegraph_svg
-
-        _check_source_frames(profile, args.frames)
-        svg = flamegraph_svg(
-            profile, args.metric, frames_of=args.frames, internal_frames=args.internal_frames
-        )
-        write_atomic(output, svg.encode())
-    else:
-        written = [profile.save(output)]
-    report_written(written)
+    options = ExportOptions(metric=args.metric, frames=args.frames, internal_frames=args.internal_frames)
+    report_written(WRITER_FORMATS[fmt].write(profile, output, options))
     return 0
-
-
-def _check_source_frames(profile: Profile, frames: str) -> None:
-    if frames == "source" and not profile.has_stacks:
-        raise UsageError(
-            "--frames source needs Python stacks: record with --with-stack (ls.profile(..., "
-            "with_stack=True)) or analyze a trace torch wrote with with_stack=True"
-        )
 
 
 def _export_chrome(source: Path, output: Path) -> None:

@@ -228,6 +228,26 @@ class Profile:
 
         return save_profile(self, Path(path))
 
+    def export(
+        self,
+        path: str | Path,
+        *,
+        metric: str = "cpu_us",
+        frames: str = "modules",
+        internal_frames: bool = False,
+    ) -> list[Path]:
+        """Write the profile in the format its suffix names, as ``layerscope report`` does: ``.html``
+        (the report), ``.csv`` (``NAME.modules.csv`` and ``NAME.ops.csv``), ``.collapsed``/``.folded``
+        (flame-graph stacks), ``.svg`` (a flame graph), ``.json``/``.json.gz`` (the profile).
+
+        ``metric``, ``frames`` and ``internal_frames`` choose the stacks of ``.collapsed`` and
+        ``.svg`` (see :func:`layerscope.render.exports.stack_values`). Written atomically; returns
+        the paths written. An unknown suffix raises :class:`layerscope.errors.UsageError`."""
+        from layerscope.render.writers import ExportOptions, writer_for
+
+        options = ExportOptions(metric=metric, frames=frames, internal_frames=internal_frames)
+        return writer_for(path).write(self, Path(path), options)
+
     # ----- display ------------------------------------------------------------------------------
     def __rich__(self) -> RenderableType:
         from layerscope.render.console import tree_table

@@ -9,15 +9,56 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from layerscope.analysis.advice import Advice
-from layerscope.analysis.device import DeviceReport
-from layerscope.render.console import _FittedTable, _wants_ascii
+from layerscope.analysis.device import DeviceReport, KernelStats, StepVerdict, SyncPoint
+from layerscope.render.table_fit import Column, FittedTable, wants_ascii
 from layerscope.units import fmt_bytes, fmt_share, fmt_time_us
+
+KERNEL_COLUMNS: tuple[Column[KernelStats], ...] = (
+    Column("kernel", "Kernel", lambda k: k.name, "left"),
+    Column("kind", "Kind", lambda k: k.kind, "left", drop=1),
+    Column("launches", "Launches", lambda k: str(k.launches)),
+    Column("total", "Total", lambda k: fmt_time_us(k.total_us)),
+    Column("mean", "Mean", lambda k: fmt_time_us(k.mean_us), drop=2),
+)
+SYNC_COLUMNS: tuple[Column[SyncPoint], ...] = (
+    Column("call", "Synchronisation", lambda s: s.call, "left"),
+    Column("op", "In op", lambda s: s.op, "left", drop=1),
+    Column("count", "Count", lambda s: str(s.count)),
+    Column("total", "Total", lambda s: fmt_time_us(s.total_us)),
+)
+STEP_COLUMNS: tuple[Column[StepVerdict], ...] = (
+    Column("step", "Step", lambda s: str(s.step), "left"),
+    Column("wall", "Wall", lambda s: fmt_time_us(s.wall_us)),
+    Column("busy", "Device busy", lambda s: fmt_time_us(s.device_busy_us)),
+    Column("busy_share", "Busy %", lambda s: f"{100 * s.utilisation:.0f}%"),
+    Column("verdict", "Verdict", lambda s: s.verdict, "left"),
+)
+COMMUNICATION_COLUMNS: tuple[Column[dict[str, Any]], ...] = (
+    Column("collective", "Collective", lambda r: str(r["collective"]), "left"),
+    Column("group", "Group (size)", lambda r: f"{r['group']} ({r['group_size']})", "left"),
+    Column("dtype", "Dtype", lambda r: str(r["dtype"]), "left", drop=1),
+    Column("calls", "Calls", lambda r: str(r["calls"])),
+    Column("bytes", "Bytes", lambda r: fmt_bytes(r["bytes"])),
+    Column(
+        "per_call", "Per call", lambda r: fmt_bytes(r["bytes"] / r["calls"]) if r["calls"] else "", drop=2
+    ),
+    Column("cpu", "CPU", lambda r: fmt_time_us(r["cpu_us"])),
+)
+
+
+def kind_columns(busy_us: float) -> tuple[Column[tuple[str, float]], ...]:
+    """Device time by kernel kind: each kind's share of the busy time."""
+    return (
+        Column("kind", "Kind", lambda kv: kv[0], "left"),
+        Column("time", "Time", lambda kv: fmt_time_us(kv[1])),
+        Column("share", "Share", lambda kv: fmt_share(kv[1], busy_us), style="bold"),
+    )
 
 
 def device_section(report: DeviceReport, top: int = 10, ascii_only: bool | None = None) -> RenderableType:
     """Busy/idle, time by kernel kind, top kernels, synchronisations, and the per-step verdict."""
     if ascii_only is None:
-        ascii_only = _wants_ascii()
+        ascii_only = wants_ascii()
     parts: list[RenderableType] = [
         Text(
             f"Device: busy {fmt_time_us(report.busy_us)} of {fmt_time_us(report.window_us)} "
@@ -28,98 +69,26 @@ def device_section(report: DeviceReport, top: int = 10, ascii_only: bool | None 
         )
     ]
     kinds = sorted(report.by_kind.items(), key=lambda kv: -kv[1])
-    parts.append(
-        _FittedTable(
-            headers=["Kind", "Time", "Share"],
-            sections=[[(k, fmt_time_us(v), fmt_share(v, report.busy_us)) for k, v in kinds]],
-            ascii_only=ascii_only,
-            caption="",
-            drop_order=[],
-        )
-    )
-    parts.append(
-        _FittedTable(
-            headers=["Kernel", "Kind", "Launches", "Total", "Mean"],
-            sections=[
-                [
-                    (k.name, k.kind, str(k.launches), fmt_time_us(k.total_us), fmt_time_us(k.mean_us))
-                    for k in report.kernels[:top]
-                ]
-            ],
-            ascii_only=ascii_only,
-            caption="",
-            drop_order=["Kind", "Mean"],
-            text_columns={"Kind"},
-        )
-    )
+    parts.append(FittedTable(kind_columns(report.busy_us), [kinds], ascii_only=ascii_only))
+    parts.append(FittedTable(KERNEL_COLUMNS, [report.kernels[:top]], ascii_only=ascii_only))
     if report.syncs:
-        parts.append(
-            _FittedTable(
-                headers=["Synchronisation", "In op", "Count", "Total"],
-                sections=[
-                    [(s.call, s.op, str(s.count), fmt_time_us(s.total_us)) for s in report.syncs[:top]]
-                ],
-                ascii_only=ascii_only,
-                caption="",
-                drop_order=["In op"],
-                text_columns={"In op"},
-            )
-        )
+        parts.append(FittedTable(SYNC_COLUMNS, [report.syncs[:top]], ascii_only=ascii_only))
     if report.steps:
-        parts.append(
-            _FittedTable(
-                headers=["Step", "Wall", "Device busy", "Busy %", "Verdict"],
-                sections=[
-                    [
-                        (
-                            str(s.step),
-                            fmt_time_us(s.wall_us),
-                            fmt_time_us(s.device_busy_us),
-                            f"{100 * s.utilisation:.0f}%",
-                            s.verdict,
-                        )
-                        for s in report.steps
-                    ]
-                ],
-                ascii_only=ascii_only,
-                caption="",
-                drop_order=[],
-                text_columns={"Verdict"},
-            )
-        )
+        parts.append(FittedTable(STEP_COLUMNS, [report.steps], ascii_only=ascii_only))
     return Group(*parts)
 
 
 def communication_table(records: Sequence[dict[str, Any]], ascii_only: bool | None = None) -> RenderableType:
     """Collectives recorded by ``record_param_comms``: calls, bytes moved, CPU time, by process group."""
     if ascii_only is None:
-        ascii_only = _wants_ascii()
-    body = [
-        (
-            str(r["collective"]),
-            f"{r['group']} ({r['group_size']})",
-            str(r["dtype"]),
-            str(r["calls"]),
-            fmt_bytes(r["bytes"]),
-            fmt_bytes(r["bytes"] / r["calls"]) if r["calls"] else "",
-            fmt_time_us(r["cpu_us"]),
-        )
-        for r in records
-    ]
-    return _FittedTable(
-        headers=["Collective", "Group (size)", "Dtype", "Calls", "Bytes", "Per call", "CPU"],
-        sections=[body],
-        ascii_only=ascii_only,
-        caption="",
-        drop_order=["Dtype", "Per call"],
-        text_columns={"Group (size)", "Dtype"},
-    )
+        ascii_only = wants_ascii()
+    return FittedTable(COMMUNICATION_COLUMNS, [records], ascii_only=ascii_only)
 
 
 def advice_list(advice: Sequence[Advice], ascii_only: bool | None = None) -> RenderableType:
     """One line per finding: the rule, what to do, where."""
     if ascii_only is None:
-        ascii_only = _wants_ascii()
+        ascii_only = wants_ascii()
     if not advice:
         return Text("Advice: no rule fired on this trace.")
     bullet = "-" if ascii_only else "•"

@@ -1,4 +1,8 @@
-"""Console views: the module tree table and the op table, as rich renderables."""
+"""Console views: the module tree table, the op table and the step table, as rich renderables.
+
+Their columns are specs in :mod:`layerscope.render.columns`; :mod:`layerscope.render.table_fit`
+fits them to the terminal.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,26 @@ import io
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from typing import IO, Literal
+from typing import IO
 
-from rich import box
-from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.table import Table
+from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
-from layerscope.analysis.frames import achieved_flops_per_s
-from layerscope.analysis.peaks import peak_flops_per_s
-from layerscope.analysis.steps import StepRow, module_spread
+from layerscope.analysis.steps import StepRow
 from layerscope.analysis.transform import fold_depth, prune_min_share
 from layerscope.model.metrics import FIELD_NAMES, Metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile
-from layerscope.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
+from layerscope.render.columns import (
+    TreeRow,
+    TreeView,
+    op_columns,
+    step_columns,
+    tree_columns,
+    tree_row,
+    tree_view,
+)
+from layerscope.render.table_fit import FittedTable, wants_ascii
+from layerscope.units import fmt_si, fmt_time_us
 
 TREE_SORT_KEYS = ("execution", *FIELD_NAMES, "calls", "params")
 
@@ -56,6 +66,47 @@ def _rows(
     return out
 
 
+def _tree_sections(
+    view: Profile, v: TreeView, sort_by: str, guides: tuple[str, str, str, str], max_unattributed: int
+) -> list[list[TreeRow]]:
+    """The module rows, the unattributed rows (largest first, the rest merged), the total row."""
+    body = [
+        tree_row(
+            v,
+            Text(label, style="bold" if not node.children else ""),
+            node.type_name,
+            v.calls_cell(node.calls),
+            node.forward,
+            node.backward,
+            fmt_si(node.params_total),
+            node.path,
+        )
+        for label, node in _rows(view.root, sort_by, guides)
+    ]
+    entries = sorted(
+        _merge_unattributed(view),
+        key=lambda e: -(e[1].cpu_us + e[2].cpu_us + e[1].device_us + e[2].device_us),
+    )
+    extra = [
+        tree_row(
+            v, Text(f"[unattributed] {label}", style="italic"), "", v.calls_cell(count) if count else "", f, b
+        )
+        for label, f, b, count in entries[:max_unattributed]
+    ]
+    rest = entries[max_unattributed:]
+    if rest:
+        fwd_rest, bwd_rest = Metrics(), Metrics()
+        for _, f, b, _calls in rest:
+            fwd_rest, bwd_rest = fwd_rest.merged(f), bwd_rest.merged(b)
+        label_rest = Text(f"[unattributed] {len(rest)} more", style="italic")
+        extra.append(tree_row(v, label_rest, "", "", fwd_rest, bwd_rest))
+    total_fwd, total_bwd = view.root.forward, view.root.backward
+    for _, f, b, _calls in entries:
+        total_fwd, total_bwd = total_fwd.merged(f), total_bwd.merged(b)
+    total = tree_row(v, Text("total", style="bold"), "", "", total_fwd, total_bwd)
+    return [body, extra, [total]]
+
+
 def tree_table(
     profile: Profile,
     depth: int | None = None,
@@ -76,7 +127,7 @@ def tree_table(
     "± step" column, the relative standard deviation of each module's time across steps.
     """
     if ascii_only is None:
-        ascii_only = _wants_ascii()
+        ascii_only = wants_ascii()
     folded_note = ""
     view = profile
     if depth is not None:
@@ -87,212 +138,18 @@ def tree_table(
             folded_note = (
                 f"{count} module{'s' if count != 1 else ''} under {min_share:g}% folded into their parents"
             )
-    device = view.has_device_time
-    memory = view.has_memory
-    flops = view.totals.flops > 0
-    share_field = "device_us" if device else "cpu_us"
-    whole = float(getattr(view.totals, share_field))
-    steps = len(view.steps)
-    if per_step is None:
-        per_step = steps > 1
-    per_step = per_step and steps > 1
-    factor = 1.0 / steps if per_step else 1.0
-    spread = module_spread(view) if per_step else {}
-
-    headers = ["Calls", "Fwd self", "Fwd total", "Bwd self", "Bwd total"]
-    if device:
-        headers += ["Fwd device", "Bwd device"]
-    if memory:
-        headers += ["Alloc", "Net alloc", "Peak"]
-    peak_rate = peak_flops_per_s(view.meta, peak_tflops) if flops else None
-    if flops:
-        headers += ["FLOPs", "FLOP/s"] + (["MFU"] if peak_rate else [])
-    headers += ["Params", "Share"]
-    if per_step:
-        headers.append("± step")
-
-    def cells(calls: str, fwd: Metrics, bwd: Metrics, params: str, path: str | None = None) -> list[str]:
-        share = fmt_share(getattr(fwd, share_field) + getattr(bwd, share_field), whole)
-        if per_step:
-            fwd, bwd = fwd.scaled(factor), bwd.scaled(factor)
-        row = [
-            calls,
-            fmt_time_us(fwd.self_cpu_us),
-            fmt_time_us(fwd.cpu_us),
-            fmt_time_us(bwd.self_cpu_us),
-            fmt_time_us(bwd.cpu_us),
-        ]
-        if device:
-            row += [fmt_time_us(fwd.device_us), fmt_time_us(bwd.device_us)]
-        if memory:
-            both = fwd.merged(bwd)
-            peak = max(both.cpu_peak_bytes, both.device_peak_bytes)
-            row += [
-                fmt_bytes(both.cpu_alloc_bytes + both.device_alloc_bytes),
-                fmt_bytes(fwd.retained_bytes),
-                fmt_bytes(peak),
-            ]
-        if flops:
-            both_phases = fwd.merged(bwd)
-            rate = achieved_flops_per_s(both_phases)
-            row += [fmt_si(both_phases.flops), fmt_si(rate, "/s") if rate is not None else ""]
-            if peak_rate:
-                row.append(f"{100 * rate / peak_rate:.1f}%" if rate is not None else "")
-        row.append(params)
-        row.append(share)
-        if per_step:
-            found = spread.get(path) if path is not None else None
-            row.append(f"±{100 * found.relative:.0f}%" if found is not None and found.mean_us > 0 else "")
-        return row
-
+    v = tree_view(view, per_step, peak_tflops)
     guides = _ASCII_GUIDES if ascii_only else _UNICODE_GUIDES
-    body: list[tuple[Text, str, list[str]]] = []
-    for label, node in _rows(view.root, sort_by, guides):
-        name = Text(label, style="bold" if not node.children else "")
-        node_calls = f"{node.calls / steps:g}" if per_step else str(node.calls)
-        values = cells(node_calls, node.forward, node.backward, fmt_si(node.params_total), node.path)
-        body.append((name, node.type_name, values))
-    entries = sorted(
-        _merge_unattributed(view),
-        key=lambda e: -(e[1].cpu_us + e[2].cpu_us + e[1].device_us + e[2].device_us),
-    )
-    extra: list[tuple[Text, str, list[str]]] = []
-    for label, fwd_like, bwd_like, count in entries[:max_unattributed]:
-        shown_calls = (f"{count / steps:g}" if per_step else str(count)) if count else ""
-        values = cells(shown_calls, fwd_like, bwd_like, "")
-        extra.append((Text(f"[unattributed] {label}", style="italic"), "", values))
-    rest = entries[max_unattributed:]
-    if rest:
-        fwd_rest, bwd_rest = Metrics(), Metrics()
-        for _, f, b, _calls in rest:
-            fwd_rest, bwd_rest = fwd_rest.merged(f), bwd_rest.merged(b)
-        label_rest = Text(f"[unattributed] {len(rest)} more", style="italic")
-        extra.append((label_rest, "", cells("", fwd_rest, bwd_rest, "")))
-    total_fwd, total_bwd = view.root.forward, view.root.backward
-    for _, f, b, _calls in entries:
-        total_fwd, total_bwd = total_fwd.merged(f), total_bwd.merged(b)
-    total_row = (Text("total", style="bold"), "", cells("", total_fwd, total_bwd, ""))
-
-    view_table = _FittedTable(
-        headers=["Module", "Type", *headers],
-        sections=[
-            [(name, type_name, *values) for name, type_name, values in body],
-            [(name, type_name, *values) for name, type_name, values in extra],
-            [(total_row[0], total_row[1], *total_row[2])],
-        ],
+    table = FittedTable(
+        tree_columns(v),
+        _tree_sections(view, v, sort_by, guides, max_unattributed),
         ascii_only=ascii_only,
         caption=folded_note,
-        drop_order=[
-            "FLOP/s",
-            "MFU",
-            "Params",
-            "Net alloc",
-            "Fwd self",
-            "Bwd self",
-            "Peak",
-            "Type",
-            "Calls",
-            "FLOPs",
-            "Alloc",
-            "Bwd device",
-            "Fwd device",
-        ],
     )
-    title = _title(view, per_step)
+    title = _title(view, v.per_step)
     if ascii_only:
         title = title.replace("·", "|").replace("µ", "u")
-    return Group(Text(title, style="bold"), view_table)
-
-
-class _FittedTable:
-    """A table fitted to the console width at render time.
-
-    The first column (tree labels, op names) shrinks with an ellipsis down to 24 characters; when
-    even that is not enough, whole columns are left out in ``drop_order`` rather than numbers being
-    cut in the middle.
-    """
-
-    def __init__(
-        self,
-        headers: list[str],
-        sections: Sequence[Sequence[tuple[Text | str, ...]]],
-        ascii_only: bool,
-        caption: str,
-        drop_order: list[str],
-        title: str = "",
-        text_columns: frozenset[str] | set[str] = frozenset({"Type"}),
-    ) -> None:
-        self.headers = headers
-        self.sections = [s for s in sections if s]
-        self.ascii_only = ascii_only
-        self.caption = caption
-        self.title = title
-        self.drop_order = drop_order
-        self.text_columns = text_columns
-
-    def _width(self, k: int) -> int:
-        cells = [row[k] for section in self.sections for row in section]
-        # Multi-line cells (source locations, one frame per line) are as wide as their widest line.
-        return max(
-            [len(self.headers[k])]
-            + [max(map(len, (c.plain if isinstance(c, Text) else c).split("\n"))) for c in cells]
-        )
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        widths = [self._width(k) for k in range(len(self.headers))]
-        keep = list(range(len(self.headers)))
-        label_min = min(widths[0], 24)
-        gutter = 3  # " | " between columns (padding 1 + rule 1 + padding 1), no outer edge
-
-        def needed(columns: list[int]) -> int:
-            return sum(widths[k] for k in columns[1:]) + label_min + gutter * (len(columns) - 1)
-
-        for name in self.drop_order:
-            if needed(keep) <= options.max_width:
-                break
-            if name in self.headers and self.headers.index(name) in keep:
-                keep.remove(self.headers.index(name))
-        label_width = max(label_min, min(widths[0], options.max_width - needed(keep) + label_min))
-        overflow: Literal["ellipsis", "crop"] = "crop" if self.ascii_only else "ellipsis"
-        table = Table(
-            box=box.ASCII2 if self.ascii_only else box.SIMPLE_HEAVY,
-            show_edge=False,
-            pad_edge=False,
-            caption=self.caption or None,
-            caption_justify="left",
-            title=self.title or None,
-            title_justify="left",
-            header_style="bold",
-        )
-        for k in keep:
-            header = self.headers[k]
-            if k == 0:
-                table.add_column(header, no_wrap=True, overflow=overflow, width=label_width)
-            elif header in self.text_columns:
-                style = "cyan" if header in ("Type", "Module") else None
-                table.add_column(header, no_wrap=True, overflow=overflow, width=widths[k], style=style)
-            else:
-                style = "bold" if header == "Share" else None
-                table.add_column(header, justify="right", no_wrap=True, width=widths[k], style=style)
-        limits = {k: (label_width if k == 0 else widths[k]) for k in keep}
-        for n, section in enumerate(self.sections):
-            if n:
-                table.add_section()
-            for row in section:
-                table.add_row(*(self._cell(row[k], limits[k]) for k in keep))
-        yield table
-
-    def _cell(self, value: Text | str, width: int) -> Text:
-        """Cells are Text, never markup: module and op names such as ``[memory]`` or a ModuleDict key
-        ``[bold]`` must print as written. In ASCII mode, units and ellipses are spelled in ASCII and
-        long text is clipped here."""
-        if not self.ascii_only:
-            return value if isinstance(value, Text) else Text(value)
-        plain = value.plain if isinstance(value, Text) else value
-        plain = plain.replace("µ", "u").replace("…", "...").replace("—", "-")
-        if len(plain) > width:
-            plain = plain[: max(0, width - 3)] + "..."
-        return Text(plain, style=value.style) if isinstance(value, Text) else Text(plain)
+    return Group(Text(title, style="bold"), table)
 
 
 def _merge_unattributed(profile: Profile) -> list[tuple[str, Metrics, Metrics, int]]:
@@ -335,127 +192,21 @@ def ops_table(
 ) -> RenderableType:
     """An op table like torch's ``key_averages().table()``, with layerscope's columns."""
     if ascii_only is None:
-        ascii_only = _wants_ascii()
-    show_shapes = any(r.input_shapes for r in rows)
-    show_stack = any(r.stack for r in rows)
-    show_module = any(r.module is not None or r.scope for r in rows)
-    show_phase = any(r.phase is not None for r in rows)
-    device = any(r.metrics.device_us for r in rows)
-    memory = any(r.metrics.cpu_alloc_bytes or r.metrics.device_alloc_bytes for r in rows)
-    flops = any(r.metrics.flops for r in rows)
+        ascii_only = wants_ascii()
     whole = total_cpu_us if total_cpu_us is not None else sum(r.metrics.self_cpu_us for r in rows)
-    headers = ["Op"]
-    headers += ["Phase"] if show_phase else []
-    headers += ["Module"] if show_module else []
-    headers += ["Input shapes"] if show_shapes else []
-    headers += ["Source location"] if show_stack else []
-    headers += ["Calls", "Self CPU", "Self %", "CPU total", "CPU avg"]
-    headers += ["Self device", "Device total"] if device else []
-    headers += ["Self alloc", "Alloc"] if memory else []
-    headers += ["FLOPs"] if flops else []
-    body: list[tuple[Text | str, ...]] = []
-    for r in rows:
-        m = r.metrics
-        cells: list[str] = [r.name]
-        if show_phase:
-            cells.append(r.phase.value if r.phase is not None else "")
-        if show_module:
-            cells.append(_clip(r.module if r.module is not None else (f"[{r.scope}]" if r.scope else ""), 32))
-        if show_shapes:
-            cells.append(_clip(r.input_shapes or "", 40))
-        if show_stack:  # like torch's "Source Location": one frame per line, innermost first
-            cells.append("\n".join(_clip(frame, 60) for frame in r.stack))
-        cells += [
-            str(r.calls),
-            fmt_time_us(m.self_cpu_us),
-            fmt_share(m.self_cpu_us, whole),
-            fmt_time_us(m.cpu_us),
-            fmt_time_us(m.cpu_us / r.calls) if r.calls else "",
-        ]
-        if device:
-            cells += [fmt_time_us(m.self_device_us), fmt_time_us(m.device_us)]
-        if memory:
-            cells += [
-                fmt_bytes(m.self_cpu_alloc_bytes + m.self_device_alloc_bytes),
-                fmt_bytes(m.cpu_alloc_bytes + m.device_alloc_bytes),
-            ]
-        if flops:
-            cells.append(fmt_si(m.flops))
-        body.append(tuple(cells))
-    return _FittedTable(
-        headers=headers,
-        sections=[body],
-        ascii_only=ascii_only,
-        caption="",
-        title=title or "",
-        text_columns={"Phase", "Module", "Input shapes", "Source location"},
-        drop_order=[
-            "CPU avg",
-            "Self alloc",
-            "Self %",
-            "Self device",
-            "Input shapes",
-            "Phase",
-            "Module",
-            "CPU total",
-            "Alloc",
-            "FLOPs",
-            "Device total",
-            "Source location",
-        ],
-    )
+    return FittedTable(op_columns(rows, whole), [rows], ascii_only=ascii_only, title=title or "")
 
 
 def steps_table(rows: Sequence[StepRow], ascii_only: bool | None = None) -> RenderableType:
     """The step table: wall, CPU, device, forward and backward time per step; outliers flagged with
     what made them slow."""
     if ascii_only is None:
-        ascii_only = _wants_ascii()
-    device = any(r.device_us for r in rows)
-    headers = [
-        "Step",
-        "Wall",
-        "CPU",
-        *(["Device"] if device else []),
-        "Forward",
-        "Backward",
-        "vs median",
-        "Note",
-    ]
-    body: list[tuple[Text | str, ...]] = []
-    for r in rows:
-        note = ""
-        if r.outlier:
-            note = f"slow: {r.cause}" + (f" (+{fmt_time_us(r.cause_excess_us)})" if r.cause_excess_us else "")
-        cells = [str(r.step), fmt_time_us(r.wall_us), fmt_time_us(r.cpu_us)]
-        cells += [fmt_time_us(r.device_us)] if device else []
-        cells += [fmt_time_us(r.forward_us), fmt_time_us(r.backward_us), f"{r.ratio_to_median:.2f}x", note]
-        body.append(
-            tuple(Text(c, style="bold red") if r.outlier and k == 0 else c for k, c in enumerate(cells))
-        )
+        ascii_only = wants_ascii()
     outliers = sum(r.outlier for r in rows)
     caption = (
         f"{outliers} outlier step{'s' if outliers != 1 else ''} (wall > 1.5x the median)" if outliers else ""
     )
-    return _FittedTable(
-        headers=headers,
-        sections=[body],
-        ascii_only=ascii_only,
-        caption=caption,
-        drop_order=["Device", "CPU", "Backward", "Forward"],
-        text_columns={"Note"},
-    )
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _wants_ascii() -> bool:
-    if os.environ.get("LAYERSCOPE_ASCII"):
-        return True
-    encoding = getattr(getattr(__import__("sys"), "stdout", None), "encoding", None) or "utf-8"
-    return "utf" not in encoding.lower()
+    return FittedTable(step_columns(rows), [rows], ascii_only=ascii_only, caption=caption)
 
 
 def make_console(file: IO[str] | None = None, width: int | None = None) -> Console:

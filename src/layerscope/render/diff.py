@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import orjson
 from rich.console import Group, RenderableType
 from rich.text import Text
 
 from layerscope.analysis.diff import DiffRow, ProfileDiff
-from layerscope.render.console import _FittedTable, _wants_ascii
+from layerscope.render.table_fit import Cell, Column, FittedTable, item, wants_ascii
 from layerscope.units import fmt_bytes, fmt_si, fmt_time_us
 
 
@@ -54,26 +54,34 @@ def summary_line(d: ProfileDiff) -> str:
     )
 
 
+def diff_columns(title: str) -> tuple[Column[Sequence[Cell]], ...]:
+    """The console diff table's columns, over :func:`row_cells` tuples."""
+    return (
+        Column("key", title, item(0), justify="left"),
+        Column("a", "A", item(1)),
+        Column("b", "B", item(2)),
+        Column("change", "Change", item(3)),
+        Column("percent", "%", item(4), drop=2),
+        Column("status", "Status", item(5), justify="left", drop=1),
+    )
+
+
 def diff_table(d: ProfileDiff, top: int = 15, ascii_only: bool | None = None) -> RenderableType:
     """Total change, then the modules and ops that changed most (absolute), new and vanished ones."""
     if ascii_only is None:
-        ascii_only = _wants_ascii()
+        ascii_only = wants_ascii()
     fmt = value_formatter(d.metric)
-    headers = ["", "A", "B", "Change", "%", "Status"]
     summary = summary_line(d)
     parts: list[RenderableType] = [Text(summary.replace("µ", "u") if ascii_only else summary, style="bold")]
     for title, rows in (("Modules", d.modules), ("Ops", d.ops)):
         if not rows:
             continue
-        body: list[tuple[Text | str, ...]] = [row_cells(r, fmt) for r in rows[:top]]
         parts.append(
-            _FittedTable(
-                headers=[title, *headers[1:]],
-                sections=[body],
+            FittedTable(
+                diff_columns(title),
+                [[row_cells(r, fmt) for r in rows[:top]]],
                 ascii_only=ascii_only,
                 caption=f"{len(rows) - top} more" if len(rows) > top else "",
-                drop_order=["Status", "%"],
-                text_columns={"Status"},
             )
         )
     return Group(*parts)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from layerscope.analysis.ranks import RankMerge
-from layerscope.render.console import _FittedTable, _wants_ascii
+from layerscope.analysis.ranks import ModuleAcrossRanks, RankMerge, RankSummary
+from layerscope.render.table_fit import Column, FittedTable, wants_ascii
 from layerscope.units import fmt_time_us
 
 
@@ -31,54 +31,37 @@ def straggler_line(merged: RankMerge) -> str:
     )
 
 
+RANK_COLUMNS: tuple[Column[RankSummary], ...] = (
+    Column("rank", "Rank", lambda s: str(s.rank), justify="left"),
+    Column("step", "Step", lambda s: fmt_time_us(s.wall_us)),
+    Column("model", "Model", lambda s: fmt_time_us(s.module_us)),
+    Column("collectives", "Collectives", lambda s: fmt_time_us(s.communication_us)),
+    Column("other", "Other", lambda s: fmt_time_us(s.other_us), drop=1),
+)
+
+
+def spread_columns(merged: RankMerge) -> tuple[Column[ModuleAcrossRanks], ...]:
+    """The columns of the modules that differ most across ranks."""
+    metric = "device" if merged.metric == "device_us" else "CPU"
+    return (
+        Column("module", f"Module self {metric} time", lambda r: f"{r.path or '(root)'} [{r.phase}]", "left"),
+        Column("mean", "Mean", lambda r: fmt_time_us(r.mean)),
+        Column("min", "Min", lambda r: fmt_time_us(min(r.present)), drop=1),
+        Column("max", "Max", lambda r: fmt_time_us(max(r.present))),
+        Column("slowest", "Slowest", lambda r: str(merged.slowest_rank(r))),
+        Column("skew", "Skew", lambda r: f"{r.skew:.2f}"),
+    )
+
+
 def ranks_view(merged: RankMerge, top: int = 10, ascii_only: bool | None = None) -> RenderableType:
     """The per-rank split, the modules with the largest spread across ranks, the straggler."""
     if ascii_only is None:
-        ascii_only = _wants_ascii()
-    parts: list[RenderableType] = []
-    ranks = [
-        (
-            str(s.rank),
-            fmt_time_us(s.wall_us),
-            fmt_time_us(s.module_us),
-            fmt_time_us(s.communication_us),
-            fmt_time_us(s.other_us),
-        )
-        for s in merged.summaries
-    ]
-    parts.append(
-        _FittedTable(
-            headers=["Rank", "Step", "Model", "Collectives", "Other"],
-            sections=[ranks],
-            ascii_only=ascii_only,
-            caption="",
-            drop_order=["Other"],
-        )
-    )
+        ascii_only = wants_ascii()
+    parts: list[RenderableType] = [FittedTable(RANK_COLUMNS, [merged.summaries], ascii_only=ascii_only)]
     rows = sorted(merged.modules, key=lambda r: -(max(r.present) - min(r.present)) if r.present else 0.0)[
         :top
     ]
-    body = [
-        (
-            f"{r.path or '(root)'} [{r.phase}]",
-            fmt_time_us(r.mean),
-            fmt_time_us(min(r.present)),
-            fmt_time_us(max(r.present)),
-            str(merged.slowest_rank(r)),
-            f"{r.skew:.2f}",
-        )
-        for r in rows
-    ]
-    metric = "device" if merged.metric == "device_us" else "CPU"
-    parts.append(
-        _FittedTable(
-            headers=[f"Module self {metric} time", "Mean", "Min", "Max", "Slowest", "Skew"],
-            sections=[body],
-            ascii_only=ascii_only,
-            caption="",
-            drop_order=["Min"],
-        )
-    )
+    parts.append(FittedTable(spread_columns(merged), [rows], ascii_only=ascii_only))
     if merged.gaps:
         parts.append(
             Text(

@@ -1,0 +1,85 @@
+"""File outputs by suffix: ``Profile.export`` and ``layerscope report`` share one writer table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import layerscope as ls
+from layerscope.attribution import build_profile
+from layerscope.cli import main
+from layerscope.errors import UsageError
+from layerscope.model.profile import Profile
+from layerscope.render.writers import FORMATS, WRITERS, find_writer
+from tests.test_build_synthetic import CATALOG, forward_backward_table
+
+
+@pytest.fixture
+def profile() -> Profile:
+    p = build_profile(forward_backward_table(), CATALOG, {"model": "Net", "options": {"memory": True}})
+    p.validate()
+    return p
+
+
+@pytest.mark.parametrize(
+    ("name", "start"),
+    [
+        ("r.html", b"<!doctype html>"),
+        ("r.HTM", b"<!doctype html>"),
+        ("r.collapsed", b"Net;"),
+        ("r.folded", b"Net;"),
+        ("r.txt", b"Net;"),
+        ("r.svg", b"<?xml"),
+    ],
+)
+def test_export_writes_one_file_per_suffix_as_report_does(
+    profile: Profile, tmp_path: Path, name: str, start: bytes
+) -> None:
+    (tmp_path / "api").mkdir()
+    written = profile.export(tmp_path / "api" / name)
+    assert written == [tmp_path / "api" / name]
+    data = written[0].read_bytes()
+    assert data.lower().startswith(start.lower())
+    saved = profile.save(tmp_path / "run.json")
+    assert main(["report", str(saved), "-o", str(tmp_path / name)]) == 0
+    assert (tmp_path / name).read_bytes() == data
+    assert sorted(p.name for p in (tmp_path / "api").iterdir()) == [name]  # no temp file left behind
+
+
+def test_export_csv_writes_two_files(profile: Profile, tmp_path: Path) -> None:
+    written = profile.export(tmp_path / "r.csv")
+    assert written == [tmp_path / "r.modules.csv", tmp_path / "r.ops.csv"]
+    assert written[0].read_text().startswith("path,type,calls,params_total,phase,")
+    assert written[1].read_text().startswith("name,phase,module,unattributed,input_shapes,calls,")
+
+
+@pytest.mark.parametrize("name", ["copy.json", "copy.json.gz"])
+def test_export_json_round_trips(profile: Profile, tmp_path: Path, name: str) -> None:
+    written = profile.export(str(tmp_path / name))
+    assert written == [tmp_path / name]
+    assert ls.load(written[0]) == profile
+
+
+def test_export_options_reach_the_stack_writers(profile: Profile, tmp_path: Path) -> None:
+    by_time = profile.export(tmp_path / "t.collapsed")[0].read_text()
+    by_alloc = profile.export(tmp_path / "a.collapsed", metric="cpu_alloc_bytes")[0].read_text()
+    assert by_time != by_alloc
+    with pytest.raises(UsageError, match="cannot weigh stacks"):
+        profile.export(tmp_path / "x.svg", metric="nonsense")
+    with pytest.raises(UsageError, match="needs Python stacks"):
+        profile.export(tmp_path / "x.folded", frames="source")
+
+
+def test_export_unknown_suffix_names_the_known_ones(profile: Profile, tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as caught:
+        profile.export(tmp_path / "r.xyz")
+    message = str(caught.value)
+    assert "\n" not in message and "r.xyz" in message
+    assert all(suffix in message for suffix in WRITERS)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_table_matches_the_report_formats() -> None:
+    assert list(FORMATS) == ["html", "csv", "collapsed", "svg", "json"]
+    assert find_writer("A.JSON.GZ") is WRITERS[".json.gz"] and find_writer("a.gz") is None

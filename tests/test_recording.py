@@ -161,7 +161,7 @@ def test_scope_plan_is_kept_in_meta_and_shown(tmp_path: Path, capsys: pytest.Cap
     assert main(["show", str(path), "--scopes", "--ascii"]) == 0
     out = capsys.readouterr().out
     assert "module_scopes='ranges'" in out and "TorchScript runs no Python hooks" in out
-    rows = [line for line in out.splitlines() if line.startswith("| patched ")]
+    rows = [line for line in out.splitlines() if line.lstrip("| ").startswith("patched ")]
     assert len(rows) == 1 and "hooks" in rows[0]
     mlp = nn.Sequential(nn.Linear(4, 4))
     with ls.profile() as prof:

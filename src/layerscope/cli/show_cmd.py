@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         from layerscope.render.console import make_console
         from layerscope.render.scope_table import scope_table
 
-        make_console().print(scope_table(profile, ascii_only=bool(args.ascii)))
+        make_console().print(scope_table(profile, ascii_only=True if args.ascii else None))
         return 0
     note_missing_modules(profile)
     print_profile(profile, args)

@@ -6,10 +6,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich import box
+from rich.console import Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from layerscope.errors import UsageError
 from layerscope.model.profile import Profile
+from layerscope.render.table_fit import Column, wants_ascii
 
 
 @dataclass(frozen=True)
@@ -43,15 +46,25 @@ def _reason(reasons: list[Any], k: int) -> tuple[str, str | None, str]:
     return str(mechanism), clock if clock is None else str(clock), str(reason)
 
 
-def scope_table(profile: Profile, ascii_only: bool = False) -> Table:
-    """Module, type, mechanism, clock and reason for every module of the plan."""
-    table = Table(
-        title=f"module scopes: {profile.meta.get('module_scopes', '?')}",
-        box=box.ASCII if ascii_only else box.HEAVY_HEAD,
-        title_justify="left",
-    )
-    for title in ("Module", "Type", "Mechanism", "Clock", "Reason"):
-        table.add_column(title, overflow="fold")
+SCOPE_COLUMNS: tuple[Column[ScopeRow], ...] = (
+    Column("module", "Module", lambda r: r.path or "(root)", justify="left"),
+    Column("type", "Type", lambda r: r.type_name, justify="left", drop=2),
+    Column("mechanism", "Mechanism", lambda r: r.mechanism, justify="left"),
+    Column("clock", "Clock", lambda r: r.clock or "-", justify="left", drop=1),
+    Column("reason", "Reason", lambda r: r.reason, justify="left"),
+)
+
+
+def scope_table(profile: Profile, ascii_only: bool | None = None) -> RenderableType:
+    """Module, type, mechanism, clock and reason for every module of the plan, under a title line.
+
+    Reasons are prose: on a narrow terminal they wrap (a plain rich table with folding cells)
+    rather than columns being left out as :class:`FittedTable` does for figures."""
+    ascii_table = wants_ascii() if ascii_only is None else ascii_only
+    table = Table(box=box.ASCII2 if ascii_table else box.SIMPLE_HEAVY, pad_edge=False)
+    for column in SCOPE_COLUMNS:
+        table.add_column(column.title, overflow="fold", no_wrap=column.key != "reason")
     for row in scope_rows(profile):
-        table.add_row(row.path or "(root)", row.type_name, row.mechanism, row.clock or "-", row.reason)
-    return table
+        table.add_row(*(column.cell(row) for column in SCOPE_COLUMNS))
+    title = Text(f"module scopes: {profile.meta.get('module_scopes', '?')}", style="bold")
+    return Group(title, table)

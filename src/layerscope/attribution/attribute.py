@@ -79,6 +79,7 @@ def build_profile(
         swept.compiled_graph_spans,
         graphs_from_meta(graph_entries),
         catalog,
+        buckets,
         swept.module_calls,
     )
     parent = np.asarray(swept.parent, dtype=np.int64)
@@ -155,15 +156,19 @@ def build_profile(
     )
 
     # ---- assemble ------------------------------------------------------------------------------------
-    own = [(bucket_metrics(2 * m), bucket_metrics(2 * m + 1)) for m in range(len(catalog))]
+    own = [
+        (bucket_metrics(buckets.forward(m)), bucket_metrics(buckets.backward(m))) for m in range(len(catalog))
+    ]
     first_call: dict[int, int] = {}
     for i in swept.module_windows:
         first_call.setdefault(named.role_module[table.span_name[i]], len(first_call))
     root = assemble_tree(catalog, own, swept.module_calls, first_call)
-    two_m = 2 * len(catalog)
     unattributed = tuple(
         UnattributedEntry(
-            label=label, phase=phase, calls=buckets.occurrences[k], metrics=bucket_metrics(two_m + k)
+            label=label,
+            phase=phase,
+            calls=buckets.occurrences[k],
+            metrics=bucket_metrics(buckets.label_bucket(k)),
         )
         for k, (label, phase) in enumerate(buckets.labels)
     )
@@ -194,7 +199,7 @@ def build_profile(
         excl,
         device_total,
         catalog,
-        [label for label, _ in buckets.labels],
+        buckets,
         {node.path for node in root.walk()},
         drop_idle_last=not named.regions,
     )
@@ -223,14 +228,14 @@ def backward_ranges(table: EventTable) -> list[tuple[str, int, int, int]]:
     module owns: where each layer's backward ran (for trace views)."""
     named = name_roles(table.names, None)
     catalog = named.catalog
-    swept = sweep(table, time_order(table), named.roles, named.role_module, Buckets(len(catalog)))
+    buckets = Buckets(len(catalog))
+    swept = sweep(table, time_order(table), named.roles, named.role_module, buckets)
     ranges: list[tuple[str, int, int, int]] = []
-    two_m = 2 * len(catalog)
     for i in swept.backward_windows:
         b = swept.bucket[i]
-        if not (0 <= b < two_m and b & 1):
+        if not buckets.is_backward(b):
             continue
-        path, tid = catalog[b // 2].path, table.span_tid[i]
+        path, tid = catalog[buckets.module_of(b)].path, table.span_tid[i]
         start, end = table.span_ts[i], table.span_ts[i] + table.span_dur[i]
         last = ranges[-1] if ranges else None
         if last is not None and last[0] == path and last[1] == tid:

@@ -229,8 +229,7 @@ def memory_timeline(
     )
     owner = owners[int(by_time[peak])]
     b = bucket[owner] if owner >= 0 else -1
-    two_m = 2 * buckets.module_count
-    where = "(outside ops)" if b < 0 else catalog[b // 2].path if b < two_m else buckets.labels[b - two_m][0]
+    where = "(outside ops)" if b < 0 else buckets.where(b, catalog)
     phase = None if b < 0 else str(buckets.phase_of(b))
     return {
         "t_us": [round((int(ts[by_time[k]]) - start_ns) / 1000.0, 3) for k in keep],

@@ -103,7 +103,10 @@ def sweep(
     compiled_graph_spans: list[int] = []
     compiling = -1  # the bucket of compilation, once seen
     top_level_ns = 0
-    two_m = 2 * buckets.module_count
+    # Bucket numbers as tables (Buckets owns the numbering): a list index per event, no method call.
+    forward_bucket = buckets.forward_buckets()  # per module
+    backward_of = buckets.backward_of_forward()  # per module bucket: its backward twin, or -1
+    module_buckets = buckets.module_bucket_count
     names = table.names
     current_tid = None
     open_idx: list[int] = []
@@ -144,15 +147,14 @@ def sweep(
             b = compiling  # whatever torch.compile runs while compiling (autograd on fake tensors too)
         elif role == ROLE_MODULE:
             m = role_module[name_id]
-            b = 2 * m
+            b = forward_bucket[m]
             module_calls[m] += 1
             module_windows.append(i)
         elif role == ROLE_BACKWARD_NODE:
             owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
             fb = bucket[owner] if owner >= 0 else -1
-            if 0 <= fb < two_m and not fb & 1:
-                b = fb + 1
-            else:
+            b = backward_of[fb] if 0 <= fb < module_buckets else -1  # the owner's module, backward
+            if b < 0:
                 b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX) :], Phase.BACKWARD)
             backward_windows.append(i)
         elif role == ROLE_STEP:

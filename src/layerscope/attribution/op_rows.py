@@ -116,13 +116,14 @@ def op_rows(
     exact_flops = [0] * rows
     for j in np.flatnonzero(flops[idx]).tolist():
         exact_flops[int(row_of[j])] += int(flops[idx[j]])
-    paths = [info.path for info in catalog]
-    two_m = 2 * buckets.module_count
     result: list[OpStats] = []
     # Plain Python lists: indexing numpy arrays element by element is ~10x slower.
     col = {k: v.tolist() for k, v in cols.items()}
     calls_list = calls.tolist()
+    # Per bucket, once: its phase, its module's path (None for a label) and its label ("" for a module).
     phases = [buckets.phase_of(b) for b in range(buckets.count)]
+    modules = [buckets.where(b, catalog) if buckets.is_module(b) else None for b in range(buckets.count)]
+    scopes = ["" if buckets.is_module(b) else buckets.where(b, catalog) for b in range(buckets.count)]
     all_stacks = stacks[1] if stacks is not None else []
     for r, key in enumerate(uniq.tolist()):
         stack_id = row_stack[r] if row_stack else -1
@@ -130,14 +131,12 @@ def op_rows(
         rest = key // ns
         b = rest % nb
         name_id = rest // nb
-        module = paths[b // 2] if b < two_m else None
-        scope = "" if b < two_m else buckets.labels[b - two_m][0]
         fl = exact_flops[r]
         result.append(
             OpStats(
                 name=names[name_id],
                 phase=phases[b],
-                module=module,
+                module=modules[b],
                 input_shapes=names[shape_id] if shape_id >= 0 else None,
                 calls=calls_list[r],
                 metrics=Metrics(
@@ -154,7 +153,7 @@ def op_rows(
                     int(col["self_retained_bytes"][r]),
                     int(col["retained_bytes"][r]),
                 ),
-                scope=scope,
+                scope=scopes[b],
                 stack=all_stacks[stack_id] if stack_id >= 0 else (),
             )
         )

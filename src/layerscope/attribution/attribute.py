@@ -36,7 +36,7 @@ from layerscope.attribution.stacks import op_stacks
 from layerscope.attribution.steps import step_stats
 from layerscope.attribution.tree import assemble_tree
 from layerscope.events.table import EventKind, EventTable
-from layerscope.model.metrics import Metrics
+from layerscope.model.metrics import Metrics, own_metrics
 from layerscope.model.profile import Phase, Profile, UnattributedEntry
 
 
@@ -120,23 +120,19 @@ def build_profile(
     if table.mem_ts:
         window_peaks(table, swept.module_windows + swept.backward_windows, swept.bucket, peaks)
 
+    per_bucket = {
+        "cpu_us": self_cpu_ns / 1000.0,
+        "device_us": self_dev_ns / 1000.0,
+        "flops": self_flops,
+        "cpu_alloc_bytes": mem.cpu_alloc,
+        "device_alloc_bytes": mem.device_alloc,
+        "retained_bytes": mem.retained,
+        "cpu_peak_bytes": [cpu for cpu, _ in peaks],
+        "device_peak_bytes": [dev for _, dev in peaks],
+    }
+
     def bucket_metrics(b: int) -> Metrics:
-        return Metrics(
-            self_cpu_us=float(self_cpu_ns[b]) / 1000.0,
-            cpu_us=float(self_cpu_ns[b]) / 1000.0,
-            self_device_us=float(self_dev_ns[b]) / 1000.0,
-            device_us=float(self_dev_ns[b]) / 1000.0,
-            self_flops=self_flops[b],
-            flops=self_flops[b],
-            self_cpu_alloc_bytes=int(mem.cpu_alloc[b]),
-            cpu_alloc_bytes=int(mem.cpu_alloc[b]),
-            self_device_alloc_bytes=int(mem.device_alloc[b]),
-            device_alloc_bytes=int(mem.device_alloc[b]),
-            self_retained_bytes=int(mem.retained[b]),
-            retained_bytes=int(mem.retained[b]),
-            cpu_peak_bytes=peaks[b][0],
-            device_peak_bytes=peaks[b][1],
-        )
+        return own_metrics(per_bucket, b)
 
     # ---- op rows ---------------------------------------------------------------------------------------
     device_total = inclusive(device.self_ns.astype(np.float64), parent, by_level)
@@ -172,24 +168,18 @@ def build_profile(
         )
         for k, (label, phase) in enumerate(buckets.labels)
     )
-    device_us = device.total_ns(table) / 1000.0
-    all_flops = int(counted_flops.sum())
     mem_totals = memory_totals(table)
-    totals = Metrics(
-        self_cpu_us=swept.top_level_ns / 1000.0,
-        cpu_us=swept.top_level_ns / 1000.0,
-        self_device_us=device_us,
-        device_us=device_us,
-        self_flops=all_flops,
-        flops=all_flops,
-        self_cpu_alloc_bytes=mem_totals.cpu_alloc,
-        cpu_alloc_bytes=mem_totals.cpu_alloc,
-        self_device_alloc_bytes=mem_totals.device_alloc,
-        device_alloc_bytes=mem_totals.device_alloc,
-        self_retained_bytes=mem_totals.net,
-        retained_bytes=mem_totals.net,
-        cpu_peak_bytes=root.total.cpu_peak_bytes,
-        device_peak_bytes=root.total.device_peak_bytes,
+    totals = own_metrics(
+        {
+            "cpu_us": swept.top_level_ns / 1000.0,
+            "device_us": device.total_ns(table) / 1000.0,
+            "flops": int(counted_flops.sum()),
+            "cpu_alloc_bytes": mem_totals.cpu_alloc,
+            "device_alloc_bytes": mem_totals.device_alloc,
+            "retained_bytes": mem_totals.net,
+            "cpu_peak_bytes": root.total.cpu_peak_bytes,
+            "device_peak_bytes": root.total.device_peak_bytes,
+        }
     )
     steps = step_stats(
         table,

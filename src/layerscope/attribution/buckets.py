@@ -88,13 +88,9 @@ class Buckets:
         """Per module (catalog index), its forward bucket: a table for hot loops."""
         return [self.forward(m) for m in range(self.module_count)]
 
-    def backward_of_forward(self) -> list[int]:
-        """Per module bucket, the same module's backward bucket where it is a forward one, else -1: a
-        table for hot loops."""
-        return [
-            self.backward(self.module_of(b)) if self.is_forward(b) else -1
-            for b in range(self.module_bucket_count)
-        ]
+    def backward_of_forward(self) -> dict[int, int]:
+        """Per forward bucket, the same module's backward bucket: a table for hot loops."""
+        return {self.forward(m): self.backward(m) for m in range(self.module_count)}
 
     @property
     def forward_slice(self) -> slice:

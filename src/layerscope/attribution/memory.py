@@ -174,7 +174,7 @@ def window_peaks(table: EventTable, windows: list[int], bucket: list[int], peaks
             base = np.where(lo > 0, cum[np.maximum(lo - 1, 0)], 0)
             window_peak = _range_max(cum, lo, hi) - base
             # Largest window per bucket: sort by (bucket, peak) and keep each bucket's last entry
-            # (np.maximum.at is an order of magnitude slower).
+            # (vectorised, where np.maximum.at is not).
             by = np.lexsort((window_peak, owners))
             last = np.flatnonzero(np.diff(owners[by], append=-1) != 0)
             for b, peak in zip(owners[by][last].tolist(), window_peak[by][last].tolist(), strict=True):

@@ -178,7 +178,7 @@ def _row_sums(
     exact_flops = [0] * rows
     for j in np.flatnonzero(flops[idx]).tolist():
         exact_flops[int(row_of[j])] += int(flops[idx[j]])
-    # Plain Python lists: indexing numpy arrays element by element is ~10x slower.
+    # Plain Python lists: the rows are built one element at a time, which numpy scalars make slow.
     return {k: v.tolist() for k, v in cols.items()}, exact_flops, np.bincount(row_of, minlength=rows).tolist()
 
 

@@ -72,7 +72,7 @@ def build_profile(
     found = table.meta.get("layerscope")
     saved: dict[str, Any] = found if isinstance(found, dict) else {}
 
-    # ---- name roles: the catalog, what each name means, where work can go ------------------------------
+    # ---- name roles: the catalog, what each name means, where work can go ----------------------------
     named = name_roles(
         table.names, catalog, _saved_modules(saved), _annotation_names(table) if catalog is None else None
     )
@@ -84,11 +84,11 @@ def build_profile(
     graph_entries = compiled_graphs if compiled_graphs is not None else saved.get("compiled_graphs")
     nested = _nest(table, named, buckets, graphs_from_meta(graph_entries), modules_known)
 
-    # ---- link devices: kernels to their launching op ------------------------------------------------
+    # ---- link devices: kernels to their launching op -------------------------------------------------
     device = link_device_work(table, nested.order, nested.swept.parent)
     device_total = inclusive(device.self_ns.astype(np.float64), nested.parent, nested.levels)
 
-    # ---- memory: each event to the innermost CPU span containing it ---------------------------------
+    # ---- memory: each event to the innermost CPU span containing it ----------------------------------
     owners = (
         memory_owners(table, nested.order, nested.parent) if table.mem_ts else np.zeros(0, dtype=np.int64)
     )
@@ -104,7 +104,7 @@ def build_profile(
     # ---- op rows -------------------------------------------------------------------------------------
     rows = _op_rows(table, named, buckets, nested, device, device_total, owners)
 
-    # ---- assemble: the tree, the unattributed entries, the totals, the steps ------------------------
+    # ---- assemble: the tree, the unattributed entries, the totals, the steps -------------------------
     per_bucket = _bucket_metrics(table, buckets, nested, device, owners, outside_bucket, unlinked_bucket)
     root = _module_tree(table, named, buckets, nested.swept, per_bucket)
     steps = step_stats(

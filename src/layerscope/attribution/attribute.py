@@ -232,13 +232,13 @@ def _bucket_metrics(
     peaks = [[0, 0] for _ in range(nb)]  # per bucket: [cpu, device]
     if table.mem_ts:
         window_peaks(table, swept.module_windows + swept.backward_windows, swept.bucket, peaks)
-    per_bucket = {
-        "cpu_us": self_cpu_ns / 1000.0,
-        "device_us": self_dev_ns / 1000.0,
+    per_bucket = {  # lists, not arrays: read one element at a time
+        "cpu_us": (self_cpu_ns / 1000.0).tolist(),
+        "device_us": (self_dev_ns / 1000.0).tolist(),
         "flops": self_flops,
-        "cpu_alloc_bytes": mem.cpu_alloc,
-        "device_alloc_bytes": mem.device_alloc,
-        "retained_bytes": mem.retained,
+        "cpu_alloc_bytes": mem.cpu_alloc.tolist(),
+        "device_alloc_bytes": mem.device_alloc.tolist(),
+        "retained_bytes": mem.retained.tolist(),
         "cpu_peak_bytes": [cpu for cpu, _ in peaks],
         "device_peak_bytes": [dev for _, dev in peaks],
     }

@@ -117,9 +117,10 @@ def own_metrics(figures: Mapping[str, Any], k: int | None = None) -> Metrics:
 
 #: The figures :func:`own_metrics` reads: the inclusive field of each additive pair, and the peaks.
 OWN_FIGURES: frozenset[str] = frozenset(total for _, total in ADDITIVE_PAIRS) | frozenset(PEAK_FIELDS)
+_FLOAT_FIGURES = frozenset(name for name in OWN_FIGURES if name.endswith("_us"))
 
 
 def _own_figure(figures: Mapping[str, Any], name: str, k: int | None) -> float | int:
     found = figures.get(name)
     value = 0 if found is None else found if k is None else found[k]
-    return float(value) if name.endswith("_us") else int(value)
+    return float(value) if name in _FLOAT_FIGURES else int(value)

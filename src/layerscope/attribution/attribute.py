@@ -9,6 +9,7 @@ buckets, so that ``Profile.validate()`` can reconcile the two.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,11 +18,17 @@ from layerscope.attribution.buckets import (
     LABEL_MEMORY_OUTSIDE_OPS,
     LABEL_UNLINKED_DEVICE,
     Buckets,
+    NameRoles,
     name_roles,
 )
 from layerscope.attribution.catalog import ModuleInfo
-from layerscope.attribution.compiled import attribute_compiled_kernels, graphs_from_meta
-from layerscope.attribution.devices import link_device_work
+from layerscope.attribution.compiled import (
+    CompiledAttribution,
+    CompiledGraph,
+    attribute_compiled_kernels,
+    graphs_from_meta,
+)
+from layerscope.attribution.devices import DeviceWork, link_device_work
 from layerscope.attribution.memory import (
     bucket_memory,
     memory_owners,
@@ -30,14 +37,22 @@ from layerscope.attribution.memory import (
     span_memory,
     window_peaks,
 )
-from layerscope.attribution.nesting import depths, inclusive, levels, outermost_flops, sweep, time_order
+from layerscope.attribution.nesting import (
+    Sweep,
+    depths,
+    inclusive,
+    levels,
+    outermost_flops,
+    sweep,
+    time_order,
+)
 from layerscope.attribution.op_rows import SpanFigures, op_rows
 from layerscope.attribution.stacks import op_stacks
 from layerscope.attribution.steps import step_stats
 from layerscope.attribution.tree import assemble_tree
 from layerscope.events.table import EventKind, EventTable
-from layerscope.model.metrics import Metrics
-from layerscope.model.profile import Phase, Profile, UnattributedEntry
+from layerscope.model.metrics import Metrics, own_metrics
+from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, UnattributedEntry
 
 
 def build_profile(
@@ -54,45 +69,29 @@ def build_profile(
     trace saved by layerscope carries its own.
     """
     table.check()
-    catalog_given = catalog is not None
     found = table.meta.get("layerscope")
     saved: dict[str, Any] = found if isinstance(found, dict) else {}
-    graph_entries = compiled_graphs if compiled_graphs is not None else saved.get("compiled_graphs")
+
+    # ---- name roles: the catalog, what each name means, where work can go ----------------------------
     named = name_roles(
         table.names, catalog, _saved_modules(saved), _annotation_names(table) if catalog is None else None
     )
-    catalog = named.catalog
-    buckets = Buckets(len(catalog))
+    buckets = Buckets(len(named.catalog))
+    # a live capture always knows its modules; a trace does when it has module ranges (or saved ones)
+    modules_known = catalog is not None or (bool(named.module_ranges) and not named.regions)
 
     # ---- nest: parents, exclusive time, buckets, FLOPs that count ------------------------------------
-    order = time_order(table)
-    # a live capture always knows its modules; a trace does when it has module ranges (or saved ones)
-    modules_known = catalog_given or (bool(named.module_ranges) and not named.regions)
-    swept = sweep(
-        table, order, named.roles, named.role_module, buckets, recorded_ops_are_forward=not modules_known
-    )
-    compiled = attribute_compiled_kernels(
-        table,
-        order,
-        swept.parent,
-        swept.bucket,
-        swept.compiled_graph_spans,
-        graphs_from_meta(graph_entries),
-        catalog,
-        swept.module_calls,
-    )
-    parent = np.asarray(swept.parent, dtype=np.int64)
-    bucket_arr = np.asarray(swept.bucket, dtype=np.int64)
-    by_level = levels(order, depths(parent))
-    # Ops run while compiling work on fake tensors: their FLOPs are no work done.
-    compiling = bucket_arr == swept.compiling_bucket if swept.compiling_bucket >= 0 else None
-    counted_flops = outermost_flops(table.span_flops, parent, by_level, compiling)
+    graph_entries = compiled_graphs if compiled_graphs is not None else saved.get("compiled_graphs")
+    nested = _nest(table, named, buckets, graphs_from_meta(graph_entries), modules_known)
 
-    # ---- link devices: kernels to their launching op ------------------------------------------------
-    device = link_device_work(table, order, swept.parent)
+    # ---- link devices: kernels to their launching op -------------------------------------------------
+    device = link_device_work(table, nested.order, nested.swept.parent)
+    device_total = inclusive(device.self_ns.astype(np.float64), nested.parent, nested.levels)
 
-    # ---- memory: each event to the innermost CPU span containing it ---------------------------------
-    owners = memory_owners(table, order, parent) if table.mem_ts else np.zeros(0, dtype=np.int64)
+    # ---- memory: each event to the innermost CPU span containing it ----------------------------------
+    owners = (
+        memory_owners(table, nested.order, nested.parent) if table.mem_ts else np.zeros(0, dtype=np.int64)
+    )
     outside = int((owners == -1).sum())
     # Label buckets are numbered in order of first use: memory outside ops, then unlinked device work.
     outside_bucket = buckets.unattributed(LABEL_MEMORY_OUTSIDE_OPS, Phase.OTHER, outside) if outside else -1
@@ -102,120 +101,215 @@ def build_profile(
         else -1
     )
 
-    # ---- sums per bucket ---------------------------------------------------------------------------
-    nb = buckets.count
-    bucket = bucket_arr
+    # ---- op rows -------------------------------------------------------------------------------------
+    rows = _op_rows(table, named, buckets, nested, device, device_total, owners)
+
+    # ---- assemble: the tree, the unattributed entries, the totals, the steps -------------------------
+    per_bucket = _bucket_metrics(table, buckets, nested, device, owners, outside_bucket, unlinked_bucket)
+    root = _module_tree(table, named, buckets, nested.swept, per_bucket)
+    steps = step_stats(
+        table,
+        nested.swept.step_spans,
+        nested.order,
+        nested.bucket,
+        nested.excl,
+        device_total,
+        named.catalog,
+        buckets,
+        {node.path for node in root.walk()},
+        drop_idle_last=not named.regions,
+    )
+    return Profile(
+        meta=_profile_meta(table, named, buckets, nested, owners, meta, modules_known),
+        root=root,
+        op_rows=rows,
+        unattributed=_unattributed(buckets, per_bucket),
+        totals=_totals(table, nested, device, root),
+        steps=steps,
+    )
+
+
+@dataclass(frozen=True)
+class _Nested:
+    """The sweep's findings, compiled kernels placed, as arrays, with what follows from nesting alone."""
+
+    order: np.ndarray  # CPU spans in time order
+    swept: Sweep  # its ``bucket`` list has the compiled kernels placed, like ``bucket``
+    parent: np.ndarray
+    bucket: np.ndarray
+    excl: np.ndarray
+    levels: list[np.ndarray]  # span indices by nesting depth
+    flops: np.ndarray  # FLOPs that count (outermost only, none while compiling)
+    compiled: CompiledAttribution
+
+
+def _nest(
+    table: EventTable, named: NameRoles, buckets: Buckets, graphs: list[CompiledGraph], modules_known: bool
+) -> _Nested:
+    """The sweep over CPU spans, then the kernels of compiled graphs moved to their modules."""
+    order = time_order(table)
+    swept = sweep(
+        table, order, named.roles, named.role_module, buckets, recorded_ops_are_forward=not modules_known
+    )
+    compiled = attribute_compiled_kernels(
+        table,
+        order,
+        swept.parent,
+        swept.bucket,
+        swept.compiled_graph_spans,
+        graphs,
+        named.catalog,
+        buckets,
+        swept.module_calls,
+    )
+    parent = np.asarray(swept.parent, dtype=np.int64)
+    bucket = np.asarray(swept.bucket, dtype=np.int64)
+    by_level = levels(order, depths(parent))
+    # Ops run while compiling work on fake tensors: their FLOPs are no work done.
+    compiling = bucket == swept.compiling_bucket if swept.compiling_bucket >= 0 else None
+    counted_flops = outermost_flops(table.span_flops, parent, by_level, compiling)
     excl = np.asarray(swept.excl, dtype=np.int64)
-    b_order = bucket[order]
-    self_cpu_ns = np.bincount(b_order, weights=excl[order], minlength=nb)
-    self_dev_ns = np.bincount(b_order, weights=device.self_ns[order], minlength=nb)
-    for k in device.unlinked:
-        self_dev_ns[unlinked_bucket] += table.span_dur[k]
-    self_flops = [0] * nb
-    for i in np.flatnonzero(counted_flops).tolist():
-        self_flops[swept.bucket[i]] += int(counted_flops[i])
-    mem = bucket_memory(table, owners, bucket, outside_bucket, nb)
-    peaks = [[0, 0] for _ in range(nb)]  # per bucket: [cpu, device]
-    if table.mem_ts:
-        window_peaks(table, swept.module_windows + swept.backward_windows, swept.bucket, peaks)
+    return _Nested(order, swept, parent, bucket, excl, by_level, counted_flops, compiled)
 
-    def bucket_metrics(b: int) -> Metrics:
-        return Metrics(
-            self_cpu_us=float(self_cpu_ns[b]) / 1000.0,
-            cpu_us=float(self_cpu_ns[b]) / 1000.0,
-            self_device_us=float(self_dev_ns[b]) / 1000.0,
-            device_us=float(self_dev_ns[b]) / 1000.0,
-            self_flops=self_flops[b],
-            flops=self_flops[b],
-            self_cpu_alloc_bytes=int(mem.cpu_alloc[b]),
-            cpu_alloc_bytes=int(mem.cpu_alloc[b]),
-            self_device_alloc_bytes=int(mem.device_alloc[b]),
-            device_alloc_bytes=int(mem.device_alloc[b]),
-            self_retained_bytes=int(mem.retained[b]),
-            retained_bytes=int(mem.retained[b]),
-            cpu_peak_bytes=peaks[b][0],
-            device_peak_bytes=peaks[b][1],
-        )
 
-    # ---- op rows ---------------------------------------------------------------------------------------
-    device_total = inclusive(device.self_ns.astype(np.float64), parent, by_level)
+def _op_rows(
+    table: EventTable,
+    named: NameRoles,
+    buckets: Buckets,
+    nested: _Nested,
+    device: DeviceWork,
+    device_total: np.ndarray,
+    owners: np.ndarray,
+) -> tuple[OpStats, ...]:
+    """The op table, from each span's own and inclusive figures."""
     figures = SpanFigures(
-        excl=excl,
+        excl=nested.excl,
         device_self=device.self_ns,
         device_total=device_total,
-        flops=counted_flops,
-        memory=span_memory(table, owners, parent, by_level),
+        flops=nested.flops,
+        memory=span_memory(table, owners, nested.parent, nested.levels),
     )
     # A region (a user annotation standing in for a module) can launch device work itself: it stays
     # an op row, where a layerscope module range never is one.
     range_names = {} if named.regions else named.module_ranges
     stacks = op_stacks(table)  # Python call stacks (with_stack); None when none were recorded
-    rows = op_rows(
-        table, order, parent, bucket, buckets, catalog, range_names, figures, device.unlinked, stacks
+    return op_rows(
+        table,
+        nested.order,
+        nested.parent,
+        nested.bucket,
+        buckets,
+        named.catalog,
+        range_names,
+        figures,
+        device.unlinked,
+        stacks,
     )
 
-    # ---- assemble ------------------------------------------------------------------------------------
-    own = [(bucket_metrics(2 * m), bucket_metrics(2 * m + 1)) for m in range(len(catalog))]
+
+def _bucket_metrics(
+    table: EventTable,
+    buckets: Buckets,
+    nested: _Nested,
+    device: DeviceWork,
+    owners: np.ndarray,
+    outside_bucket: int,
+    unlinked_bucket: int,
+) -> list[Metrics]:
+    """Every bucket's own metrics: the sums over its spans (exclusive time, device time they launched,
+    FLOPs that count, memory) and the highest peak of its windows (module calls, backward nodes)."""
+    nb = buckets.count
+    order, swept = nested.order, nested.swept
+    b_order = nested.bucket[order]
+    self_cpu_ns = np.bincount(b_order, weights=nested.excl[order], minlength=nb)
+    self_dev_ns = np.bincount(b_order, weights=device.self_ns[order], minlength=nb)
+    for k in device.unlinked:
+        self_dev_ns[unlinked_bucket] += table.span_dur[k]
+    self_flops = [0] * nb
+    for i in np.flatnonzero(nested.flops).tolist():
+        self_flops[swept.bucket[i]] += int(nested.flops[i])
+    mem = bucket_memory(table, owners, nested.bucket, outside_bucket, nb)
+    peaks = [[0, 0] for _ in range(nb)]  # per bucket: [cpu, device]
+    if table.mem_ts:
+        window_peaks(table, swept.module_windows + swept.backward_windows, swept.bucket, peaks)
+    per_bucket = {  # lists, not arrays: read one element at a time
+        "cpu_us": (self_cpu_ns / 1000.0).tolist(),
+        "device_us": (self_dev_ns / 1000.0).tolist(),
+        "flops": self_flops,
+        "cpu_alloc_bytes": mem.cpu_alloc.tolist(),
+        "device_alloc_bytes": mem.device_alloc.tolist(),
+        "retained_bytes": mem.retained.tolist(),
+        "cpu_peak_bytes": [cpu for cpu, _ in peaks],
+        "device_peak_bytes": [dev for _, dev in peaks],
+    }
+    return [own_metrics(per_bucket, b) for b in range(nb)]
+
+
+def _module_tree(
+    table: EventTable, named: NameRoles, buckets: Buckets, swept: Sweep, per_bucket: list[Metrics]
+) -> ModuleNode:
+    """The module tree, children in order of their first call."""
+    own = [
+        (per_bucket[buckets.forward(m)], per_bucket[buckets.backward(m)]) for m in range(buckets.module_count)
+    ]
     first_call: dict[int, int] = {}
     for i in swept.module_windows:
         first_call.setdefault(named.role_module[table.span_name[i]], len(first_call))
-    root = assemble_tree(catalog, own, swept.module_calls, first_call)
-    two_m = 2 * len(catalog)
-    unattributed = tuple(
+    return assemble_tree(named.catalog, own, swept.module_calls, first_call)
+
+
+def _unattributed(buckets: Buckets, per_bucket: list[Metrics]) -> tuple[UnattributedEntry, ...]:
+    """One entry per label, in order of first use."""
+    return tuple(
         UnattributedEntry(
-            label=label, phase=phase, calls=buckets.occurrences[k], metrics=bucket_metrics(two_m + k)
+            label=label,
+            phase=phase,
+            calls=buckets.occurrences[k],
+            metrics=per_bucket[buckets.label_bucket(k)],
         )
         for k, (label, phase) in enumerate(buckets.labels)
     )
-    device_us = device.total_ns(table) / 1000.0
-    all_flops = int(counted_flops.sum())
+
+
+def _totals(table: EventTable, nested: _Nested, device: DeviceWork, root: ModuleNode) -> Metrics:
+    """The run's totals, from the events themselves rather than the buckets (``validate`` compares)."""
     mem_totals = memory_totals(table)
-    totals = Metrics(
-        self_cpu_us=swept.top_level_ns / 1000.0,
-        cpu_us=swept.top_level_ns / 1000.0,
-        self_device_us=device_us,
-        device_us=device_us,
-        self_flops=all_flops,
-        flops=all_flops,
-        self_cpu_alloc_bytes=mem_totals.cpu_alloc,
-        cpu_alloc_bytes=mem_totals.cpu_alloc,
-        self_device_alloc_bytes=mem_totals.device_alloc,
-        device_alloc_bytes=mem_totals.device_alloc,
-        self_retained_bytes=mem_totals.net,
-        retained_bytes=mem_totals.net,
-        cpu_peak_bytes=root.total.cpu_peak_bytes,
-        device_peak_bytes=root.total.device_peak_bytes,
+    return own_metrics(
+        {
+            "cpu_us": nested.swept.top_level_ns / 1000.0,
+            "device_us": device.total_ns(table) / 1000.0,
+            "flops": int(nested.flops.sum()),
+            "cpu_alloc_bytes": mem_totals.cpu_alloc,
+            "device_alloc_bytes": mem_totals.device_alloc,
+            "retained_bytes": mem_totals.net,
+            "cpu_peak_bytes": root.total.cpu_peak_bytes,
+            "device_peak_bytes": root.total.device_peak_bytes,
+        }
     )
-    steps = step_stats(
-        table,
-        swept.step_spans,
-        order,
-        bucket,
-        excl,
-        device_total,
-        catalog,
-        [label for label, _ in buckets.labels],
-        {node.path for node in root.walk()},
-        drop_idle_last=not named.regions,
-    )
-    full_meta = _full_meta(table, order, owners, swept.bucket, buckets, catalog, meta)
+
+
+def _profile_meta(
+    table: EventTable,
+    named: NameRoles,
+    buckets: Buckets,
+    nested: _Nested,
+    owners: np.ndarray,
+    meta: dict[str, Any] | None,
+    modules_known: bool,
+) -> dict[str, Any]:
+    """:func:`_full_meta`, plus where the tree's modules came from and what compiled graphs did."""
+    full_meta = _full_meta(table, nested.order, owners, nested.swept.bucket, buckets, named.catalog, meta)
     if not modules_known:
         # what the tree is made of when the trace named no module (the CLI says so in one line)
         full_meta["module_source"] = "record_function regions" if named.regions else "none"
+    compiled = nested.compiled
     if compiled.graph_calls:
         full_meta["compiled"] = {
             "graph_calls": compiled.graph_calls,
             "mapped_graph_calls": compiled.matched_calls,
             "kernels_placed": compiled.moved,
         }
-    return Profile(
-        meta=full_meta,
-        root=root,
-        op_rows=rows,
-        unattributed=unattributed,
-        totals=totals,
-        steps=steps,
-    )
+    return full_meta
 
 
 def backward_ranges(table: EventTable) -> list[tuple[str, int, int, int]]:
@@ -223,14 +317,14 @@ def backward_ranges(table: EventTable) -> list[tuple[str, int, int, int]]:
     module owns: where each layer's backward ran (for trace views)."""
     named = name_roles(table.names, None)
     catalog = named.catalog
-    swept = sweep(table, time_order(table), named.roles, named.role_module, Buckets(len(catalog)))
+    buckets = Buckets(len(catalog))
+    swept = sweep(table, time_order(table), named.roles, named.role_module, buckets)
     ranges: list[tuple[str, int, int, int]] = []
-    two_m = 2 * len(catalog)
     for i in swept.backward_windows:
         b = swept.bucket[i]
-        if not (0 <= b < two_m and b & 1):
+        if not buckets.is_backward(b):
             continue
-        path, tid = catalog[b // 2].path, table.span_tid[i]
+        path, tid = catalog[buckets.module_of(b)].path, table.span_tid[i]
         start, end = table.span_ts[i], table.span_ts[i] + table.span_dur[i]
         last = ranges[-1] if ranges else None
         if last is not None and last[0] == path and last[1] == tid:

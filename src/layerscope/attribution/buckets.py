@@ -27,6 +27,10 @@ ROLE_PLAIN, ROLE_MODULE, ROLE_BACKWARD_NODE, ROLE_STEP, ROLE_COMPILING, ROLE_COM
 class Buckets:
     """Bucket ids: module m has 2m (forward) and 2m+1 (backward); labels follow from 2M on.
 
+    This class is the one place that knows the numbering: everything else asks it (``forward(m)``,
+    ``module_of(b)``, ``label_bucket(k)``...), or takes a table or slice from it where a method call
+    per event would weigh on a hot loop.
+
     ``occurrences`` counts, per label, how often work started under it (a top-level op, a backward
     node, an allocation outside ops): the "calls" of an unattributed entry.
     """
@@ -35,33 +39,108 @@ class Buckets:
     labels: list[tuple[str, Phase]] = field(default_factory=list)
     ids: dict[tuple[str, Phase], int] = field(default_factory=dict)
     occurrences: list[int] = field(default_factory=list)
+    #: How many buckets modules have (two each); the first label's bucket.
+    module_bucket_count: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.module_bucket_count = 2 * self.module_count
+
+    # ---- module buckets ----------------------------------------------------------------------------
+
+    @staticmethod
+    def forward(module: int) -> int:
+        """The forward bucket of module ``module`` (its catalog index)."""
+        return 2 * module
+
+    @staticmethod
+    def backward(module: int) -> int:
+        """The backward bucket of module ``module``."""
+        return 2 * module + 1
+
+    @staticmethod
+    def with_phase(module: int, phase_bit: int) -> int:
+        """Module ``module``'s bucket in the phase whose :meth:`phase_bit` is ``phase_bit``."""
+        return 2 * module + phase_bit
+
+    @staticmethod
+    def phase_bit(bucket: int) -> int:
+        """0 for a forward module bucket, 1 for a backward one (module buckets only)."""
+        return bucket & 1
+
+    @staticmethod
+    def module_of(bucket: int) -> int:
+        """The catalog index of a module bucket's module (module buckets only)."""
+        return bucket // 2
+
+    def is_module(self, bucket: int) -> bool:
+        """Whether ``bucket`` is a module's (either phase), not a label's nor -1 (no bucket)."""
+        return 0 <= bucket < self.module_bucket_count
+
+    def is_forward(self, bucket: int) -> bool:
+        """Whether ``bucket`` is a module's forward bucket."""
+        return self.is_module(bucket) and not bucket & 1
+
+    def is_backward(self, bucket: int) -> bool:
+        """Whether ``bucket`` is a module's backward bucket."""
+        return self.is_module(bucket) and bool(bucket & 1)
+
+    def forward_buckets(self) -> list[int]:
+        """Per module (catalog index), its forward bucket: a table for hot loops."""
+        return [self.forward(m) for m in range(self.module_count)]
+
+    def backward_of_forward(self) -> dict[int, int]:
+        """Per forward bucket, the same module's backward bucket: a table for hot loops."""
+        return {self.forward(m): self.backward(m) for m in range(self.module_count)}
+
+    @property
+    def forward_slice(self) -> slice:
+        """The forward buckets of all modules in catalog order, as a slice of a per-bucket array."""
+        return slice(0, self.module_bucket_count, 2)
+
+    @property
+    def backward_slice(self) -> slice:
+        """The backward buckets of all modules in catalog order, as a slice of a per-bucket array."""
+        return slice(1, self.module_bucket_count, 2)
+
+    # ---- label buckets -----------------------------------------------------------------------------
 
     def unattributed(self, label: str, phase: Phase, count: int = 1) -> int:
         """The bucket of an unattributed label (made on first use), counting ``count`` occurrences."""
         key = (label, phase)
         found = self.ids.get(key)
         if found is None:
-            found = self.ids[key] = 2 * self.module_count + len(self.labels)
+            found = self.ids[key] = self.module_bucket_count + len(self.labels)
             self.labels.append(key)
             self.occurrences.append(0)
-        self.occurrences[found - 2 * self.module_count] += count
+        self.occurrences[found - self.module_bucket_count] += count
         return found
+
+    def label_bucket(self, k: int) -> int:
+        """The bucket of the ``k``-th label (in order of first use)."""
+        return self.module_bucket_count + k
+
+    def label_index(self, bucket: int) -> int:
+        """Which label a label bucket is (its index in ``labels``)."""
+        return bucket - self.module_bucket_count
+
+    # ---- any bucket --------------------------------------------------------------------------------
 
     @property
     def count(self) -> int:
         """How many buckets exist so far."""
-        return 2 * self.module_count + len(self.labels)
+        return self.module_bucket_count + len(self.labels)
 
     def phase_of(self, bucket: int) -> Phase:
         """The phase a bucket's work belongs to."""
-        if bucket < 2 * self.module_count:
-            return Phase.BACKWARD if bucket & 1 else Phase.FORWARD
-        return self.labels[bucket - 2 * self.module_count][1]
+        if self.is_module(bucket):
+            return Phase.BACKWARD if self.phase_bit(bucket) else Phase.FORWARD
+        return self.labels[self.label_index(bucket)][1]
 
     def where(self, bucket: int, catalog: list[ModuleInfo]) -> str:
         """A module's path, or an unattributed entry's label."""
-        two_m = 2 * self.module_count
-        return catalog[bucket // 2].path if bucket < two_m else self.labels[bucket - two_m][0]
+        if self.is_module(bucket):
+            return catalog[self.module_of(bucket)].path
+        return self.labels[self.label_index(bucket)][0]
 
 
 @dataclass(frozen=True)

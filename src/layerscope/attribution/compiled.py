@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from layerscope.attribution.catalog import ModuleInfo
+
+if TYPE_CHECKING:  # buckets.py imports this module (for the names of compiled graph ranges)
+    from layerscope.attribution.buckets import Buckets
 
 COMPILED_GRAPH_PREFIX = "## Call CompiledFxGraph"
 #: Ranges in which torch.compile compiles: Dynamo's frame (forward), AOTAutograd's lazy backward, and
@@ -136,6 +139,7 @@ def attribute_compiled_kernels(
     graph_spans: list[int],
     graphs: list[CompiledGraph],
     catalog: list[ModuleInfo],
+    buckets: Buckets,
     module_calls: list[int],
 ) -> CompiledAttribution:
     """Move the kernels of every matched graph call to their modules (``bucket`` is changed in
@@ -143,7 +147,6 @@ def attribute_compiled_kernels(
     result = CompiledAttribution(graph_calls=len(graph_spans))
     if not graph_spans or not graphs:
         return result
-    two_m = 2 * len(catalog)
     index = {info.path: i for i, info in enumerate(catalog)}
     names = table.names
     span_name = table.span_name
@@ -158,7 +161,7 @@ def attribute_compiled_kernels(
     changed: dict[int, tuple[int, int]] = {}  # span -> (old bucket, new bucket)
     for g in graph_spans:
         root_bucket = bucket[g]
-        if not 0 <= root_bucket < two_m:
+        if not buckets.is_module(root_bucket):
             continue  # a graph outside every module: nothing to place its kernels under
         kids = children[g]
         keys = tuple(kernel_key(names[span_name[c]]) for c in kids)
@@ -169,8 +172,9 @@ def attribute_compiled_kernels(
             continue
         graph, matched = found
         result.matched_calls += 1
-        root_path = catalog[root_bucket // 2].path
-        phase_bit = root_bucket & 1
+        root = buckets.module_of(root_bucket)
+        root_path = catalog[root].path
+        phase_bit = buckets.phase_bit(root_bucket)  # kernels stay in the phase of the graph call
         called: set[int] = set()
         for child, k in zip(kids, matched, strict=True):
             if k < 0:
@@ -179,14 +183,15 @@ def attribute_compiled_kernels(
             target = resolve_path(f"{root_path}.{rel}" if root_path and rel else root_path or rel, index)
             if target < 0:
                 continue
-            new_bucket = 2 * target + phase_bit
+            new_bucket = buckets.with_phase(target, phase_bit)
             if new_bucket != bucket[child]:
                 changed[child] = (bucket[child], new_bucket)
                 bucket[child] = new_bucket
                 result.moved += 1
             called.add(target)
-        if not phase_bit:  # a forward graph call is one call of each module it ran kernels of
-            for m in _with_ancestors(called, catalog, index, root_bucket // 2):
+        # a forward graph call is one call of each module it ran kernels of
+        if buckets.is_forward(root_bucket):
+            for m in _with_ancestors(called, catalog, index, root):
                 module_calls[m] += 1
     if changed:
         _children_follow(in_time_order, parent, bucket, changed)

@@ -174,7 +174,7 @@ def window_peaks(table: EventTable, windows: list[int], bucket: list[int], peaks
             base = np.where(lo > 0, cum[np.maximum(lo - 1, 0)], 0)
             window_peak = _range_max(cum, lo, hi) - base
             # Largest window per bucket: sort by (bucket, peak) and keep each bucket's last entry
-            # (np.maximum.at is an order of magnitude slower).
+            # (vectorised, where np.maximum.at is not).
             by = np.lexsort((window_peak, owners))
             last = np.flatnonzero(np.diff(owners[by], append=-1) != 0)
             for b, peak in zip(owners[by][last].tolist(), window_peak[by][last].tolist(), strict=True):
@@ -229,8 +229,7 @@ def memory_timeline(
     )
     owner = owners[int(by_time[peak])]
     b = bucket[owner] if owner >= 0 else -1
-    two_m = 2 * buckets.module_count
-    where = "(outside ops)" if b < 0 else catalog[b // 2].path if b < two_m else buckets.labels[b - two_m][0]
+    where = "(outside ops)" if b < 0 else buckets.where(b, catalog)
     phase = None if b < 0 else str(buckets.phase_of(b))
     return {
         "t_us": [round((int(ts[by_time[k]]) - start_ns) / 1000.0, 3) for k in keep],

@@ -18,7 +18,7 @@ level at a time with numpy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,12 +53,18 @@ class Sweep:
     excl: list[int]  # duration minus direct children's, ns
     bucket: list[int]  # -1 for spans that are not CPU spans
     module_calls: list[int]
-    module_windows: list[int]  # module-range spans, in time order
-    backward_windows: list[int]  # backward-node spans
-    step_spans: list[int]  # ProfilerStep#N spans
-    compiled_graph_spans: list[int]  # "## Call CompiledFxGraph ##" spans (their kernels are children)
-    compiling_bucket: int  # the bucket of torch.compile compiling, -1 if it never did
-    top_level_ns: int  # total duration of top-level spans: the run's CPU total
+    module_windows: list[int] = field(default_factory=list)  # module-range spans, in time order
+    backward_windows: list[int] = field(default_factory=list)  # backward-node spans
+    step_spans: list[int] = field(default_factory=list)  # ProfilerStep#N spans
+    # "## Call CompiledFxGraph ##" spans (their kernels are children)
+    compiled_graph_spans: list[int] = field(default_factory=list)
+    compiling_bucket: int = -1  # the bucket of torch.compile compiling, -1 if it never did
+    top_level_ns: int = 0  # total duration of top-level spans: the run's CPU total
+
+    @staticmethod
+    def start(span_count: int, span_dur: list[int], module_count: int) -> Sweep:
+        """The state before the first span: no parents, exclusive time the whole duration, no buckets."""
+        return Sweep([-1] * span_count, list(span_dur), [-1] * span_count, [0] * module_count)
 
 
 def sweep(
@@ -72,51 +78,22 @@ def sweep(
     """One pass over CPU spans in time order: nesting by torch's rule with a stack per thread,
     exclusive time, and each span's bucket (module range, backward node, inherited, or a label)."""
     span_name, span_tid, span_ts, span_dur = table.span_name, table.span_tid, table.span_ts, table.span_dur
-    span_seq, span_fwd_tid = table.span_seq, table.span_fwd_tid
-    n_spans = table.span_count
-    parent = [-1] * n_spans
-    excl = list(span_dur)
-    bucket = [-1] * n_spans
-    stacks: dict[int, tuple[list[int], list[int]]] = {}
-    # Forward ops by (thread, sequence number). Sequence numbers never repeat on a thread, and a
-    # backward node always starts after its forward op, so the sweep below finds the forward op's
-    # bucket already set. Where several ops share a number (aten::linear and the aten::t inside),
-    # the innermost, which ran last, wins; both sit in the same module.
-    seq_arr = table.array("span_seq")
-    is_forward_op = (seq_arr >= 0) & (table.array("span_fwd_tid") == 0)
-    forward_ops = order[is_forward_op[order]]
-    forward_op_of: dict[tuple[int, int], int] = dict(
-        zip(
-            zip(
-                table.array("span_tid")[forward_ops].tolist(),
-                seq_arr[forward_ops].tolist(),
-                strict=True,
-            ),
-            forward_ops.tolist(),
-            strict=True,
-        )
-    )
-    module_calls = [0] * buckets.module_count
-    module_windows: list[int] = []  # module-range spans (for peaks)
-    backward_windows: list[int] = []  # backward-node spans (for peaks)
-    step_spans: list[int] = []
-    compiled_graph_spans: list[int] = []
-    compiling = -1  # the bucket of compilation, once seen
-    top_level_ns = 0
-    two_m = 2 * buckets.module_count
-    names = table.names
+    span_seq, span_fwd_tid, names = table.span_seq, table.span_fwd_tid, table.names
+    found = Sweep.start(table.span_count, span_dur, buckets.module_count)
+    parent, excl, bucket, module_calls = found.parent, found.excl, found.bucket, found.module_calls
+    module_windows, backward_windows = found.module_windows, found.backward_windows
+    forward_op_of = _forward_ops(table, order)
+    # Bucket numbers from tables that Buckets makes once: no method call per event.
+    forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_forward()
+    compiling, top_level_ns = -1, 0  # compiling: the bucket of compilation, once seen
+    stacks: dict[int, tuple[list[int], list[int]]] = {}  # per thread: open spans and their ends
     current_tid = None
-    open_idx: list[int] = []
-    open_end: list[int] = []
 
     # The hot loop (one iteration per CPU span): keep it to list indexing and local names.
     for i in order.tolist():
         tid = span_tid[i]
         if tid != current_tid:
-            frames = stacks.get(tid)
-            if frames is None:
-                frames = stacks[tid] = ([], [])
-            open_idx, open_end = frames
+            open_idx, open_end = stacks.get(tid) or stacks.setdefault(tid, ([], []))
             current_tid = tid
         start = span_ts[i]
         end = start + span_dur[i]
@@ -144,50 +121,46 @@ def sweep(
             b = compiling  # whatever torch.compile runs while compiling (autograd on fake tensors too)
         elif role == ROLE_MODULE:
             m = role_module[name_id]
-            b = 2 * m
+            b = forward_bucket[m]
             module_calls[m] += 1
             module_windows.append(i)
         elif role == ROLE_BACKWARD_NODE:
             owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
-            fb = bucket[owner] if owner >= 0 else -1
-            if 0 <= fb < two_m and not fb & 1:
-                b = fb + 1
-            else:
+            b = backward_of.get(bucket[owner], -1) if owner >= 0 else -1  # the owner's module, backward
+            if b < 0:
                 b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX) :], Phase.BACKWARD)
             backward_windows.append(i)
         elif role == ROLE_STEP:
             b = buckets.unattributed(LABEL_STEP_GAPS, Phase.OTHER)
-            step_spans.append(i)
+            found.step_spans.append(i)
         elif role == ROLE_COMPILING:
-            # torch.compile compiling is its own entry, never a module's time (nested ranges join it).
-            b = (
-                bucket[p]
-                if p >= 0 and bucket[p] == compiling
-                else buckets.unattributed(LABEL_COMPILING, Phase.OTHER)
-            )
-            compiling = b
+            # torch.compile compiling is its own entry, never a module's time (nested ranges join it)
+            b = compiling = buckets.unattributed(LABEL_COMPILING, Phase.OTHER)
         elif role == ROLE_COMPILED_GRAPH and p >= 0 and roles[span_name[p]] != ROLE_STEP:
             b = bucket[p]
-            compiled_graph_spans.append(i)
+            found.compiled_graph_spans.append(i)
         else:
             # Without modules, an op autograd recorded (it has a sequence number, so a backward node
             # may point at it) is forward work, not "other".
             forward = recorded_ops_are_forward and span_seq[i] >= 0 and not span_fwd_tid[i]
             b = buckets.unattributed(names[name_id], Phase.FORWARD if forward else Phase.OTHER)
         bucket[i] = b
+    found.compiling_bucket, found.top_level_ns = compiling, top_level_ns
+    return found
 
-    return Sweep(
-        parent,
-        excl,
-        bucket,
-        module_calls,
-        module_windows,
-        backward_windows,
-        step_spans,
-        compiled_graph_spans,
-        compiling,
-        top_level_ns,
-    )
+
+def _forward_ops(table: EventTable, order: np.ndarray) -> dict[tuple[int, int], int]:
+    """Forward ops by (thread, sequence number), for backward nodes to find the op that made them.
+
+    Sequence numbers never repeat on a thread, and a backward node always starts after its forward
+    op, so the sweep finds the forward op's bucket already set. Where several ops share a number
+    (aten::linear and the aten::t inside), the innermost, which ran last, wins; both sit in the same
+    module."""
+    seq_arr = table.array("span_seq")
+    is_forward_op = (seq_arr >= 0) & (table.array("span_fwd_tid") == 0)
+    forward_ops = order[is_forward_op[order]]
+    keys = zip(table.array("span_tid")[forward_ops].tolist(), seq_arr[forward_ops].tolist(), strict=True)
+    return dict(zip(keys, forward_ops.tolist(), strict=True))
 
 
 def depths(parent: np.ndarray) -> np.ndarray:

@@ -7,7 +7,7 @@ counts as one call: the child's self figures join the parent's, so call counts m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,45 +45,100 @@ def op_rows(
     """One row per (name, bucket, input shapes, Python stack) over every CPU span but module ranges,
     plus one row per name of device work that no CPU op launched (so device totals reconcile).
     ``stacks`` is each span's stack id and the stacks (``attribution/stacks.py``), when recorded."""
-    excl, device_self, flops = figures.excl, figures.device_self, figures.flops
-    dev_total = figures.device_total
-    mem = figures.memory
-    self_cpu_alloc, cpu_alloc = mem.self_cpu_alloc, mem.cpu_alloc
-    self_dev_alloc, dev_alloc = mem.self_device_alloc, mem.device_alloc
-    self_net, net = mem.self_net, mem.net
     names = table.names
+    all_names = table.array("span_name")
+    figures, order = _fold_same_name_children(figures, all_names, parent, order)
     is_module_name = np.zeros(len(names) + 1, dtype=bool)
     is_module_name[list(module_ranges)] = True
-    all_names = table.array("span_name")
-    merged = same_name_only_children(all_names, parent, order)
-    if merged.size:
-        target = parent[merged]
-        while True:  # chains a -> a -> a fold into the outermost
-            again = np.isin(target, merged)
-            if not again.any():
-                break
-            target = np.where(again, parent[target], target)
-        excl, device_self, self_cpu_alloc, self_dev_alloc, self_net = (
-            fold_into(values, merged, target)
-            for values in (excl, device_self, self_cpu_alloc, self_dev_alloc, self_net)
-        )
-        flops = np.asarray(flops, dtype=np.int64).copy()
-        np.add.at(flops, target, flops[merged])
-        flops[merged] = 0
-        keep = np.ones(parent.size, dtype=bool)
-        keep[merged] = False
-        order = order[keep[order]]
     idx = order[~is_module_name[all_names[order]]] if order.size else order
     if not idx.size and not unlinked_device:
         return ()
-    name_col = all_names[idx]
-    bucket_col = bucket[idx]
-    shape_col = table.array("span_shapes")[idx] + 1
-    nb, ns = buckets.count + 1, len(names) + 1
-    keys = (name_col * nb + bucket_col) * ns + shape_col
+    row_of, row_keys = _group(table, idx, bucket, buckets, stacks)
+    sums, exact_flops, calls = _row_sums(table, idx, row_of, len(row_keys[0]), figures)
+    # Per bucket, once: its phase, its module's path (None for a label) and its label ("" for a module).
+    phases = [buckets.phase_of(b) for b in range(buckets.count)]
+    modules = [buckets.where(b, catalog) if buckets.is_module(b) else None for b in range(buckets.count)]
+    scopes = ["" if buckets.is_module(b) else buckets.where(b, catalog) for b in range(buckets.count)]
+    all_stacks = stacks[1] if stacks is not None else []
+    result: list[OpStats] = []
+    for r, (name_id, b, shape_id, stack_id) in enumerate(zip(*row_keys, strict=True)):
+        fl = exact_flops[r]
+        result.append(
+            OpStats(
+                name=names[name_id],
+                phase=phases[b],
+                module=modules[b],
+                input_shapes=names[shape_id] if shape_id >= 0 else None,
+                calls=calls[r],
+                metrics=Metrics(
+                    sums["self_cpu_us"][r],
+                    sums["cpu_us"][r],
+                    sums["self_device_us"][r],
+                    sums["device_us"][r],
+                    fl,
+                    fl,
+                    int(sums["self_cpu_alloc_bytes"][r]),
+                    int(sums["cpu_alloc_bytes"][r]),
+                    int(sums["self_device_alloc_bytes"][r]),
+                    int(sums["device_alloc_bytes"][r]),
+                    int(sums["self_retained_bytes"][r]),
+                    int(sums["retained_bytes"][r]),
+                ),
+                scope=scopes[b],
+                stack=all_stacks[stack_id] if stack_id >= 0 else (),
+            )
+        )
+    return (*result, *_unlinked_rows(table, unlinked_device))
+
+
+def _fold_same_name_children(
+    figures: SpanFigures, names: np.ndarray, parent: np.ndarray, order: np.ndarray
+) -> tuple[SpanFigures, np.ndarray]:
+    """Spans that are the only child of a span of the same name fold into it, as torch counts them:
+    their self figures join the outermost such parent's, and they leave ``order``."""
+    merged = same_name_only_children(names, parent, order)
+    if not merged.size:
+        return figures, order
+    target = parent[merged]
+    while True:  # chains a -> a -> a fold into the outermost
+        again = np.isin(target, merged)
+        if not again.any():
+            break
+        target = np.where(again, parent[target], target)
+    mem = figures.memory
+    excl, device_self, self_cpu_alloc, self_dev_alloc, self_net = (
+        fold_into(values, merged, target)
+        for values in (
+            figures.excl,
+            figures.device_self,
+            mem.self_cpu_alloc,
+            mem.self_device_alloc,
+            mem.self_net,
+        )
+    )
+    flops = np.asarray(figures.flops, dtype=np.int64).copy()
+    np.add.at(flops, target, flops[merged])
+    flops[merged] = 0
+    keep = np.ones(parent.size, dtype=bool)
+    keep[merged] = False
+    memory = replace(mem, self_cpu_alloc=self_cpu_alloc, self_device_alloc=self_dev_alloc, self_net=self_net)
+    folded = replace(figures, excl=excl, device_self=device_self, flops=flops, memory=memory)
+    return folded, order[keep[order]]
+
+
+def _group(
+    table: EventTable,
+    idx: np.ndarray,
+    bucket: np.ndarray,
+    buckets: Buckets,
+    stacks: tuple[np.ndarray, list[tuple[str, ...]]] | None,
+) -> tuple[np.ndarray, tuple[list[int], list[int], list[int], list[int]]]:
+    """Each span of ``idx``'s row, and per row its name id, bucket, shape id and stack id (-1: none)."""
+    nb, ns = buckets.count + 1, len(table.names) + 1
+    keys = (table.array("span_name")[idx] * nb + bucket[idx]) * ns + table.array("span_shapes")[idx] + 1
     uniq, row_of = np.unique(keys, return_inverse=True)
     row_of = row_of.reshape(-1)
-    row_stack: list[int] = []
+    row_stack = np.full(uniq.size, -1, dtype=np.int64)
     if stacks is not None:
         # A second key on top of the first's dense row ids (a single key could overflow int64).
         stack_col = stacks[0][idx] + 1
@@ -91,82 +146,53 @@ def op_rows(
         uniq_pairs, row_of = np.unique(pairs, return_inverse=True)
         row_of = row_of.reshape(-1)
         first_key_row = uniq_pairs // (len(stacks[1]) + 1)
-        row_stack = (uniq_pairs % (len(stacks[1]) + 1) - 1).tolist()
+        row_stack = uniq_pairs % (len(stacks[1]) + 1) - 1
         uniq = uniq[first_key_row]
-    rows = len(uniq)
+    rest = uniq // ns
+    return row_of, ((rest // nb).tolist(), (rest % nb).tolist(), (uniq % ns - 1).tolist(), row_stack.tolist())
 
-    def summed(values: np.ndarray | list[int]) -> np.ndarray:
+
+def _row_sums(
+    table: EventTable, idx: np.ndarray, row_of: np.ndarray, rows: int, figures: SpanFigures
+) -> tuple[dict[str, list[float]], list[int], list[int]]:
+    """Per row: its spans' figures summed (by Metrics field name), their FLOPs and their count."""
+
+    def summed(values: np.ndarray) -> np.ndarray:
         return np.bincount(row_of, weights=np.asarray(values)[idx], minlength=rows)
 
-    calls = np.bincount(row_of, minlength=rows)
+    mem = figures.memory
     cols = {
-        "self_cpu_us": summed(excl) / 1000.0,
+        "self_cpu_us": summed(figures.excl) / 1000.0,
         "cpu_us": summed(table.array("span_dur")) / 1000.0,
-        "self_device_us": summed(device_self) / 1000.0,
-        "device_us": summed(dev_total) / 1000.0,
-        "flops": summed(flops),
-        "self_cpu_alloc_bytes": summed(self_cpu_alloc),
-        "cpu_alloc_bytes": summed(cpu_alloc),
-        "self_device_alloc_bytes": summed(self_dev_alloc),
-        "device_alloc_bytes": summed(dev_alloc),
-        "self_retained_bytes": summed(self_net),
-        "retained_bytes": summed(net),
+        "self_device_us": summed(figures.device_self) / 1000.0,
+        "device_us": summed(figures.device_total) / 1000.0,
+        "self_cpu_alloc_bytes": summed(mem.self_cpu_alloc),
+        "cpu_alloc_bytes": summed(mem.cpu_alloc),
+        "self_device_alloc_bytes": summed(mem.self_device_alloc),
+        "device_alloc_bytes": summed(mem.device_alloc),
+        "self_retained_bytes": summed(mem.self_net),
+        "retained_bytes": summed(mem.net),
     }
     # FLOPs can exceed 2**53 over a long run: sum them exactly, as Python ints.
+    flops = figures.flops
     exact_flops = [0] * rows
     for j in np.flatnonzero(flops[idx]).tolist():
         exact_flops[int(row_of[j])] += int(flops[idx[j]])
-    paths = [info.path for info in catalog]
-    two_m = 2 * buckets.module_count
-    result: list[OpStats] = []
-    # Plain Python lists: indexing numpy arrays element by element is ~10x slower.
-    col = {k: v.tolist() for k, v in cols.items()}
-    calls_list = calls.tolist()
-    phases = [buckets.phase_of(b) for b in range(buckets.count)]
-    all_stacks = stacks[1] if stacks is not None else []
-    for r, key in enumerate(uniq.tolist()):
-        stack_id = row_stack[r] if row_stack else -1
-        shape_id = key % ns - 1
-        rest = key // ns
-        b = rest % nb
-        name_id = rest // nb
-        module = paths[b // 2] if b < two_m else None
-        scope = "" if b < two_m else buckets.labels[b - two_m][0]
-        fl = exact_flops[r]
-        result.append(
-            OpStats(
-                name=names[name_id],
-                phase=phases[b],
-                module=module,
-                input_shapes=names[shape_id] if shape_id >= 0 else None,
-                calls=calls_list[r],
-                metrics=Metrics(
-                    col["self_cpu_us"][r],
-                    col["cpu_us"][r],
-                    col["self_device_us"][r],
-                    col["device_us"][r],
-                    fl,
-                    fl,
-                    int(col["self_cpu_alloc_bytes"][r]),
-                    int(col["cpu_alloc_bytes"][r]),
-                    int(col["self_device_alloc_bytes"][r]),
-                    int(col["device_alloc_bytes"][r]),
-                    int(col["self_retained_bytes"][r]),
-                    int(col["retained_bytes"][r]),
-                ),
-                scope=scope,
-                stack=all_stacks[stack_id] if stack_id >= 0 else (),
-            )
-        )
-    # Device work no CPU op launched gets rows of its own so device totals reconcile.
+    # Plain Python lists: the rows are built one element at a time, which numpy scalars make slow.
+    return {k: v.tolist() for k, v in cols.items()}, exact_flops, np.bincount(row_of, minlength=rows).tolist()
+
+
+def _unlinked_rows(table: EventTable, unlinked_device: list[int]) -> list[OpStats]:
+    """Device work no CPU op launched: one row per name, so that device totals reconcile."""
     unlinked: dict[int, list[int]] = {}
     for k in unlinked_device:
         unlinked.setdefault(table.span_name[k], []).append(table.span_dur[k])
+    result = []
     for name_id, durs in unlinked.items():
         us = sum(durs) / 1000.0
         result.append(
             OpStats(
-                name=names[name_id],
+                name=table.names[name_id],
                 phase=Phase.OTHER,
                 module=None,
                 input_shapes=None,
@@ -175,7 +201,7 @@ def op_rows(
                 scope=LABEL_UNLINKED_DEVICE,
             )
         )
-    return tuple(result)
+    return result
 
 
 def same_name_only_children(names: np.ndarray, parent: np.ndarray, order: np.ndarray) -> np.ndarray:

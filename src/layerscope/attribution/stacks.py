@@ -119,7 +119,17 @@ def op_stacks(table: EventTable) -> tuple[np.ndarray, list[tuple[str, ...]]] | N
         open_end.append(start + span_dur[i])
         open_node.append(node)
 
-    # Only the nodes some op sits in become stacks; a node's tuple is its frame + its parent's.
+    stack_ids, stacks = _node_stacks(op_node, node_frame, node_parent, frames)
+    if op_span:
+        stack_of[np.asarray(op_span, dtype=np.int64)] = [stack_ids[n] for n in op_node]
+    return stack_of, stacks
+
+
+def _node_stacks(
+    op_node: list[int], node_frame: list[int], node_parent: list[int], frames: list[str]
+) -> tuple[dict[int, int], list[tuple[str, ...]]]:
+    """The stacks of the nodes ops sit in (frames innermost first), and each such node's stack id.
+    Only those nodes become stacks; a node's tuple is its frame + its parent's."""
     tuples: dict[int, tuple[str, ...]] = {}
 
     def stack_tuple(node: int) -> tuple[str, ...]:
@@ -138,6 +148,4 @@ def op_stacks(table: EventTable) -> tuple[np.ndarray, list[tuple[str, ...]]] | N
     for node in dict.fromkeys(op_node):
         stack_ids[node] = len(stacks)
         stacks.append(stack_tuple(node))
-    if op_span:
-        stack_of[np.asarray(op_span, dtype=np.int64)] = [stack_ids[n] for n in op_node]
-    return stack_of, stacks
+    return stack_ids, stacks

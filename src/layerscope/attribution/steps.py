@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.events.table import EventTable
 from layerscope.model.profile import StepStats
+
+if TYPE_CHECKING:  # buckets.py imports this module (for the name of step ranges)
+    from layerscope.attribution.buckets import Buckets
 
 STEP_PREFIX = "ProfilerStep#"
 
@@ -27,15 +32,15 @@ def step_stats(
     excl: np.ndarray,
     device_total: np.ndarray,
     catalog: list[ModuleInfo],
-    labels: list[str],
+    buckets: Buckets,
     kept_paths: set[str],
     drop_idle_last: bool = True,
 ) -> tuple[StepStats, ...]:
     """One StepStats per step span, in step order.
 
     A CPU span belongs to the step whose time window contains its start, whatever its thread (the
-    backward of a GPU run executes on autograd's own thread, outside the step's nesting). Bucket ids
-    follow attribution: module m has 2m (forward) and 2m+1 (backward); label k has 2M+k.
+    backward of a GPU run executes on autograd's own thread, outside the step's nesting). ``bucket``
+    holds each span's bucket, numbered by ``buckets``.
     """
     if not step_spans:
         return ()
@@ -47,13 +52,13 @@ def step_stats(
     span_start = ts[order]
     which = np.searchsorted(starts, span_start, side="right") - 1
     inside = (which >= 0) & (span_start < ends[np.maximum(which, 0)])
-    n_modules = len(catalog)
-    n_buckets = 2 * n_modules + len(labels)
+    n_modules = buckets.module_count
+    n_buckets = buckets.count
     key = which[inside] * n_buckets + bucket[order][inside]
     flat = np.bincount(key, weights=excl[order][inside], minlength=len(steps) * n_buckets)
     sums: np.ndarray = flat.reshape(len(steps), n_buckets) / 1000.0
-    forward = sums[:, 0 : 2 * n_modules : 2].copy()
-    backward = sums[:, 1 : 2 * n_modules : 2].copy()
+    forward = sums[:, buckets.forward_slice].copy()  # per step, per module (catalog order)
+    backward = sums[:, buckets.backward_slice].copy()
     # Inclusive times: children into parents, deepest first (the catalog lists parents first).
     index = {info.path: m for m, info in enumerate(catalog)}
     for m in range(n_modules - 1, -1, -1):
@@ -70,8 +75,8 @@ def step_stats(
             if info.path in kept_paths
         }
         unattributed: dict[str, float] = {}
-        for k, label in enumerate(labels):
-            value = float(sums[row, 2 * n_modules + k])
+        for k, (label, _) in enumerate(buckets.labels):
+            value = float(sums[row, buckets.label_bucket(k)])
             if value:
                 unattributed[label] = unattributed.get(label, 0.0) + value
         result.append(

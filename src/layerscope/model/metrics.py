@@ -7,6 +7,7 @@ everything nested in it). Peaks are not additive, so only the inclusive figure e
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -93,3 +94,33 @@ def sum_metrics(items: list[Metrics]) -> Metrics:
     for item in items:
         total = total.merged(item)
     return total
+
+
+def own_metrics(figures: Mapping[str, Any], k: int | None = None) -> Metrics:
+    """Metrics of work that is all the scope's own, so that each self figure equals its inclusive one
+    (a bucket before its children are added, or a whole run).
+
+    ``figures`` maps inclusive field names (``cpu_us``, ``flops``, ``retained_bytes``, the peaks) to a
+    value or, with ``k``, to a per-scope array or list whose entry ``k`` is taken; fields left out are
+    zero. ``_us`` figures come out as floats, all others as ints.
+    """
+    unknown = figures.keys() - OWN_FIGURES
+    if unknown:
+        raise ValueError(f"not inclusive metric fields: {sorted(unknown)}")
+    values: dict[str, Any] = {}
+    for self_name, total_name in ADDITIVE_PAIRS:
+        values[self_name] = values[total_name] = _own_figure(figures, total_name, k)
+    for name in PEAK_FIELDS:
+        values[name] = _own_figure(figures, name, k)
+    return Metrics(**values)
+
+
+#: The figures :func:`own_metrics` reads: the inclusive field of each additive pair, and the peaks.
+OWN_FIGURES: frozenset[str] = frozenset(total for _, total in ADDITIVE_PAIRS) | frozenset(PEAK_FIELDS)
+_FLOAT_FIGURES = frozenset(name for name in OWN_FIGURES if name.endswith("_us"))
+
+
+def _own_figure(figures: Mapping[str, Any], name: str, k: int | None) -> float | int:
+    found = figures.get(name)
+    value = 0 if found is None else found if k is None else found[k]
+    return float(value) if name in _FLOAT_FIGURES else int(value)

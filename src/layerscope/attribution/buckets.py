@@ -183,7 +183,8 @@ def name_roles(
                 found_ranges[name_id] = (name.replace(".", "_"), REGION_TYPE)
         regions = bool(found_ranges)
     if catalog is None:
-        catalog = catalog_from_ranges([*found_ranges.values(), *(known_modules or [])])
+        saved_order = [path for path, _ in known_modules or []]
+        catalog = catalog_from_ranges([*found_ranges.values(), *(known_modules or [])], saved_order)
     module_index = {info.path: i for i, info in enumerate(catalog)}
     extra = [pair for pair in found_ranges.values() if pair[0] not in module_index]
     if extra:  # ranges of modules the catalog does not know (e.g. a foreign root): add them

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -25,11 +25,16 @@ def parent_path(path: str) -> str:
     return path.rpartition(".")[0]
 
 
-def catalog_from_ranges(found: Iterable[tuple[str, str]]) -> list[ModuleInfo]:
+def catalog_from_ranges(
+    found: Iterable[tuple[str, str]], model_order: Sequence[str] = ()
+) -> list[ModuleInfo]:
     """A catalog for a trace without one: modules named by their ranges, nested by their paths.
 
     Missing intermediate paths become placeholder modules of type ``?`` so the tree stays connected;
-    a missing root becomes a synthetic ``(root)``.
+    a missing root becomes a synthetic ``(root)``. Paths in ``model_order`` (a module list layerscope
+    saved with the trace, in the model's order) come first, in that order, so that children that
+    never ran a range of their own (inside compiled code) keep the order a live profile gives them;
+    the rest follow sorted by path.
     """
     types: dict[str, str] = {}
     for path, type_name in found:
@@ -40,5 +45,6 @@ def catalog_from_ranges(found: Iterable[tuple[str, str]]) -> list[ModuleInfo]:
             p = parent_path(p)
             types.setdefault(p, "(root)" if not p else "?")
     types.setdefault("", "(root)")
-    ordered = sorted(types)
+    rank = {path: k for k, path in enumerate(dict.fromkeys(model_order))}
+    ordered = sorted(types, key=lambda p: (rank.get(p, len(rank)), p))
     return [ModuleInfo(path=p, type_name=types[p], parent=None if not p else parent_path(p)) for p in ordered]

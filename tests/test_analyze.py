@@ -233,3 +233,19 @@ def test_without_annotations_recorded_ops_are_forward_not_other(tmp_path: Path) 
     phases = {u.label: str(u.phase) for u in profile.unattributed}
     assert phases["aten::linear"] == "forward" and phases["aten::relu"] == "forward"
     assert any(p == "backward" for p in phases.values())
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_analyze_folder_goes_past_a_bad_file(
+    real_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], workers: str | None
+) -> None:
+    """A file that is not a trace (it sorts first) fails alone: the real trace is still analysed,
+    the failure is one line, exit 1; the same with and without --workers."""
+    (tmp_path / "a_execution_trace.json").write_text('{"nodes": []}')
+    shutil.copy(real_traces / "compare" / "base.json.gz", tmp_path / "b.json.gz")
+    argv = ["analyze", str(tmp_path), "--top", "0"] + (["--workers", workers] if workers else [])
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert "b.json.gz" in out and "Device" in out
+    errors = [line for line in err.splitlines() if line.startswith("layerscope: error:")]
+    assert len(errors) == 1 and "a_execution_trace.json" in errors[0]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerscope.cli.views import (
     add_scheduler_options,
@@ -21,6 +21,9 @@ from layerscope.cli.views import (
     scheduler_of,
 )
 from layerscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from layerscope.loading import Analysis
 
 
 def register(sub: Any) -> None:
@@ -77,7 +80,7 @@ class _Progress:
 def run(args: argparse.Namespace) -> int:
     """Analyse and print every trace found."""
     from layerscope.filemap import map_files
-    from layerscope.loading import Analysis, analyze, trace_files
+    from layerscope.loading import analyze, trace_files
     from layerscope.render.analysis import advice_list, communication_table, device_section
     from layerscope.render.console import make_console
 
@@ -93,9 +96,10 @@ def run(args: argparse.Namespace) -> int:
     console = make_console(sys.stdout)
     ascii_only = True if args.ascii else None
     results: Iterable[tuple[Path, Analysis]]
-    failures: tuple[tuple[Path, str], ...] = ()
+    failures: Sequence[tuple[Path, str]] = ()
     if scheduler is None and args.workers is None:  # one file at a time here, with a progress line
-        results = ((path, analyze(path, progress=_Progress(path), strict=args.strict)) for path in files)
+        failures = []
+        results = _analyze_each(files, args.strict, failures)
     else:
         read = partial(analyze, strict=True) if args.strict else analyze
         mapped = map_files(read, files, scheduler=scheduler, workers=args.workers, what="analysed")
@@ -123,6 +127,26 @@ def run(args: argparse.Namespace) -> int:
     for path, why in failures:
         print(f"layerscope: error: {path}: {why}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _analyze_each(
+    files: list[Path], strict: bool, failures: list[tuple[Path, str]]
+) -> Iterator[tuple[Path, Analysis]]:
+    """Analyse the files one at a time. A file that fails among several is listed in ``failures`` and
+    the others are still analysed, as with ``--workers`` (exit 1 at the end); a single file's error
+    is the command's error."""
+    from layerscope.filemap import describe
+    from layerscope.loading import analyze
+
+    for path in files:
+        try:
+            result = analyze(path, progress=_Progress(path), strict=strict)
+        except Exception as exc:
+            if len(files) == 1:
+                raise
+            failures.append((path, describe(exc)))
+            continue
+        yield path, result
 
 
 def _profile_path(output: Path, trace: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -249,3 +250,24 @@ def test_analyze_folder_goes_past_a_bad_file(
     assert "b.json.gz" in out and "Device" in out
     errors = [line for line in err.splitlines() if line.startswith("layerscope: error:")]
     assert len(errors) == 1 and "a_execution_trace.json" in errors[0]
+
+
+def test_older_kineto_categories_are_read(tmp_path: Path) -> None:
+    """Older Kineto spells the categories Operator, Runtime and Kernel; they read as cpu_op,
+    cuda_runtime and kernel do: the kernel links to its op through the runtime call."""
+
+    def span(cat: str, name: str, tid: int, ts: int, dur: int, **args: int) -> dict[str, object]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    events = [
+        span("Operator", "aten::mm", 1, 0, 20, **{"External id": 4}),
+        span("Runtime", "cudaLaunchKernel", 1, 2, 5, correlation=9, **{"External id": 4}),
+        span("Kernel", "gemm_kernel", 7, 10, 30, correlation=9, **{"External id": 4}),
+    ]
+    path = tmp_path / "old_kineto.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    result = analyze(path)
+    result.profile.validate()
+    (row,) = [r for r in result.profile.op_rows if r.name == "aten::mm"]
+    assert row.metrics.device_us == pytest.approx(30.0)
+    assert result.device is not None and result.device.busy_us == pytest.approx(30.0)

@@ -45,7 +45,11 @@ _DTYPE_BYTES = {
 
 _KIND_BY_CATEGORY: dict[str, EventKind] = {
     "cpu_op": EventKind.CPU_OP,
-    "operator": EventKind.CPU_OP,  # older Kineto versions
+    # older Kineto versions: lower case, then capitalised (as Holistic Trace Analysis also reads them)
+    "operator": EventKind.CPU_OP,
+    "Operator": EventKind.CPU_OP,
+    "Runtime": EventKind.RUNTIME,
+    "Kernel": EventKind.KERNEL,
     "user_annotation": EventKind.USER_ANNOTATION,
     "cuda_runtime": EventKind.RUNTIME,
     "cuda_driver": EventKind.RUNTIME,

@@ -271,3 +271,11 @@ def test_older_kineto_categories_are_read(tmp_path: Path) -> None:
     (row,) = [r for r in result.profile.op_rows if r.name == "aten::mm"]
     assert row.metrics.device_us == pytest.approx(30.0)
     assert result.device is not None and result.device.busy_us == pytest.approx(30.0)
+
+
+def test_gpu_side_step_annotations_are_no_steps(real_traces: Path) -> None:
+    """amd_mi250_train.json.gz mirrors ProfilerStep#1 on the GPU timeline (gpu_user_annotation): the
+    step verdicts are the CPU steps 1 and 2 only, not a second step 1."""
+    result = analyze(real_traces / "amd_mi250_train.json.gz")
+    assert result.device is not None
+    assert [s.step for s in result.device.steps] == [1, 2]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from layerscope.events.table import EventKind, EventTable
+from layerscope.events.table import CPU_KINDS, EventKind, EventTable
 
 #: Kernel kinds, first match wins (names of cuBLAS/cuDNN/CUTLASS/Triton/NCCL/ROCm kernels), tried on
 #: the kernel's own name without its parameter list (the arguments name types such as
@@ -289,9 +289,16 @@ def device_report(table: EventTable) -> DeviceReport | None:
 def _step_verdicts(
     table: EventTable, dev_starts: np.ndarray, dev_ends: np.ndarray
 ) -> tuple[StepVerdict, ...]:
-    """Per ProfilerStep window (from its start to the next step's start): device busy time."""
+    """Per ProfilerStep window (from its start to the next step's start): device busy time. Steps are
+    the CPU-side ranges: Kineto mirrors them on the GPU timeline as ``gpu_user_annotation`` events,
+    which are no steps of their own."""
     names = table.names
-    steps = [i for i, n in enumerate(table.span_name) if names[n].startswith("ProfilerStep#")]
+    cpu_side = [int(k) for k in CPU_KINDS]
+    steps = [
+        i
+        for i, (n, kind) in enumerate(zip(table.span_name, table.span_kind, strict=True))
+        if kind in cpu_side and names[n].startswith("ProfilerStep#")
+    ]
     if not steps:
         return ()
     ts, dur = table.array("span_ts"), table.array("span_dur")

@@ -4,6 +4,7 @@ plan says how each module was scoped, and why."""
 from __future__ import annotations
 
 import gzip
+import warnings
 from pathlib import Path
 
 import orjson
@@ -82,6 +83,33 @@ def test_run_trace_reads_back_to_the_saved_tree(tmp_path: Path) -> None:
     live = ls.load(profile_path)
     assert_same_tree(live, ls.load(trace))
     assert {"Net.encoder.0", "Net.head"} <= backward_track_modules(trace)
+
+
+COMPILED_SCRIPT = """
+import torch
+from torch import nn
+model = torch.compile(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    opt.zero_grad()
+    model(torch.randn(16, 8)).sum().backward()
+    opt.step()
+"""
+
+
+def test_run_trace_of_a_compiled_model_reads_back_to_the_saved_tree(tmp_path: Path) -> None:
+    """Whether `run` watched the compile depends on the process (it watches only once Inductor is
+    loaded: issue 23), but either way the trace it writes reads back to the profile it saved."""
+    script = tmp_path / "train_compiled.py"
+    script.write_text(COMPILED_SCRIPT)
+    out = tmp_path / "runs"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ls.CompileInfoWarning)
+        assert main(["run", "-q", "--steps", "2", "--trace", "-o", str(out), str(script)]) == 0
+    (trace,) = sorted(out.glob("*.pt.trace.json.gz"))
+    live = ls.load(trace.with_name(trace.name.replace(".pt.trace.json.gz", ".json.gz")))
+    assert_same_tree(live, ls.load(trace))
+    assert live.meta["compiled"]["graph_calls"] > 0
 
 
 def test_block_trace_with_marks_reads_back_and_can_be_written_twice(tmp_path: Path) -> None:

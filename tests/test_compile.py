@@ -272,6 +272,7 @@ def test_code_compiled_before_the_block_gives_an_honest_tree(
     profile.validate()
     notes = [w for w in caught if issubclass(w.category, ls.CompileInfoWarning)]
     assert len(notes) == 1 and "layerscope.compile_info()" in str(notes[0].message)
+    assert notes[0].filename == __file__  # the user's line that asked for the profile
     assert profile.meta["compiled"]["mapped_graph_calls"] == 0
     # the compiled region is one node holding its kernels: nothing placed in a wrong module
     assert profile.root.forward.self_cpu_us > 0

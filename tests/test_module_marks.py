@@ -69,10 +69,12 @@ def test_marks_give_the_profile_ranges_give(name: str) -> None:
         return found
 
     assert rows(marked) == rows(ranged)
-    # Time nests the same way: nearly all of the root's forward time is in its children's spans and
-    # ops (two separate runs are not compared in time: their durations vary several-fold here).
+    # Time nests the same way: most of the root's forward time is in its children's spans and ops
+    # (spans that failed to nest would leave it all as self time). Two separate runs are not compared
+    # in time: their durations vary several-fold here, and a busy machine preempting the root's own
+    # Python between child calls inflates its self time, hence the loose bound.
     for p in (marked, ranged):
-        assert p.root.forward.self_cpu_us < 0.5 * p.root.forward.cpu_us
+        assert p.root.forward.self_cpu_us < 0.8 * p.root.forward.cpu_us
 
 
 def test_an_exception_inside_a_forward_closes_its_marks() -> None:

@@ -236,3 +236,47 @@ def test_start_and_stop_outside_a_with_block() -> None:
         session.stop()
     with pytest.raises(ls.CaptureError, match="already used"):
         session.start()
+
+
+def test_stop_inside_the_block_then_leaving_it_is_fine() -> None:
+    model = TinyMLP()
+    with ls.profile(model) as prof:
+        model(torch.randn(2, 8))
+        prof.stop()
+        assert not prof.is_running
+    assert prof.profile.find("fc1").calls == 1
+
+
+def test_a_failing_clean_up_step_keeps_the_blocks_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block's exception is chained to the clean-up error, not lost; the rest is still undone."""
+    from layerscope.capture.scopes import ModuleScopes
+
+    real_remove = ModuleScopes.remove
+
+    def failing_remove(self: ModuleScopes) -> None:
+        real_remove(self)
+        raise RuntimeError("clean-up failed")
+
+    monkeypatch.setattr(ModuleScopes, "remove", failing_remove)
+    model = TinyMLP()
+    with pytest.raises(RuntimeError, match="clean-up failed") as caught, ls.profile(model) as prof:
+        raise ValueError("the user's error")
+    assert isinstance(caught.value.__context__, ValueError)
+    assert not prof.is_running and not torch._C._autograd._profiler_enabled()
+    assert prof.profile.root.calls == 0  # what was recorded is still readable
+
+
+def test_the_old_marks_switch_still_means_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAYERSCOPE_MODULE_MARKS", "0")
+    monkeypatch.delenv("LAYERSCOPE_MODULE_SCOPES", raising=False)
+    with pytest.warns(DeprecationWarning, match="LAYERSCOPE_MODULE_SCOPES=ranges"):
+        assert ls.profile(TinyMLP()).module_scopes == "ranges"
+
+
+def test_an_instance_forward_on_a_bare_module_counts_as_a_range() -> None:
+    """A hooked module whose class has no forward but whose instance has one does run its hooks."""
+    bare = nn.Module()
+    bare.forward = lambda x: x * 2  # type: ignore[method-assign]
+    model = nn.Sequential(nn.Linear(4, 4), bare)
+    plan = plan_scopes(model, ModuleSelection(), "auto", None)
+    assert plan.kinds() == "marks and ranges"

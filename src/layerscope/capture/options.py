@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,9 +63,23 @@ def module_scopes_option(value: str | None) -> str:
     if value is None:
         value = os.environ.get(MODULE_SCOPES_VARIABLE, "auto").strip().lower() or "auto"
         source = f"${MODULE_SCOPES_VARIABLE}"
+        if value == "auto" and _old_marks_switch_off():
+            value = "ranges"
     if value not in MODULE_SCOPE_KINDS:
         raise UsageError(f"{source} must be one of {', '.join(MODULE_SCOPE_KINDS)}, not {value!r}")
     return value
+
+
+def _old_marks_switch_off() -> bool:
+    """``LAYERSCOPE_MODULE_MARKS=0`` (before 0.2) still means ranges, with a warning naming its successor."""
+    if os.environ.get("LAYERSCOPE_MODULE_MARKS", "1").strip().lower() not in {"0", "false", "no", "off"}:
+        return False
+    warnings.warn(
+        f"LAYERSCOPE_MODULE_MARKS=0 is deprecated: set {MODULE_SCOPES_VARIABLE}=ranges instead",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return True
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ and reading it back (``ls.load``, ``layerscope analyze``) gives the tree the liv
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -170,5 +171,14 @@ def _warn_unmapped_compiled_calls(profile: Profile) -> None:
         "to see the modules inside"
     )
     compiled["note"] = note
-    # user code -> session.profile -> Recording.profile -> _build -> here
-    warnings.warn(note, CompileInfoWarning, stacklevel=5)
+    warnings.warn(note, CompileInfoWarning, stacklevel=_first_frame_outside_layerscope())
+
+
+def _first_frame_outside_layerscope() -> int:
+    """The ``stacklevel`` (for a warning issued by the caller) of the nearest frame outside
+    layerscope: the user's line that asked for the profile, however deep our own calls go."""
+    own = str(Path(__file__).resolve().parents[1])
+    level, frame = 1, sys._getframe(1)  # the frame that calls warnings.warn is stacklevel 1
+    while frame is not None and frame.f_code.co_filename.startswith(own):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level

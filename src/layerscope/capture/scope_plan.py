@@ -70,7 +70,9 @@ class PlannedModule:
     @property
     def runs_scope(self) -> bool:
         """Whether the scope can ever run (hooks on a container without ``forward`` never do)."""
-        return self.scope.mechanism != HOOKS or type(self.module).forward is not nn.Module.forward
+        if self.scope.mechanism != HOOKS:
+            return True
+        return type(self.module).forward is not nn.Module.forward or "forward" in self.module.__dict__
 
 
 @dataclass

@@ -149,7 +149,8 @@ class profile:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.stop()
+        if self.is_running:  # the block may have called stop() itself
+            self._stop(exc_type, exc, tb)
 
     def start(self) -> profile:
         """Start profiling: torch.profiler, then the module scopes (undone by :meth:`stop`)."""
@@ -173,8 +174,8 @@ class profile:
                 self._torch_profiler.__enter__()  # type: ignore[no-untyped-call]
             stack.callback(self._torch_profiler.__exit__, None, None, None)
             if self._marks is not None:
+                stack.callback(self._marks.stop)  # safe on a session that never started
                 self._marks.start()
-                stack.callback(self._marks.stop)
             stack.callback(self._scopes.remove)
             self._scopes.install()
         except BaseException:
@@ -200,12 +201,20 @@ class profile:
         """Stop profiling: remove every scope, stop the marks and torch.profiler (in that order)."""
         if not self.is_running:
             raise CaptureError("this layerscope.profile is not running (start() it first)")
+        self._stop(None, None, None)
+
+    def _stop(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Undo what :meth:`start` did; the block's exception (if any) is handed to the ExitStack, so
+        a failing clean-up step chains it instead of hiding it."""
         self._wall_ns = time.perf_counter_ns() - self._started_ns
         try:
-            self._stack.close()
+            self._stack.__exit__(exc_type, exc, tb)
         finally:
             self._finished = True
-        self._context = self._recording_context()
+            # what was recorded stays readable even when a clean-up step failed
+            self._context = self._recording_context()
 
     def _recording_context(self) -> RecordingContext:
         assert self._scopes is not None and self._plan is not None
@@ -281,12 +290,14 @@ class profile:
     @property
     def recording(self) -> Recording:
         """The block's recording (the last cycle's under a schedule), after the block ended."""
-        if not self._finished or self._context is None:
+        if not self._finished:
             raise CaptureError("the profile is available after the `with layerscope.profile(...)` block")
         if self.scheduled:
             if not self.cycles:
                 raise CaptureError("no profiling cycle completed (the schedule reached no active step)")
             return self.cycles[-1].recording
+        if self._context is None:  # start() failed before the scopes existed
+            raise CaptureError("this layerscope.profile never started, so it recorded nothing")
         if self._recording is None:
             self._recording = Recording(self.torch_profiler, self._context, block_us=self._wall_ns / 1000.0)
         return self._recording

@@ -17,6 +17,7 @@ import numpy as np
 from layerscope.attribution.buckets import (
     LABEL_MEMORY_OUTSIDE_OPS,
     LABEL_UNLINKED_DEVICE,
+    ROLE_STEP,
     Buckets,
     NameRoles,
     name_roles,
@@ -190,8 +191,11 @@ def _op_rows(
         memory=span_memory(table, owners, nested.parent, nested.levels),
     )
     # A region (a user annotation standing in for a module) can launch device work itself: it stays
-    # an op row, where a layerscope module range never is one.
-    range_names = {} if named.regions else named.module_ranges
+    # an op row, where a layerscope module range never is one. A step range is no op either: its own
+    # time stays in the "(Python between ops)" entry and the step table shows each step.
+    not_ops = {i for i, role in enumerate(named.roles) if role == ROLE_STEP}
+    if not named.regions:
+        not_ops.update(named.module_ranges)
     stacks = op_stacks(table)  # Python call stacks (with_stack); None when none were recorded
     return op_rows(
         table,
@@ -200,7 +204,7 @@ def _op_rows(
         nested.bucket,
         buckets,
         named.catalog,
-        range_names,
+        not_ops,
         figures,
         device.unlinked,
         stacks,

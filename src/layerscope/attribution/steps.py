@@ -8,12 +8,10 @@ import numpy as np
 
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.events.table import EventTable
-from layerscope.model.profile import StepStats
+from layerscope.model.profile import STEP_PREFIX, StepStats
 
 if TYPE_CHECKING:  # buckets.py imports this module (for the name of step ranges)
     from layerscope.attribution.buckets import Buckets
-
-STEP_PREFIX = "ProfilerStep#"
 
 
 def step_number(name: str) -> int:

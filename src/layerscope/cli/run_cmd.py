@@ -16,8 +16,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from layerscope.cli.views import add_view_options, check_view_options
+from layerscope.cli.views import HelpFormatter, add_view_options, check_view_options
 from layerscope.errors import UsageError
+
+EXAMPLES = """\
+examples:
+  layerscope run train.py --epochs 1                  # the whole run as one cycle
+  layerscope run --steps 3 train.py                   # warm up 1 step, record 3, then run on unprofiled
+  layerscope run --wait 5 --warmup 1 --active 2 --repeat 3 --trace --html -o runs/ train.py
+  layerscope run --steps 5 -o profile.json.gz -m mypkg.train
+  torchrun --nproc-per-node 2 -m layerscope run --steps 3 train_ddp.py"""
 
 
 def register(sub: Any) -> None:
@@ -27,17 +35,39 @@ def register(sub: Any) -> None:
         help="profile an unmodified Python script or module",
         description="Run a script (or -m module) under layerscope. Steps end at every optimizer.step(); "
         "choose which steps to record with --steps or --wait/--warmup/--active/--repeat/--skip-first "
-        "(without them the whole run is one cycle). Each cycle is saved into --output-dir.",
+        "(without them the whole run is one cycle). Each cycle is saved into --output-dir; after a "
+        "finite schedule's last cycle the script goes on unprofiled.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
-    parser.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args ...]")
+    parser.add_argument(
+        "target",
+        nargs=argparse.REMAINDER,
+        metavar="script.py [args ...]",
+        help="the script and its own arguments, as for python (with -m: the module's arguments)",
+    )
     group = parser.add_argument_group("schedule (steps end at optimizer.step())")
     group.add_argument("--steps", type=int, metavar="N", help="shortcut: warm up 1 step, record N, once")
-    group.add_argument("--wait", type=int, default=None, metavar="N")
-    group.add_argument("--warmup", type=int, default=None, metavar="N")
-    group.add_argument("--active", type=int, default=None, metavar="N")
-    group.add_argument("--repeat", type=int, default=None, metavar="N", help="cycles (0: until the end)")
-    group.add_argument("--skip-first", type=int, default=None, metavar="N")
+    group.add_argument(
+        "--wait", type=int, default=None, metavar="N", help="idle steps at the start of each cycle (0)"
+    )
+    group.add_argument(
+        "--warmup", type=int, default=None, metavar="N", help="profiled but dropped steps next (0)"
+    )
+    group.add_argument(
+        "--active", type=int, default=None, metavar="N", help="recorded steps ending each cycle (1)"
+    )
+    group.add_argument(
+        "--repeat", type=int, default=None, metavar="N", help="cycles, then stop profiling (0: until the end)"
+    )
+    group.add_argument(
+        "--skip-first",
+        type=int,
+        default=None,
+        metavar="N",
+        help="steps skipped once, before the first cycle (0)",
+    )
     parser.add_argument("--memory", action="store_true", help="record allocations")
     parser.add_argument(
         "--with-stack", action="store_true", help="record Python stacks (for --group-by stack)"
@@ -52,9 +82,9 @@ def register(sub: Any) -> None:
         "-o",
         "--output-dir",
         default="layerscope_runs",
-        metavar="PATH",
-        help="a folder for each cycle's profile (default ./layerscope_runs), or a .json/.json.gz file: "
-        "one cycle is written to exactly that file, several as NAME.c0.json, NAME.c1.json... beside it",
+        metavar="DIR_OR_FILE",
+        help="a folder or a file: a folder gets each cycle's profile (default ./layerscope_runs); a "
+        ".json/.json.gz file gets the one cycle, several as NAME.c0.json, NAME.c1.json... beside it",
     )
     parser.add_argument("--trace", action="store_true", help="also save each cycle's Chrome trace")
     parser.add_argument("--html", action="store_true", help="also save each cycle's HTML report")

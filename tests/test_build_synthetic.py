@@ -152,6 +152,25 @@ def test_steps_and_step_gaps() -> None:
     assert gaps.metrics.cpu_us == 80 + 50
 
 
+def test_a_step_range_is_no_op_and_launches_nothing_itself() -> None:
+    # ProfilerStep#1 [ aten::add -> k1 ; cudaMemsetAsync -> memset, launched right inside the step ]
+    t = EventTable()
+    t.add_span("ProfilerStep#1", EventKind.USER_ANNOTATION, 1, 0, 100 * US, ext=5)
+    t.add_span("aten::add", EventKind.CPU_OP, 1, 10 * US, 20 * US, ext=1)
+    t.add_span("k1", EventKind.KERNEL, 9, 40 * US, 7 * US, ext=1)
+    t.add_span("cudaMemsetAsync", EventKind.RUNTIME, 1, 50 * US, 4 * US, corr=77)
+    t.add_span("memset", EventKind.MEMSET, 9, 60 * US, 3 * US, corr=77, ext=5)
+    p = build_profile(t, None, {})
+    p.validate()
+    assert [(s.step, s.device_us) for s in p.steps] == [(1, 10)]
+    assert not any(r.name.startswith("ProfilerStep") for r in p.op_rows)
+    rows = {r.name: r for r in p.op_rows}
+    assert rows["cudaMemsetAsync"].metrics.self_device_us == 3  # the runtime call launched it
+    assert sum(r.metrics.self_device_us for r in p.op_rows) == p.totals.device_us == 10
+    gaps = {e.label: e for e in p.unattributed}["(Python between ops)"]
+    assert gaps.metrics.self_cpu_us == 100 - 20 - 4 and gaps.metrics.device_us == 0
+
+
 def test_trace_without_catalog_builds_tree_from_range_names() -> None:
     t = EventTable()
     t.add_span(module_range_name("", "Net"), EventKind.CPU_OP, 1, 0, 100 * US)

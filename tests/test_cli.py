@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import layerscope as ls
-from layerscope.cli import main
+from layerscope.cli import build_parser, main
 
 FACTORY = str(Path(__file__).parent / "fixtures" / "factory.py")
 
@@ -127,3 +127,32 @@ def test_subprocess_entry_points(tmp_path: Path) -> None:
         check=False,
     )
     assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def help_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_documents_every_option_with_examples(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name in ("profile", "run"):
+        for action in commands[name]._actions:
+            assert action.help, f"{name} {action.option_strings or action.metavar} has no help line"
+        text = help_text([name, "-h"], capsys)
+        examples = text[text.index("examples:") :].splitlines()[1:]
+        assert len(examples) >= 3
+        for line in examples:  # every example is a command line the parser accepts
+            argv = line.split("#")[0].split()
+            if argv[0] == "torchrun":
+                argv = argv[argv.index("layerscope") :]
+            parser.parse_args(argv[1:])
+    run_help = help_text(["run", "-h"], capsys)
+    assert "-o DIR_OR_FILE" in run_help and "a folder or a file" in run_help
+    assert "docs/integrations/" in help_text(["-h"], capsys)

@@ -315,3 +315,20 @@ def test_source_locations_in_the_report(browser: Any, tmp_path: Path) -> None:
         assert "stack_models.py(21): left" in labels
     finally:
         page.close()
+
+
+def test_notebook_op_table_values_stay_on_one_line_when_narrow(
+    browser: Any, profile: ls.Profile, tmp_path: Path
+) -> None:
+    from layerscope.render.html_tables import ops_html
+
+    page_file = tmp_path / "ops.html"
+    page_file.write_text(f"<!DOCTYPE html><meta charset=utf-8><body>{ops_html(profile.ops())}</body>")
+    page = _open(browser, page_file, "table tbody tr", width=360)  # a narrow notebook output area
+    lines = page.evaluate(
+        """[...document.querySelectorAll('tbody td')].filter(td => td.style.textAlign === 'right')
+            .map(td => { const r = document.createRange(); r.selectNodeContents(td);
+                         return new Set([...r.getClientRects()].map(q => Math.round(q.top))).size; })"""
+    )
+    page.close()
+    assert lines and set(lines) <= {0, 1}  # each value on one line (0: an empty cell)

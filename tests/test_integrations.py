@@ -68,7 +68,7 @@ def test_torchprof_backward_option_and_disabled() -> None:
 
 # ----- Hugging Face Transformers ------------------------------------------------------------------------
 @needs("transformers")
-def test_transformers_trainer_callback(tmp_path: Path) -> None:
+def test_transformers_trainer_callback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     try:
         from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
     except ImportError as exc:  # the pinned transformers needs a newer torch than some we test on
@@ -106,6 +106,8 @@ def test_transformers_trainer_callback(tmp_path: Path) -> None:
     assert len(names) == 3 and all(n.startswith("rank0_steps2-3_") for n in names)
     assert [n.rsplit(".", 1)[1] for n in names] == ["html", "gz", "txt"]
     assert not any(m._forward_hooks for m in model.modules())  # hooks gone after training
+    (said,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("layerscope:")]
+    assert said.endswith(f" in {tmp_path / 'layerscope'}") and all(name in said for name in names)
 
 
 # ----- Hugging Face Accelerate --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ Python bindings give, and every way it can be missing or fail must leave profili
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,10 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
         assert path.parent == cache / "native" and path.exists() and seconds > 0
         # Nothing but the binary is left behind (the scratch file was renamed, not copied).
         assert [p.name for p in path.parent.iterdir()] == [path.name]
+        umask = os.umask(0o022)
+        os.umask(umask)
+        # The mode the compiler gives under the umask: others of a shared cache can read it.
+        assert stat.S_IMODE(path.stat().st_mode) == 0o777 & ~umask
         module = native.load()
         assert module is not None, native.status().reason
         yield module

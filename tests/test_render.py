@@ -162,3 +162,15 @@ def test_fitted_table_keeps_undroppable_columns_when_nothing_fits() -> None:
     assert table.kept_columns(60) == ["name", "a", "b"]  # c leaves first (rank 1)
     assert table.kept_columns(45) == ["name", "b"]
     assert table.kept_columns(10) == ["name", "b"]  # never dropped, even when too wide
+
+
+def test_notebook_op_table_keeps_values_and_units_on_one_line(profile) -> None:  # type: ignore[no-untyped-def]
+    import re
+
+    from layerscope.render.html_tables import ops_html
+
+    page = ops_html(profile.ops())
+    cells = re.findall(r'<td style="([^"]*)">([^<]*)</td>', page)
+    with_units = [(style, text) for style, text in cells if re.fullmatch(r"[\d.]+ \S+", text)]
+    assert with_units  # "12.0 µs", "2.0 KiB"...
+    assert all("white-space:nowrap" in style for style, _ in with_units)

@@ -189,3 +189,94 @@ def test_run_as_a_subprocess(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "trained 4 steps" in done.stdout and "layerscope: step" in done.stderr
     assert len(saved(tmp_path / "runs")) == 1
+
+
+HOOK_CHECK = """
+import sys
+import torch
+from torch import nn
+from torch.nn.modules import module as module_mod
+from torch.optim import optimizer as optimizer_mod
+
+def ours() -> int:
+    return (len(module_mod._global_forward_hooks) + len(module_mod._global_forward_pre_hooks)
+            + len(optimizer_mod._global_optimizer_post_hooks))
+
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+steps = int(sys.argv[1])
+for step in range(steps):
+    model(torch.randn(16, 8)).sum().backward()
+    print("step", step, "hooks", ours(), "profiling", torch._C._autograd._profiler_enabled())
+    opt.step()
+print("done", ours())
+"""
+
+
+def hook_counts(out: str) -> list[int]:
+    return [int(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
+
+
+def test_nothing_of_ours_remains_after_the_last_cycle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "hooks.py"
+    script.write_text(HOOK_CHECK)
+    profiles = []
+    for steps in ("4", "8"):  # the cycle ends with the script / four steps before it
+        out = tmp_path / f"runs{steps}"
+        assert main(["run", "-q", "--steps", "3", "-o", str(out), str(script), steps]) == 0
+        printed = capsys.readouterr().out
+        counts = hook_counts(printed)
+        assert counts[:4] == [3, 3, 3, 3]  # two module hooks and the optimizer hook while recording
+        # The 5th step's first module call ends the 4th step, which saves the cycle: stop there.
+        assert counts[4:] == [0] * (int(steps) - 4)
+        if steps == "8":  # the script runs on unprofiled, nothing of ours left
+            assert printed.splitlines()[-2].endswith("hooks 0 profiling False")
+            assert printed.splitlines()[-1] == "done 0"
+        (profile_file,) = saved(out)
+        assert profile_file.name.startswith("rank0_steps1-3_")
+        profiles.append(ls.load(profile_file))
+    # Stopping early changes nothing in what was recorded.
+    for p in profiles:
+        p.validate()
+    short, long = profiles
+    assert [(n.path, n.calls) for n in short.modules()] == [(n.path, n.calls) for n in long.modules()]
+    assert [s.step for s in short.steps] == [s.step for s in long.steps] == [1, 2, 3]
+    assert {(r.name, r.module, r.phase) for r in short.op_rows} == {
+        (r.name, r.module, r.phase) for r in long.op_rows
+    }
+
+
+def test_progress_without_a_terminal_is_a_line_per_cycle(tmp_path: Path) -> None:
+    script = write_script(tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "layerscope",
+            "run",
+            "--warmup",
+            "1",
+            "--active",
+            "2",
+            "--repeat",
+            "3",
+            "-o",
+            "runs",
+            str(script),
+            "12",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stderr.splitlines() if line.startswith("layerscope: step")]
+    # The first line, one per cycle saved, and the end; not one per step.
+    assert len(progress) == 1 + 3 + 1, progress
+    assert [line.split(" · ")[-1] for line in progress[:4]] == ["0 saved", "1 saved", "2 saved", "3 saved"]
+    assert progress[-1].endswith("3 saved; the script goes on unprofiled")
+    assert "trained 12 steps" in done.stdout and len(saved(tmp_path / "runs")) == 3

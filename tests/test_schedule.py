@@ -12,7 +12,7 @@ import layerscope as ls
 from layerscope.analysis.steps import step_rows
 from layerscope.errors import UsageError
 from layerscope.model.profile import StepStats
-from layerscope.render.console import render_to_text, steps_table, tree_table
+from layerscope.render.console import ops_table, render_to_text, steps_table, tree_table
 from tests.fixtures.models import TinyMLP
 
 
@@ -188,3 +188,49 @@ def test_step_outside_the_block_is_a_clear_error() -> None:
         session.step()
     with pytest.raises(ls.CaptureError, match="inside the"):
         session.step()
+
+
+def test_step_ranges_are_steps_not_op_rows(tmp_path: Path) -> None:
+    from layerscope.render.exports import collapsed_stacks, ops_csv
+    from layerscope.render.html_tables import ops_html
+
+    model = TinyMLP()
+    with ls.profile(model, schedule=ls.schedule(warmup=1, active=3, repeat=1)) as prof:
+        train(model, prof, 4)
+    p = prof.profile
+    p.validate()  # modules + unattributed still add up to the totals
+    assert len(p.steps) == 3
+    assert not any(r.name.startswith("ProfilerStep") for r in p.op_rows)
+    assert not any(r.name.startswith("ProfilerStep") for r in p.ops(group_by=("name", "module", "phase")))
+    shown = [render_to_text(ops_table(p.ops())), ops_csv(p), ops_html(p.ops()), str(p)]
+    assert not any("ProfilerStep" in text for text in shown)
+    # The step ranges' own time stays in the totals, as the "(Python between ops)" entry.
+    (between,) = [u for u in p.unattributed if u.label == "(Python between ops)"]
+    assert between.metrics.self_cpu_us > 0
+    lines = collapsed_stacks(p, "cpu_us").splitlines()
+    assert any(line.startswith("[unattributed];(Python_between_ops);[python] ") for line in lines)
+    assert abs(sum(int(line.rsplit(" ", 1)[1]) for line in lines) - p.totals.cpu_us) <= len(lines)
+
+
+def test_step_rows_of_an_older_profile_are_left_out_on_load(tmp_path: Path) -> None:
+    import gzip
+
+    import orjson
+
+    model = TinyMLP()
+    with ls.profile(model, schedule=ls.schedule(active=2, repeat=1)) as prof:
+        train(model, prof, 2)
+    data = orjson.loads(gzip.decompress(prof.profile.save(tmp_path / "run.json.gz").read_bytes()))
+    ops, strings = data["ops"], data["strings"]
+    strings.append("ProfilerStep#0")  # as profiles saved before 0.2.0 had them
+    for column, value in (("name", len(strings) - 1), ("phase", "other"), ("module", -1)):
+        ops[column].append(value)
+    for column in ("input_shapes", "scope"):
+        ops[column].append(-1)
+    ops["calls"].append(1)
+    ops["metrics"].append(ops["metrics"][0])
+    if ops.get("stack"):
+        ops["stack"].append(-1)
+    (tmp_path / "old.json").write_bytes(orjson.dumps(data))
+    loaded = ls.load(tmp_path / "old.json")
+    assert [r.name for r in loaded.op_rows] == [r.name for r in prof.profile.op_rows]

@@ -43,9 +43,9 @@ def test_op_self_cpu_matches_key_averages(name: str, memory: bool, module_scopes
     marks = p.meta["module_scopes"] == "marks"
     assert marks == (module_scopes == "auto" and p.meta["reader"] == "native")
     averages = prof.torch_profiler.key_averages()
-    # With marks, torch never saw the module scopes: the time inside a module but outside its ops
-    # is, for torch, the self time of the ProfilerStep range around it. So that row is left out then.
-    skipped = ("ls:", "ProfilerStep") if marks else ("ls:",)
+    # Step ranges are no op rows of ours (their self time is our "(Python between ops)"; with marks,
+    # torch also counts there the time inside a module but outside its ops).
+    skipped = ("ls:", "ProfilerStep")
     # torch lists our module ranges as rows too; everything else is an op row of ours.
     theirs_ops = sum(e.self_cpu_time_total for e in averages if not e.key.startswith(skipped))
     ours_ops = sum(r.metrics.self_cpu_us for r in p.op_rows if not r.name.startswith(skipped))
@@ -56,10 +56,9 @@ def test_op_self_cpu_matches_key_averages(name: str, memory: bool, module_scopes
     # Per op name, calls agree exactly and self time within 2%.
     ours_by_name: dict[str, tuple[int, float]] = {}
     for row in p.ops(group_by=("name",)):
-        # torch's table folds every ProfilerStep#N into one "ProfilerStep*" row
-        name = "ProfilerStep*" if row.name.startswith("ProfilerStep#") else row.name
-        calls, self_us = ours_by_name.get(name, (0, 0.0))
-        ours_by_name[name] = (calls + row.calls, self_us + row.metrics.self_cpu_us)
+        assert not row.name.startswith("ProfilerStep")
+        calls, self_us = ours_by_name.get(row.name, (0, 0.0))
+        ours_by_name[row.name] = (calls + row.calls, self_us + row.metrics.self_cpu_us)
     for e in averages:
         if e.key.startswith(skipped) or e.key == "[memory]":  # ranges and allocation markers, not ops
             continue

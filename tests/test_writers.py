@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -83,3 +86,39 @@ def test_export_unknown_suffix_names_the_known_ones(profile: Profile, tmp_path: 
 def test_writer_table_matches_the_report_formats() -> None:
     assert list(FORMATS) == ["html", "csv", "collapsed", "svg", "json"]
     assert find_writer("A.JSON.GZ") is WRITERS[".json.gz"] and find_writer("a.gz") is None
+
+
+@pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    mask: int = request.param
+    before = os.umask(mask)
+    try:
+        yield mask
+    finally:
+        os.umask(before)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_written_files_get_the_mode_open_gives(profile: Profile, tmp_path: Path, umask: int) -> None:
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")  # what a plain open() gives under this umask
+    assert mode(plain) == 0o666 & ~umask
+    written = [profile.save(tmp_path / "p.json.gz"), profile.save(tmp_path / "p.json")]
+    for name in ("r.html", "r.csv", "r.collapsed", "r.svg"):
+        written += profile.export(tmp_path / name)
+    assert main(["report", str(written[0]), "-o", str(tmp_path / "cli.html")]) == 0
+    written.append(tmp_path / "cli.html")
+    for path in written:
+        assert mode(path) == mode(plain), path.name
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_replaced_file_keeps_its_mode(profile: Profile, tmp_path: Path, umask: int) -> None:
+    target = tmp_path / "p.json"
+    target.write_text("old")
+    target.chmod(0o640)
+    profile.save(target)
+    assert mode(target) == 0o640 and ls.load(target).root.path == ""

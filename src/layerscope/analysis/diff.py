@@ -99,8 +99,7 @@ def diff(a: Profile, b: Profile, metric: str = "cpu_us") -> ProfileDiff:
     def op_values(p: Profile, scale: float) -> dict[str, float]:
         values: dict[str, float] = {}
         for row in p.ops(group_by=group, sort_by=self_metric):
-            # step ranges are numbered per run: ProfilerStep#1009 of A is ProfilerStep#9 of B
-            name = "ProfilerStep#*" if row.name.startswith("ProfilerStep#") else row.name
+            name = row.name
             key = f"{name} {row.input_shapes}" if with_shapes and row.input_shapes else name
             values[key] = values.get(key, 0.0) + float(getattr(row.metrics, self_metric)) * scale
         return values

@@ -17,6 +17,7 @@ import numpy as np
 from layerscope.attribution.buckets import (
     LABEL_MEMORY_OUTSIDE_OPS,
     LABEL_UNLINKED_DEVICE,
+    ROLE_STEP,
     Buckets,
     NameRoles,
     name_roles,
@@ -85,7 +86,7 @@ def build_profile(
     nested = _nest(table, named, buckets, graphs_from_meta(graph_entries), modules_known)
 
     # ---- link devices: kernels to their launching op -------------------------------------------------
-    device = link_device_work(table, nested.order, nested.swept.parent)
+    device = link_device_work(table, nested.order, nested.swept.parent, _step_names(named))
     device_total = inclusive(device.self_ns.astype(np.float64), nested.parent, nested.levels)
 
     # ---- memory: each event to the innermost CPU span containing it ----------------------------------
@@ -172,6 +173,11 @@ def _nest(
     return _Nested(order, swept, parent, bucket, excl, by_level, counted_flops, compiled)
 
 
+def _step_names(named: NameRoles) -> set[int]:
+    """The name ids of ``ProfilerStep#N`` ranges: steps, never ops (no op row, no device launch)."""
+    return {i for i, role in enumerate(named.roles) if role == ROLE_STEP}
+
+
 def _op_rows(
     table: EventTable,
     named: NameRoles,
@@ -190,8 +196,11 @@ def _op_rows(
         memory=span_memory(table, owners, nested.parent, nested.levels),
     )
     # A region (a user annotation standing in for a module) can launch device work itself: it stays
-    # an op row, where a layerscope module range never is one.
-    range_names = {} if named.regions else named.module_ranges
+    # an op row, where a layerscope module range never is one. A step range is no op either: its own
+    # time stays in the "(Python between ops)" entry and the step table shows each step.
+    not_ops = _step_names(named)
+    if not named.regions:
+        not_ops.update(named.module_ranges)
     stacks = op_stacks(table)  # Python call stacks (with_stack); None when none were recorded
     return op_rows(
         table,
@@ -200,7 +209,7 @@ def _op_rows(
         nested.bucket,
         buckets,
         named.catalog,
-        range_names,
+        not_ops,
         figures,
         device.unlinked,
         stacks,

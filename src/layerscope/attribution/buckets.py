@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 
 from layerscope.attribution.catalog import ModuleInfo, catalog_from_ranges
 from layerscope.attribution.compiled import COMPILED_GRAPH_PREFIX, is_compiling_range
-from layerscope.attribution.steps import STEP_PREFIX
 from layerscope.events.module_ranges import parse_module_range
-from layerscope.model.profile import Phase
+from layerscope.model.profile import STEP_PREFIX, Phase
 
 BACKWARD_NODE_PREFIX = "autograd::engine::evaluate_function: "
 LABEL_STEP_GAPS = "(Python between ops)"

@@ -7,6 +7,7 @@ counts as one call: the child's self figures join the parent's, so call counts m
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -37,20 +38,21 @@ def op_rows(
     bucket: np.ndarray,
     buckets: Buckets,
     catalog: list[ModuleInfo],
-    module_ranges: dict[int, tuple[str, str]],
+    not_ops: Collection[int],
     figures: SpanFigures,
     unlinked_device: list[int],
     stacks: tuple[np.ndarray, list[tuple[str, ...]]] | None = None,
 ) -> tuple[OpStats, ...]:
-    """One row per (name, bucket, input shapes, Python stack) over every CPU span but module ranges,
-    plus one row per name of device work that no CPU op launched (so device totals reconcile).
-    ``stacks`` is each span's stack id and the stacks (``attribution/stacks.py``), when recorded."""
+    """One row per (name, bucket, input shapes, Python stack) over every CPU span but those whose
+    name id is in ``not_ops`` (module ranges, ``ProfilerStep#N`` ranges), plus one row per name of
+    device work that no CPU op launched (so device totals reconcile). ``stacks`` is each span's
+    stack id and the stacks (``attribution/stacks.py``), when recorded."""
     names = table.names
     all_names = table.array("span_name")
     figures, order = _fold_same_name_children(figures, all_names, parent, order)
-    is_module_name = np.zeros(len(names) + 1, dtype=bool)
-    is_module_name[list(module_ranges)] = True
-    idx = order[~is_module_name[all_names[order]]] if order.size else order
+    is_not_op = np.zeros(len(names) + 1, dtype=bool)
+    is_not_op[list(not_ops)] = True
+    idx = order[~is_not_op[all_names[order]]] if order.size else order
     if not idx.size and not unlinked_device:
         return ()
     row_of, row_keys = _group(table, idx, bucket, buckets, stacks)

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
+from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.events.table import EventTable
-from layerscope.model.profile import StepStats
-
-if TYPE_CHECKING:  # buckets.py imports this module (for the name of step ranges)
-    from layerscope.attribution.buckets import Buckets
-
-STEP_PREFIX = "ProfilerStep#"
+from layerscope.model.profile import STEP_PREFIX, StepStats
 
 
 def step_number(name: str) -> int:

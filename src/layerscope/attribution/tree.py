@@ -25,8 +25,10 @@ def assemble_tree(
     calls: list[int],
     first_call: dict[int, int],
 ) -> ModuleNode:
-    """Build the tree bottom-up. Children are ordered by their first call (execution order); modules
-    never called and with no work below them are left out (the root always stays)."""
+    """Build the tree bottom-up. Children are ordered by their first call (execution order); a module
+    never called itself (a ``ModuleList``) takes its earliest descendant's first call, so a container
+    sits where its work began. Modules never called and with no work below them are left out (the
+    root always stays)."""
     children_of: dict[int, list[int]] = {}
     index = {info.path: i for i, info in enumerate(catalog)}
     root = -1
@@ -39,21 +41,20 @@ def assemble_tree(
             children_of.setdefault(index[info.parent], []).append(i)
     if root < 0:
         raise ValueError("the module catalog has no root")
-    never = len(catalog)
+    never = len(catalog) + len(first_call)  # after every real call position
 
-    def build(i: int) -> ModuleNode | None:
-        kids = [
-            k
-            for k in (
-                build(c) for c in sorted(children_of.get(i, []), key=lambda c: (first_call.get(c, never), c))
-            )
-            if k is not None
-        ]
+    def build(i: int) -> tuple[ModuleNode | None, int]:
+        """The node of module ``i`` (None when left out) and the earliest first call in its subtree."""
+        built = [(*build(c), c) for c in children_of.get(i, [])]
+        # Ties (modules never called) keep the catalog order, which is the model's.
+        built.sort(key=lambda entry: (entry[1], entry[2]))
+        kids = [node for node, _, _ in built if node is not None]
+        earliest = min([first_call.get(i, never), *(first for _, first, _ in built)])
         fwd, bwd = own[i]
         if i != root and calls[i] == 0 and not kids and fwd == Metrics() and bwd == Metrics():
-            return None
+            return None, earliest
         info = catalog[i]
-        return ModuleNode(
+        node = ModuleNode(
             path=info.path,
             type_name=info.type_name,
             calls=calls[i],
@@ -66,7 +67,8 @@ def assemble_tree(
             children=tuple(kids),
             source=info.source,
         )
+        return node, earliest
 
-    node = build(root)
+    node, _ = build(root)
     assert node is not None
     return node

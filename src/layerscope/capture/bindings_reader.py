@@ -16,7 +16,6 @@ from typing import Any
 import orjson
 
 from layerscope.attribution.buckets import BACKWARD_NODE_PREFIX
-from layerscope.attribution.steps import STEP_PREFIX
 from layerscope.capture.event_columns import (
     UNDECODABLE_NAME,
     count_flops,
@@ -27,6 +26,7 @@ from layerscope.capture.flops import FlopCalculator
 from layerscope.events.module_ranges import MODULE_RANGE_PREFIX
 from layerscope.events.shapes import shapes_key_from_json
 from layerscope.events.table import EventKind, EventTable
+from layerscope.model.profile import STEP_PREFIX
 
 
 def _read_names(spans: list[Any], event_type: Any) -> tuple[list[str], int]:

@@ -150,8 +150,10 @@ def build(force: bool = False) -> tuple[Path, float]:
     if target.exists() and not force:
         return target, 0.0
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(dir=target.parent, prefix=".building-", suffix=target.suffix)
-    os.close(handle)
+    # The compiler creates the binary in a private folder, with the mode its umask gives (an mkstemp
+    # file would stay 0600 plus execute bits: unreadable to the other users of a shared cache).
+    workdir = tempfile.mkdtemp(dir=target.parent, prefix=".building-")
+    scratch = os.path.join(workdir, target.name)
     started = time.perf_counter()
     try:
         command = compile_command(Path(scratch))
@@ -163,8 +165,7 @@ def build(force: bool = False) -> tuple[Path, float]:
             )
         os.replace(scratch, target)
     finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
+        shutil.rmtree(workdir, ignore_errors=True)
     forget()  # the next load() looks again
     return target, time.perf_counter() - started
 

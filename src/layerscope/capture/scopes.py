@@ -221,6 +221,8 @@ class ModuleScopes:
             return
         if self.before_top_level_call is not None and not self._stack():
             self.before_top_level_call()
+            if not self._handles:  # the session stopped there: this call runs unprofiled
+                return
         if id(module) not in self._names:
             with self._lock:
                 if id(module) not in self._names:

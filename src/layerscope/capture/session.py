@@ -237,12 +237,14 @@ class profile:
             self.torch_profiler.step()
         self.step_count += 1
 
-    def step_before_next_top_level_call(self) -> None:
+    def step_before_next_top_level_call(self, then: Callable[[], None] | None = None) -> None:
         """End the current step just before the next top-level module call (global mode only).
 
         For hooks that fire inside a profiler range (an optimizer step post-hook runs inside torch's
         ``Optimizer.step#...`` range): stepping there would cut that range across two steps.
-        Several requests before the next call end one step.
+        Several requests before the next call end one step. ``then`` runs right after that step, at
+        the same point, outside every range: it may :meth:`stop` the session (the module call then
+        runs unprofiled).
         """
         assert self._scopes is not None, "only inside the profiling block"
         scopes = self._scopes
@@ -250,6 +252,8 @@ class profile:
         def fire() -> None:
             scopes.before_top_level_call = None
             self.step()
+            if then is not None:
+                then()
 
         scopes.before_top_level_call = fire
 

@@ -18,8 +18,19 @@ from layerscope.cli import (
     report_cmd,
     run_cmd,
     show_cmd,
+    views,
 )
 from layerscope.errors import LayerscopeError, LayerscopeWarning
+
+EPILOG = """\
+"layerscope COMMAND -h" shows a command's options and examples.
+
+In your own code: "with layerscope.profile(model) as prof: ..." (docs/usage.md). Inside a training
+framework, no script change beyond one argument: Hugging Face Trainer
+(layerscope.integrations.transformers.LayerscopeCallback), Lightning
+(layerscope.integrations.lightning.LayerscopeProfiler), Accelerate
+(layerscope.integrations.accelerate.profile), torchprof (layerscope.compat.torchprof):
+see docs/integrations/."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="layerscope",
         description="Layer-by-layer PyTorch profiler: time, memory and FLOPs per module, "
         "forward and backward.",
+        epilog=EPILOG,
+        formatter_class=views.HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"layerscope {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")

@@ -9,7 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from layerscope.cli.views import add_view_options, check_view_options, print_profile, report_written
+from layerscope.cli.views import (
+    HelpFormatter,
+    add_view_options,
+    check_view_options,
+    print_profile,
+    report_written,
+)
 from layerscope.errors import UsageError
 
 #: Built-in models: name -> (factory path, default inputs).
@@ -21,6 +27,14 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
 _INT_HIGH = 128  # random token ids / indices are drawn from [0, 128)
 
 
+EXAMPLES = """\
+examples:
+  layerscope profile                                  # the built-in ResNet-18, one training step
+  layerscope profile gpt --steps 3 --memory           # the built-in GPT, 3 steps, with allocations
+  layerscope profile model.py:build --input 8x3x32x32 --eval -o run.json --html run.html
+  layerscope profile mypkg.models:Net --input 4x128:int64 --depth 2 --top 5"""
+
+
 def register(sub: Any) -> None:
     """Add the ``profile`` subcommand."""
     parser = sub.add_parser(
@@ -29,8 +43,17 @@ def register(sub: Any) -> None:
         description="Profile training (forward + backward of a sum loss) or inference steps of a model. "
         "FACTORY is package.module:callable, path/to/file.py:callable, or a built-in name "
         f"({', '.join(BUILTIN_MODELS)}). Default: resnet18 on 5x3x224x224.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("factory", nargs="?", default="resnet18", metavar="FACTORY")
+    parser.add_argument(
+        "factory",
+        nargs="?",
+        default="resnet18",
+        metavar="FACTORY",
+        help="what builds the model: package.module:callable, path/to/file.py:callable or a built-in "
+        f"name ({', '.join(BUILTIN_MODELS)}); default resnet18",
+    )
     parser.add_argument(
         "--input",
         action="append",

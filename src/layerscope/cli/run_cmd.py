@@ -16,8 +16,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from layerscope.cli.views import add_view_options, check_view_options
+from layerscope.cli.views import HelpFormatter, add_view_options, check_view_options
 from layerscope.errors import UsageError
+
+EXAMPLES = """\
+examples:
+  layerscope run train.py --epochs 1                  # the whole run as one cycle
+  layerscope run --steps 3 train.py                   # warm up 1 step, record 3, then run on unprofiled
+  layerscope run --wait 5 --warmup 1 --active 2 --repeat 3 --trace --html -o runs/ train.py
+  layerscope run --steps 5 -o profile.json.gz -m mypkg.train
+  torchrun --nproc-per-node 2 -m layerscope run --steps 3 train_ddp.py"""
 
 
 def register(sub: Any) -> None:
@@ -27,17 +35,39 @@ def register(sub: Any) -> None:
         help="profile an unmodified Python script or module",
         description="Run a script (or -m module) under layerscope. Steps end at every optimizer.step(); "
         "choose which steps to record with --steps or --wait/--warmup/--active/--repeat/--skip-first "
-        "(without them the whole run is one cycle). Each cycle is saved into --output-dir.",
+        "(without them the whole run is one cycle). Each cycle is saved into --output-dir; after a "
+        "finite schedule's last cycle the script goes on unprofiled.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
-    parser.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args ...]")
+    parser.add_argument(
+        "target",
+        nargs=argparse.REMAINDER,
+        metavar="script.py [args ...]",
+        help="the script and its own arguments, as for python (with -m: the module's arguments)",
+    )
     group = parser.add_argument_group("schedule (steps end at optimizer.step())")
     group.add_argument("--steps", type=int, metavar="N", help="shortcut: warm up 1 step, record N, once")
-    group.add_argument("--wait", type=int, default=None, metavar="N")
-    group.add_argument("--warmup", type=int, default=None, metavar="N")
-    group.add_argument("--active", type=int, default=None, metavar="N")
-    group.add_argument("--repeat", type=int, default=None, metavar="N", help="cycles (0: until the end)")
-    group.add_argument("--skip-first", type=int, default=None, metavar="N")
+    group.add_argument(
+        "--wait", type=int, default=None, metavar="N", help="idle steps at the start of each cycle (0)"
+    )
+    group.add_argument(
+        "--warmup", type=int, default=None, metavar="N", help="profiled but dropped steps next (0)"
+    )
+    group.add_argument(
+        "--active", type=int, default=None, metavar="N", help="recorded steps ending each cycle (1)"
+    )
+    group.add_argument(
+        "--repeat", type=int, default=None, metavar="N", help="cycles, then stop profiling (0: until the end)"
+    )
+    group.add_argument(
+        "--skip-first",
+        type=int,
+        default=None,
+        metavar="N",
+        help="steps skipped once, before the first cycle (0)",
+    )
     parser.add_argument("--memory", action="store_true", help="record allocations")
     parser.add_argument(
         "--with-stack", action="store_true", help="record Python stacks (for --group-by stack)"
@@ -52,9 +82,9 @@ def register(sub: Any) -> None:
         "-o",
         "--output-dir",
         default="layerscope_runs",
-        metavar="PATH",
-        help="a folder for each cycle's profile (default ./layerscope_runs), or a .json/.json.gz file: "
-        "one cycle is written to exactly that file, several as NAME.c0.json, NAME.c1.json... beside it",
+        metavar="DIR_OR_FILE",
+        help="a folder or a file: a folder gets each cycle's profile (default ./layerscope_runs); a "
+        ".json/.json.gz file gets the one cycle, several as NAME.c0.json, NAME.c1.json... beside it",
     )
     parser.add_argument("--trace", action="store_true", help="also save each cycle's Chrome trace")
     parser.add_argument("--html", action="store_true", help="also save each cycle's HTML report")
@@ -92,18 +122,23 @@ def _script_environment(argv: list[str], path_entry: str) -> Any:
 
 
 class _Progress:
-    """One live line on stderr: step, schedule phase, cycles saved (plain lines when not a TTY)."""
+    """One live line on stderr: step, schedule phase, cycles saved. When stderr is not a terminal
+    (CI logs, ``2>log``) a line per cycle instead: the first, each cycle saved, the end."""
 
     def __init__(self, stream: TextIO, quiet: bool) -> None:
         self.stream = stream
         self.quiet = quiet
         self.live = stream.isatty()
         self.last = ""
+        self.last_milestone: object = None
 
-    def update(self, text: str) -> None:
+    def update(self, text: str, milestone: object) -> None:
+        """Show ``text``; without a terminal only when ``milestone`` (cycles saved) changed."""
         if self.quiet or text == self.last:
             return
-        self.last = text
+        if not self.live and milestone == self.last_milestone:
+            return
+        self.last, self.last_milestone = text, milestone
         if self.live:
             self.stream.write("\r\x1b[2K" + text)
         else:
@@ -113,6 +148,64 @@ class _Progress:
     def done(self) -> None:
         if self.live and self.last and not self.quiet:
             self.stream.write("\n")
+            self.last = ""
+
+
+class _Steps:
+    """Ends a step at every ``optimizer.step()`` and, once a finite schedule's last cycle is saved,
+    stops the session: nothing of layerscope's stays in the script, which goes on unprofiled."""
+
+    def __init__(self, session: Any, progress: _Progress, cycles: int | None) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.session = session
+        self.progress = progress
+        self.cycles = cycles  # how many cycles the schedule records (None: until the script ends)
+        self.finished = False
+        self.closing = False
+        self.hook = register_optimizer_step_post_hook(self.on_optimizer_step)
+
+    def on_optimizer_step(self, *_: Any) -> None:
+        # The post-hook runs inside torch's Optimizer.step range; the step ends at the next
+        # top-level module call instead, so no range straddles two steps.
+        self.session.step_before_next_top_level_call(then=self.after_step)
+
+    def after_step(self) -> None:
+        """Right after a step ended, outside every range: the place where stopping cuts nothing."""
+        self.show()
+        if self.cycles is not None and len(self.session.cycles) >= self.cycles:
+            self.finish()
+
+    def finish(self) -> None:
+        """The schedule is done: remove the optimizer hook and stop the session (its hooks go)."""
+        self.hook.remove()
+        if self.session.is_running:
+            self.session.stop()
+        if not self.finished and not self.closing:
+            self.finished = True
+            saved = len(self.session.cycles)
+            text = f"layerscope: step {self.session.step_count} · done · {saved} saved"
+            self.progress.update(text + "; the script goes on unprofiled", "done")
+            self.progress.done()
+
+    def close(self) -> None:
+        """At the script's end: its last optimizer step ends the last step, then everything stops."""
+        self.closing = True
+        self.hook.remove()
+        try:
+            if self.session.is_running:
+                self.session.flush_pending_step()  # shows the progress as any step end does
+        finally:
+            if self.session.is_running:
+                self.session.stop()
+
+    def show(self) -> None:
+        session = self.session
+        phase = session.action()
+        if phase in ("warmup", "record", "record_and_save"):
+            phase = f"{phase} (cycle {len(session.cycles) + 1})"
+        saved = len(session.cycles)
+        self.progress.update(f"layerscope: step {session.step_count} · {phase} · {saved} saved", saved)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,8 +223,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give a script to run (layerscope run train.py [args]) or -m module")
     activities = [a.strip() for a in args.activities.split(",")] if args.activities else None
 
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     import layerscope as ls
     from layerscope.cli.views import is_profile_file
     from layerscope.handlers import FileSaver, save_to
@@ -145,49 +236,33 @@ def run(args: argparse.Namespace) -> int:
         file_saver if file_saver is not None else save_to(args.output_dir, trace=args.trace, html=args.html)
     )
     progress = _Progress(sys.stderr, args.quiet)
-    schedule = ls.schedule(**schedule_args) if schedule_args is not None else None
     session = ls.profile(
         None,
         activities=activities,
         memory=args.memory,
         with_stack=args.with_stack,
         depth=args.depth,
-        schedule=schedule,
+        schedule=ls.schedule(**schedule_args) if schedule_args is not None else None,
         on_trace_ready=saver,
     )
-
-    def show_progress() -> None:
-        phase = session.action()
-        if phase in ("warmup", "record", "record_and_save"):
-            phase = f"{phase} (cycle {len(session.cycles) + 1})"
-        progress.update(f"layerscope: step {session.step_count} · {phase} · {len(session.cycles)} saved")
-
-    def on_optimizer_step(*_: Any) -> None:
-        # The post-hook runs inside torch's Optimizer.step range; the step ends at the next
-        # top-level module call instead, so no range straddles two steps.
-        session.step_before_next_top_level_call()
-        show_progress()
-
-    exit_code = 0
-    outcome = ""
-    with session:
-        hook = register_optimizer_step_post_hook(on_optimizer_step)
-        show_progress()
-        try:
-            exit_code = _run_target(args.module, target_argv)
-        except SystemExit as exc:
-            exit_code = _exit_code(exc)
-        except KeyboardInterrupt:
-            exit_code, outcome = 130, "interrupted"
-        except BaseException:
-            # The script's own error, reported the way Python would.
-            progress.done()
-            traceback.print_exc()
-            exit_code, outcome = 1, "the script raised"
-        finally:
-            hook.remove()
-            if session.flush_pending_step():  # the last optimizer step ends the last step
-                show_progress()
+    repeat = schedule_args["repeat"] if schedule_args is not None else 0
+    session.start()
+    steps = _Steps(session, progress, repeat if repeat > 0 else None)
+    steps.show()
+    exit_code, outcome = 0, ""
+    try:
+        exit_code = _run_target(args.module, target_argv)
+    except SystemExit as exc:
+        exit_code = _exit_code(exc)
+    except KeyboardInterrupt:
+        exit_code, outcome = 130, "interrupted"
+    except BaseException:
+        # The script's own error, reported the way Python would.
+        progress.done()
+        traceback.print_exc()
+        exit_code, outcome = 1, "the script raised"
+    finally:
+        steps.close()
     progress.done()
     if file_saver is not None:
         file_saver.finish()

@@ -21,6 +21,16 @@ _GROUP_ALIASES = {
 }
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that text written on several lines (an examples epilog) keeps
+    its lines: a one-line description is still wrapped to the terminal."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def add_view_options(parser: argparse.ArgumentParser) -> None:
     """--depth, --min-share, --sort, --top, --group-by, --ascii."""
     group = parser.add_argument_group("view")

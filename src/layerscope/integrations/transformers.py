@@ -1,12 +1,15 @@
 """Hugging Face Transformers: ``Trainer(..., callbacks=[LayerscopeCallback(active=3)])``.
 
 Profiles chosen steps of ``Trainer.train()`` with a schedule and saves, per cycle, the profile, a
-text report and optionally the Chrome trace into ``<output_dir>/layerscope`` (names carry the rank).
+text report and optionally the Chrome trace into ``<output_dir>/layerscope`` (names carry the rank);
+the main process says on stderr, one line per cycle, which files it wrote where.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
@@ -42,6 +45,7 @@ class LayerscopeCallback(TrainerCallback):
         self.depth = depth
         self.session: Any = None
         self.handler: Any = None
+        self.announce = False
 
     @property
     def cycles(self) -> list[Any]:
@@ -59,10 +63,20 @@ class LayerscopeCallback(TrainerCallback):
         folder = self.output_dir or os.path.join(args.output_dir, "layerscope")
         rank = int(getattr(args, "process_index", 0) or 0)
         self.handler = save_with_report(folder, trace=self.trace, rank=rank)
+        self.announce = rank == 0  # the main process says where the files went; every rank writes
         self.session = ls.profile(
-            model, memory=self.memory, depth=self.depth, schedule=self.schedule, on_trace_ready=self.handler
+            model, memory=self.memory, depth=self.depth, schedule=self.schedule, on_trace_ready=self._save
         )
         self.session.start()
+
+    def _save(self, cycle: Any) -> None:
+        """Save a finished cycle, then say where on stderr (one line, as the Trainer logs nothing)."""
+        first = len(self.written)
+        self.handler(cycle)
+        new = self.written[first:]
+        if self.announce and new:
+            names = ", ".join(Path(path).name for path in new)
+            print(f"layerscope: saved {names} in {Path(new[0]).parent}", file=sys.stderr, flush=True)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:

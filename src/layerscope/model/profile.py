@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 
+#: The name torch gives the range of each training step (``ProfilerStep#12``): a step, never an op.
+STEP_PREFIX = "ProfilerStep#"
+
 
 class Phase(str, Enum):
     """Which pass a piece of work belongs to."""

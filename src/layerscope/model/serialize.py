@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
-import tempfile
+import secrets
+import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -19,6 +20,7 @@ from layerscope.errors import TraceFormatError
 from layerscope.model.metrics import FIELD_NAMES, Metrics
 from layerscope.model.profile import (
     SCHEMA_VERSION,
+    STEP_PREFIX,
     ModuleNode,
     OpStats,
     Phase,
@@ -160,6 +162,8 @@ def profile_from_dict(data: Any) -> Profile:
                 stack_of_row,
                 strict=True,
             )
+            # Profiles saved before 0.2.0 list the step ranges as ops; they belong in the step table.
+            if not (strings[n].startswith(STEP_PREFIX) and m < 0)
         )
         return Profile(
             meta=data["meta"],
@@ -204,12 +208,14 @@ def _node_from_dict(d: dict[str, Any]) -> ModuleNode:
 
 def write_atomic(path: Path, payload: bytes) -> Path:
     """Write bytes to ``path`` through a temp file in the same folder and a rename: a reader never
-    sees a half-written file, and a failure leaves no partial output."""
+    sees a half-written file, and a failure leaves no partial output. The file gets the mode a plain
+    ``open(path, "wb")`` would give it: a new file's follows the umask, a replaced file keeps its own."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    fd, tmp = _new_temp_file(folder, path.name)
     try:
         with os.fdopen(fd, "wb") as handle:
+            _keep_mode_of(path, handle.fileno())
             handle.write(payload)
         os.replace(tmp, path)
     except BaseException:
@@ -217,6 +223,29 @@ def write_atomic(path: Path, payload: bytes) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def _new_temp_file(folder: Path, name: str) -> tuple[int, str]:
+    """A new file beside ``name``, created as ``open()`` creates files (mode 0666 less the umask),
+    where ``tempfile.mkstemp`` would make it 0600 and every report private."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = str(folder / f".{name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:  # another writer drew the same name: draw again
+            continue
+    raise FileExistsError(f"no free temporary name beside {folder / name}")
+
+
+def _keep_mode_of(path: Path, fd: int) -> None:
+    """An existing regular file keeps its permissions when replaced, as it would under ``open()``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if stat.S_ISREG(st.st_mode) and hasattr(os, "fchmod"):
+        os.fchmod(fd, stat.S_IMODE(st.st_mode))
 
 
 def write_json(path: Path, data: Any) -> Path:

@@ -79,6 +79,7 @@ def stack_values(
             values[key] = values.get(key, 0.0) + value
 
     op_self: dict[tuple[str, Phase], float] = {}
+    label_self: dict[tuple[str, Phase | None], float] = {}
     for row in profile.op_rows:
         value = float(getattr(row.metrics, self_field))
         if row.module is not None and row.phase is not None:
@@ -86,8 +87,12 @@ def stack_values(
             prefix = ["[backward]"] if row.phase is Phase.BACKWARD else []
             add([*prefix, *frames.get(row.module, [root_name, row.module]), row.name], value)
         else:
+            label_self[(row.scope, row.phase)] = label_self.get((row.scope, row.phase), 0.0) + value
             add(["[unattributed]", row.scope or "(other)", row.name], value)
-    if metric == "cpu_us":  # time in a module that no op covers: its Python code
+    if metric == "cpu_us":  # time in a module or an unattributed entry that no op covers
+        for entry in profile.unattributed:
+            rest = entry.metrics.self_cpu_us - label_self.get((entry.label, entry.phase), 0.0)
+            add(["[unattributed]", entry.label, "[python]"], rest)
         for node in profile.modules():
             for phase in (Phase.FORWARD, Phase.BACKWARD):
                 metrics: Metrics = node.backward if phase is Phase.BACKWARD else node.forward

@@ -16,12 +16,14 @@ from layerscope.units import fmt_bytes, fmt_si, fmt_time_us
 
 _STYLE = "border-collapse:collapse;font:12px/1.4 ui-monospace,monospace"
 _CELL = "padding:2px 8px;border-bottom:1px solid #e4e4e4;text-align:{align}"
+# A value and its unit stay on one line ("11.0 MiB", not "11.0" over "MiB"); names may wrap.
+_VALUE_CELL = _CELL + ";white-space:nowrap"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
     def cell(tag: str, k: int, value: str) -> str:
-        align = "left" if k < text_columns else "right"
-        return f'<{tag} style="{_CELL.format(align=align)}">{html.escape(value)}</{tag}>'
+        style = _CELL.format(align="left") if k < text_columns else _VALUE_CELL.format(align="right")
+        return f'<{tag} style="{style}">{html.escape(value)}</{tag}>'
 
     head = "".join(cell("th", k, h) for k, h in enumerate(headers))
     body = "".join("<tr>" + "".join(cell("td", k, v) for k, v in enumerate(r)) + "</tr>" for r in rows)

@@ -3,7 +3,9 @@
 The rules (see docs/architecture.md):
 
 * CPU spans nest per thread by time (torch's own rule: a child starts inside its parent and ends
-  no later). A span's *exclusive* time is its duration minus its direct children's.
+  no later). A span's *exclusive* time is its duration minus its direct children's. Spans on one
+  thread that overlap without nesting (ranges closed out of order) each own their instants once:
+  the later one only the time after the earlier one ends, so no exclusive time is negative.
 * Forward: a span inside a layerscope module range belongs to the innermost such range.
 * Backward: an ``autograd::engine::evaluate_function: X`` span carries the sequence number and
   forward thread of the op that created its autograd node; it belongs to that op's module, in the
@@ -50,7 +52,7 @@ class Sweep:
     """What the sweep over CPU spans finds: nesting, exclusive time, buckets, module calls."""
 
     parent: list[int]  # enclosing span, -1 at top level
-    excl: list[int]  # duration minus direct children's, ns
+    excl: list[int]  # duration minus direct children's (overlaps counted once, never below 0), ns
     bucket: list[int]  # -1 for spans that are not CPU spans
     module_calls: list[int]
     module_windows: list[int] = field(default_factory=list)  # module-range spans, in time order
@@ -86,14 +88,16 @@ def sweep(
     # Bucket numbers from tables that Buckets makes once: no method call per event.
     forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_forward()
     compiling, top_level_ns = -1, 0  # compiling: the bucket of compilation, once seen
-    stacks: dict[int, tuple[list[int], list[int]]] = {}  # per thread: open spans and their ends
+    # Per thread: open spans, their ends, and how far each one's time is already claimed by its
+    # children (the last entry of the claims is the thread's top level).
+    stacks: dict[int, tuple[list[int], list[int], list[int]]] = {}
     current_tid = None
 
     # The hot loop (one iteration per CPU span): keep it to list indexing and local names.
     for i in order.tolist():
         tid = span_tid[i]
         if tid != current_tid:
-            open_idx, open_end = stacks.get(tid) or stacks.setdefault(tid, ([], []))
+            open_idx, open_end, claimed = stacks.get(tid) or stacks.setdefault(tid, ([], [], [-(2**62)]))
             current_tid = tid
         start = span_ts[i]
         end = start + span_dur[i]
@@ -103,15 +107,25 @@ def sweep(
                 break
             open_idx.pop()
             open_end.pop()
+            claimed.pop()
+        # A span that starts inside an earlier sibling and ends after it (ranges closed out of order,
+        # async ops) owns only the time after that sibling: every instant of a thread belongs to one
+        # span, so no self time goes negative and selves still add up to the top-level total.
+        own = claimed[-1] if claimed[-1] > start else start
+        own_ns = end - own if end > own else 0
+        if own_ns:
+            claimed[-1] = end
+        excl[i] = own_ns
         if open_idx:
             p = open_idx[-1]
             parent[i] = p
-            excl[p] -= span_dur[i]
+            excl[p] -= own_ns
         else:
             p = -1
-            top_level_ns += span_dur[i]
+            top_level_ns += own_ns
         open_idx.append(i)
         open_end.append(end)
+        claimed.append(own)
 
         name_id = span_name[i]
         role = roles[name_id]

@@ -1,0 +1,96 @@
+"""Fixes to figures read from real GPU traces (issue 22): self times never negative, a step's device
+time from every thread, CUDA-graph launches, kernel-kind shares, accelerators other than CUDA/ROCm."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+from pathlib import Path
+
+import orjson
+import pytest
+
+import layerscope as ls
+from layerscope.attribution import build_profile
+from layerscope.errors import ValidationError
+from layerscope.events import EventKind, EventTable
+from layerscope.events.chrome import _ns
+
+US = 1000
+
+
+def raw_events(path: Path) -> list[dict[str, object]]:
+    """The trace's events as JSON parsed them (timestamps stay integer microseconds)."""
+    events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    return [e for e in events if isinstance(e, dict)]
+
+
+def raw_self_us(path: Path, name: str) -> int:
+    """Self time of every op called ``name``, nested from the raw integer microseconds by torch's
+    rule (a child starts inside its parent and ends no later), independently of layerscope."""
+    cats = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"}
+    spans = [e for e in raw_events(path) if e.get("ph") == "X" and e.get("cat") in cats]
+    spans.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))  # type: ignore[operator]
+    self_us: dict[int, int] = {}
+    stack: list[tuple[int, int, object]] = []  # (span id, end, thread)
+    for k, e in enumerate(spans):
+        start, end, thread = int(e["ts"]), int(e["ts"]) + int(e["dur"]), (e["pid"], e["tid"])  # type: ignore[call-overload]
+        while stack and not (stack[-1][2] == thread and start < stack[-1][1] and end <= stack[-1][1]):
+            stack.pop()
+        self_us[k] = end - start
+        if stack:
+            self_us[stack[-1][0]] -= end - start
+        stack.append((k, end, thread))
+    return sum(v for k, v in self_us.items() if spans[k]["name"] == name)
+
+
+def test_epoch_microseconds_convert_to_nanoseconds_exactly() -> None:
+    # 1682725898236567 µs * 1000 needs 61 bits: a float product rounds it to a multiple of 256 ns.
+    assert _ns(1682725898236567) == 1682725898236567000
+    assert _ns(1682725898236567.5) == 1682725898236567500
+    assert _ns("12.345") == 12345 and _ns(0.001) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "op", "was_us"),
+    [
+        ("two_ranks/rank-0.json.gz", "autograd::engine::evaluate_function: MaxBackward0", -101.0),
+        ("two_ranks/rank-1.json.gz", "autograd::engine::evaluate_function: SoftmaxBackward0", -44.0),
+        ("cuda_alexnet.json.gz", "[param|pytorch.model.alex_net|0|0|0|warmup|forward]", -1280.0),
+    ],
+)
+def test_no_negative_self_time_on_real_traces(real_traces: Path, name: str, op: str, was_us: float) -> None:
+    """Epoch timestamps rounded to 256 ns made children end after their parents; they then nested
+    one level up and their parent lost their time twice (``was_us`` before the fix)."""
+    path = real_traces / name
+    p = ls.load(path)
+    p.validate()
+    assert min(r.metrics.self_cpu_us for r in p.op_rows) >= 0
+    ours = sum(r.metrics.self_cpu_us for r in p.op_rows if r.name == op)
+    assert ours == pytest.approx(raw_self_us(path, op)) and ours > was_us
+
+
+def test_overlapping_siblings_own_their_time_once() -> None:
+    """Ranges closed out of order on one thread: the later sibling owns only the time after the
+    earlier one, so no self time is negative and selves add up to the thread's total."""
+    t = EventTable()
+    t.threads = {1: (100, 100)}
+    t.add_span("outer", EventKind.USER_ANNOTATION, 1, 0, 100 * US)
+    t.add_span("first", EventKind.USER_ANNOTATION, 1, 10 * US, 40 * US)  # 10..50
+    t.add_span("second", EventKind.USER_ANNOTATION, 1, 40 * US, 55 * US)  # 40..95, past "first"
+    t.add_span("inner", EventKind.CPU_OP, 1, 45 * US, 2 * US)  # inside both: "first" owns 45..47
+    t.add_span("late", EventKind.CPU_OP, 1, 60 * US, 10 * US)
+    p = build_profile(t, None, {})
+    p.validate()
+    self_us = {r.name: r.metrics.self_cpu_us for r in p.op_rows}
+    assert self_us == {"outer": 15.0, "first": 40.0, "second": 35.0, "inner": 0.0, "late": 10.0}
+    assert p.totals.cpu_us == pytest.approx(100.0)
+
+
+def test_validate_fails_on_a_negative_self_time(real_traces: Path) -> None:
+    p = ls.load(real_traces / "two_ranks/rank-0.json.gz")
+    row = p.op_rows[0]
+    broken = dataclasses.replace(row, metrics=dataclasses.replace(row.metrics, self_cpu_us=-5.0))
+    bad = dataclasses.replace(p, op_rows=(broken, *p.op_rows[1:]))
+    with pytest.raises(ValidationError, match="negative self_cpu_us"):
+        bad.validate()

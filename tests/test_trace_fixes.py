@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 import layerscope as ls
+from layerscope.analysis.device import device_report
 from layerscope.attribution import build_profile
 from layerscope.errors import ValidationError
 from layerscope.events import EventKind, EventTable
@@ -134,3 +135,29 @@ def test_step_device_time_is_work_run_in_the_window() -> None:
     p = build_profile(t, None, {})
     p.validate()
     assert [(s.step, s.device_us) for s in p.steps] == [(1, 20.0), (2, 20.0)]
+
+
+def test_cuda_graph_kernels_are_not_launch_bound() -> None:
+    """One ~1 ms cudaGraphLaunch runs many kernels: none of them is "shorter than its launch call".
+    (On HTA's tests/data/trace_diff/test trace, not among the shared ones, this takes our count
+    from 6,359 to 1,913, the figure HTA's launch statistics give from cudaLaunchKernel alone.)"""
+    t = EventTable()
+    t.threads = {1: (100, 100), 9: (0, 7)}
+    t.add_span("aten::add", EventKind.CPU_OP, 1, 0, 20 * US)
+    t.add_span("cudaLaunchKernel", EventKind.RUNTIME, 1, 1 * US, 5 * US, corr=1)
+    t.add_span("add_kernel", EventKind.KERNEL, 9, 8 * US, 2 * US, corr=1)  # 2 µs < 5 µs launch
+    t.add_span("cudaGraphLaunch", EventKind.RUNTIME, 1, 30 * US, 1000 * US, corr=2)
+    for k in range(5):
+        t.add_span(f"graph_kernel_{k}", EventKind.KERNEL, 9, (40 + 10 * k) * US, 8 * US, corr=2)
+    report = device_report(t)
+    assert report is not None and report.launches == 6
+    assert report.launch_bound == 1
+
+
+def test_launch_bound_agrees_with_hta(real_traces: Path) -> None:
+    """Traces without graph launches keep their count. HTA 0.5.0 (pandas<3), in a throwaway venv:
+    ``TraceAnalysis(trace_dir=D).get_cuda_kernel_launch_stats(ranks=[0],
+    include_memory_events=False, visualize=False)[0]`` then ``(df.gpu_duration <
+    df.cpu_duration).sum()`` with D holding cuda_alexnet.json.gz as rank-0.json.gz: 13."""
+    report = analyze(real_traces / "cuda_alexnet.json.gz").device
+    assert report is not None and report.launch_bound == 13

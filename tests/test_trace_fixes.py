@@ -161,3 +161,43 @@ def test_launch_bound_agrees_with_hta(real_traces: Path) -> None:
     df.cpu_duration).sum()`` with D holding cuda_alexnet.json.gz as rank-0.json.gz: 13."""
     report = analyze(real_traces / "cuda_alexnet.json.gz").device
     assert report is not None and report.launch_bound == 13
+
+
+def test_kernel_kind_shares_add_up(real_traces: Path) -> None:
+    """two_ranks/rank-0: NCCL kernels overlap compute on other streams, so the kinds' time is 111%
+    of busy time; the shares are of the kinds' sum, and a line says how much overlapped."""
+    from rich.console import Console
+
+    from layerscope.render.analysis import device_section
+
+    report = analyze(real_traces / "two_ranks/rank-0.json.gz").device
+    assert report is not None
+    summed = sum(report.by_kind.values())
+    assert summed / report.busy_us == pytest.approx(1.11, abs=0.005)
+    console = Console(width=200, record=True, color_system=None)
+    console.print(device_section(report, ascii_only=True))
+    text = console.export_text()
+    shares = [float(line.split()[-1].rstrip("%")) for line in text.splitlines() if line.endswith("%")]
+    assert len(shares) == len(report.by_kind) and sum(shares) == pytest.approx(100.0, abs=0.1 * len(shares))
+    assert "Shares are of 607.84ms summed over kinds" in text and "overlap for 60.19ms" in text
+
+
+def test_mtia_trace_gets_a_device_section(tmp_path: Path) -> None:
+    """MTIA traces spell device work ``mtia_ccp_events`` and runtime calls ``mtia_runtime`` (as in
+    HTA's MTIA test traces, which HTA reads as kernels and runtime)."""
+    host = {"ph": "X", "pid": 1, "tid": 1}
+    events = [
+        {**host, "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 100},
+        {**host, "cat": "cpu_op", "name": "aten::mm", "ts": 5, "dur": 20},
+        {**host, "cat": "mtia_runtime", "name": "runFunction - job_prep_and_submit_for_execution", "ts": 6,
+         "dur": 10, "args": {"correlation": 7}},
+        {"ph": "X", "cat": "mtia_ccp_events", "name": "pe_exe", "pid": 17, "tid": 3910, "ts": 30, "dur": 40,
+         "args": {"stream": 112, "correlation": 7}},
+    ]  # fmt: skip
+    path = tmp_path / "mtia.json"
+    path.write_bytes(orjson.dumps({"traceEvents": events}))
+    result = analyze(path)
+    assert result.device is not None and result.device.busy_us == 40.0 and result.device.launches == 1
+    assert [s.device_us for s in result.profile.steps] == [40.0]
+    (mm,) = [r for r in result.profile.op_rows if r.name == "aten::mm"]
+    assert mm.metrics.device_us == 40.0  # linked through the runtime call's correlation

@@ -56,6 +56,9 @@ _KIND_BY_CATEGORY: dict[str, EventKind] = {
     "cuda_driver": EventKind.RUNTIME,
     "runtime": EventKind.RUNTIME,
     "privateuse1_runtime": EventKind.RUNTIME,
+    # Meta's MTIA accelerator: its runtime calls and the device's work (read as HTA reads them)
+    "mtia_runtime": EventKind.RUNTIME,
+    "mtia_ccp_events": EventKind.KERNEL,
     "xpu_runtime": EventKind.RUNTIME,
     "python_function": EventKind.PYTHON,
     "kernel": EventKind.KERNEL,

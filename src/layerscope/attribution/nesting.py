@@ -61,7 +61,7 @@ class Sweep:
     # "## Call CompiledFxGraph ##" spans (their kernels are children)
     compiled_graph_spans: list[int] = field(default_factory=list)
     compiling_bucket: int = -1  # the bucket of torch.compile compiling, -1 if it never did
-    top_level_ns: int = 0  # total duration of top-level spans: the run's CPU total
+    top_level_ns: int = 0  # the run's CPU total: every thread's covered time (the selves' sum)
 
     @staticmethod
     def start(span_count: int, span_dur: list[int], module_count: int) -> Sweep:
@@ -87,9 +87,8 @@ def sweep(
     forward_op_of = _forward_ops(table, order)
     # Bucket numbers from tables that Buckets makes once: no method call per event.
     forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_forward()
-    compiling, top_level_ns = -1, 0  # compiling: the bucket of compilation, once seen
-    # Per thread: open spans, their ends, and how far each one's time is already claimed by its
-    # children (the last entry of the claims is the thread's top level).
+    compiling = -1  # the bucket of compilation, once seen
+    # Per thread: open spans, their ends, how far each one's time is claimed (the first: top level).
     stacks: dict[int, tuple[list[int], list[int], list[int]]] = {}
     current_tid = None
 
@@ -101,28 +100,18 @@ def sweep(
             current_tid = tid
         start = span_ts[i]
         end = start + span_dur[i]
-        while open_end:
-            top = open_end[-1]
-            if start < top and end <= top:
-                break
-            open_idx.pop()
-            open_end.pop()
-            claimed.pop()
-        # A span that starts inside an earlier sibling and ends after it (ranges closed out of order,
-        # async ops) owns only the time after that sibling: every instant of a thread belongs to one
-        # span, so no self time goes negative and selves still add up to the top-level total.
+        while open_end and not (start < open_end[-1] >= end):
+            del open_idx[-1], open_end[-1], claimed[-1]
+        # A span that starts inside an earlier sibling and ends after it owns only the time after it:
+        # every instant of a thread is one span's, so no self time is negative and selves add up.
         own = claimed[-1] if claimed[-1] > start else start
-        own_ns = end - own if end > own else 0
-        if own_ns:
-            claimed[-1] = end
-        excl[i] = own_ns
+        excl[i] = own_ns = end - own if end > own else 0
+        claimed[-1] = own + own_ns  # raising a claim to a later start moves no time
         if open_idx:
-            p = open_idx[-1]
-            parent[i] = p
+            p = parent[i] = open_idx[-1]
             excl[p] -= own_ns
         else:
             p = -1
-            top_level_ns += own_ns
         open_idx.append(i)
         open_end.append(end)
         claimed.append(own)
@@ -154,12 +143,11 @@ def sweep(
             b = bucket[p]
             found.compiled_graph_spans.append(i)
         else:
-            # Without modules, an op autograd recorded (it has a sequence number, so a backward node
-            # may point at it) is forward work, not "other".
+            # Without modules, an op autograd recorded (a backward node may point at it) is forward work.
             forward = recorded_ops_are_forward and span_seq[i] >= 0 and not span_fwd_tid[i]
             b = buckets.unattributed(names[name_id], Phase.FORWARD if forward else Phase.OTHER)
         bucket[i] = b
-    found.compiling_bucket, found.top_level_ns = compiling, top_level_ns
+    found.compiling_bucket, found.top_level_ns = compiling, int(np.asarray(excl, dtype=np.int64)[order].sum())
     return found
 
 

@@ -82,6 +82,17 @@ def is_sync_call(name: str) -> bool:
     return name.startswith(SYNC_CALLS) and "Async" not in name
 
 
+#: Runtime calls that launch a whole captured graph: one call, many kernels.
+GRAPH_LAUNCH_CALLS = ("cudaGraphLaunch", "hipGraphLaunch")
+
+
+def is_graph_launch(name: str) -> bool:
+    """A CUDA/HIP graph launch: its kernels are no launch-bound evidence, since one call (often
+    ~1 ms) launches the whole graph; comparing each kernel with it would call them all too short.
+    HTA's launch statistics leave these calls out too."""
+    return name.startswith(GRAPH_LAUNCH_CALLS)
+
+
 def kernel_kind(name: str, kind: int) -> str:
     """The kind of one piece of device work (memcpy directions from Kineto's names)."""
     if kind == EventKind.MEMSET:
@@ -148,7 +159,7 @@ class DeviceReport:
     kernels: tuple[KernelStats, ...]
     launches: int
     tiny_kernels: int  # launches shorter than TINY_KERNEL_US
-    launch_bound: int  # launches whose kernel ran shorter than the CPU call that launched it
+    launch_bound: int  # kernels shorter than the call that launched them (graph launches left out)
     syncs: tuple[SyncPoint, ...]
     steps: tuple[StepVerdict, ...] = field(default=())
 
@@ -253,7 +264,11 @@ def device_report(table: EventTable) -> DeviceReport | None:
     launch_bound = 0
     for k in device[is_kernel].tolist():
         launcher = runtime_by_corr.get(table.span_corr[k])
-        if launcher is not None and table.span_dur[k] < table.span_dur[launcher]:
+        if (
+            launcher is not None
+            and table.span_dur[k] < table.span_dur[launcher]
+            and not is_graph_launch(names[table.span_name[launcher]])
+        ):
             launch_bound += 1
 
     sync_calls = [

@@ -114,7 +114,6 @@ def build_profile(
         nested.order,
         nested.bucket,
         nested.excl,
-        device_total,
         named.catalog,
         buckets,
         {node.path for node in root.walk()},

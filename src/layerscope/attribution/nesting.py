@@ -3,7 +3,9 @@
 The rules (see docs/architecture.md):
 
 * CPU spans nest per thread by time (torch's own rule: a child starts inside its parent and ends
-  no later). A span's *exclusive* time is its duration minus its direct children's.
+  no later). A span's *exclusive* time is its duration minus its direct children's. Spans on one
+  thread that overlap without nesting (ranges closed out of order) each own their instants once:
+  the later one only the time after the earlier one ends, so no exclusive time is negative.
 * Forward: a span inside a layerscope module range belongs to the innermost such range.
 * Backward: an ``autograd::engine::evaluate_function: X`` span carries the sequence number and
   forward thread of the op that created its autograd node; it belongs to that op's module, in the
@@ -50,7 +52,7 @@ class Sweep:
     """What the sweep over CPU spans finds: nesting, exclusive time, buckets, module calls."""
 
     parent: list[int]  # enclosing span, -1 at top level
-    excl: list[int]  # duration minus direct children's, ns
+    excl: list[int]  # duration minus direct children's (overlaps counted once, never below 0), ns
     bucket: list[int]  # -1 for spans that are not CPU spans
     module_calls: list[int]
     module_windows: list[int] = field(default_factory=list)  # module-range spans, in time order
@@ -59,7 +61,7 @@ class Sweep:
     # "## Call CompiledFxGraph ##" spans (their kernels are children)
     compiled_graph_spans: list[int] = field(default_factory=list)
     compiling_bucket: int = -1  # the bucket of torch.compile compiling, -1 if it never did
-    top_level_ns: int = 0  # total duration of top-level spans: the run's CPU total
+    top_level_ns: int = 0  # the run's CPU total: every thread's covered time (the selves' sum)
 
     @staticmethod
     def start(span_count: int, span_dur: list[int], module_count: int) -> Sweep:
@@ -85,33 +87,34 @@ def sweep(
     forward_op_of = _forward_ops(table, order)
     # Bucket numbers from tables that Buckets makes once: no method call per event.
     forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_forward()
-    compiling, top_level_ns = -1, 0  # compiling: the bucket of compilation, once seen
-    stacks: dict[int, tuple[list[int], list[int]]] = {}  # per thread: open spans and their ends
+    compiling = -1  # the bucket of compilation, once seen
+    # Per thread: open spans, their ends, how far each one's time is claimed (the first: top level).
+    stacks: dict[int, tuple[list[int], list[int], list[int]]] = {}
     current_tid = None
 
     # The hot loop (one iteration per CPU span): keep it to list indexing and local names.
     for i in order.tolist():
         tid = span_tid[i]
         if tid != current_tid:
-            open_idx, open_end = stacks.get(tid) or stacks.setdefault(tid, ([], []))
+            open_idx, open_end, claimed = stacks.get(tid) or stacks.setdefault(tid, ([], [], [-(2**62)]))
             current_tid = tid
         start = span_ts[i]
         end = start + span_dur[i]
-        while open_end:
-            top = open_end[-1]
-            if start < top and end <= top:
-                break
-            open_idx.pop()
-            open_end.pop()
+        while open_end and not (start < open_end[-1] >= end):
+            del open_idx[-1], open_end[-1], claimed[-1]
+        # A span that starts inside an earlier sibling and ends after it owns only the time after it:
+        # every instant of a thread is one span's, so no self time is negative and selves add up.
+        own = claimed[-1] if claimed[-1] > start else start
+        excl[i] = own_ns = end - own if end > own else 0
+        claimed[-1] = own + own_ns  # raising a claim to a later start moves no time
         if open_idx:
-            p = open_idx[-1]
-            parent[i] = p
-            excl[p] -= span_dur[i]
+            p = parent[i] = open_idx[-1]
+            excl[p] -= own_ns
         else:
             p = -1
-            top_level_ns += span_dur[i]
         open_idx.append(i)
         open_end.append(end)
+        claimed.append(own)
 
         name_id = span_name[i]
         role = roles[name_id]
@@ -140,12 +143,11 @@ def sweep(
             b = bucket[p]
             found.compiled_graph_spans.append(i)
         else:
-            # Without modules, an op autograd recorded (it has a sequence number, so a backward node
-            # may point at it) is forward work, not "other".
+            # Without modules, an op autograd recorded (a backward node may point at it) is forward work.
             forward = recorded_ops_are_forward and span_seq[i] >= 0 and not span_fwd_tid[i]
             b = buckets.unattributed(names[name_id], Phase.FORWARD if forward else Phase.OTHER)
         bucket[i] = b
-    found.compiling_bucket, found.top_level_ns = compiling, top_level_ns
+    found.compiling_bucket, found.top_level_ns = compiling, int(np.asarray(excl, dtype=np.int64)[order].sum())
     return found
 
 

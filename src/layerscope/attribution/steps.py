@@ -6,7 +6,7 @@ import numpy as np
 
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
-from layerscope.events.table import EventTable
+from layerscope.events.table import DEVICE_WORK_KINDS, EventTable
 from layerscope.model.profile import STEP_PREFIX, StepStats
 
 
@@ -18,13 +18,38 @@ def step_number(name: str) -> int:
         return -1
 
 
+def device_in_windows(table: EventTable, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per window ``[lo, hi)`` (ns): the device time of every kernel, copy and set run in it, each
+    clipped to the window, from any stream and whatever thread launched it. Overlapping work counts
+    each (device time, as everywhere in a Profile; the verdicts' busy time counts overlaps once)."""
+    kinds = table.array("span_kind")
+    work = np.flatnonzero(np.isin(kinds, [int(k) for k in DEVICE_WORK_KINDS]))
+    result = np.zeros(lo.size, dtype=np.int64)
+    if not work.size:
+        return result
+    ts = table.array("span_ts")[work]
+    by_start = np.argsort(ts, kind="stable")
+    starts = ts[by_start]
+    ends = starts + table.array("span_dur")[work][by_start]
+    # Work that starts before a window can still run into it: from the first span whose running
+    # maximum end passes the window's start, every later span is a candidate.
+    reach = np.maximum.accumulate(ends)
+    first = np.searchsorted(reach, lo, side="right")
+    last = np.searchsorted(starts, hi, side="left")
+    for w in range(lo.size):
+        a, b = int(first[w]), int(last[w])
+        if a < b:
+            clipped = np.minimum(ends[a:b], hi[w]) - np.maximum(starts[a:b], lo[w])
+            result[w] = int(clipped[clipped > 0].sum())
+    return result
+
+
 def step_stats(
     table: EventTable,
     step_spans: list[int],
     order: np.ndarray,
     bucket: np.ndarray,
     excl: np.ndarray,
-    device_total: np.ndarray,
     catalog: list[ModuleInfo],
     buckets: Buckets,
     kept_paths: set[str],
@@ -33,8 +58,11 @@ def step_stats(
     """One StepStats per step span, in step order.
 
     A CPU span belongs to the step whose time window contains its start, whatever its thread (the
-    backward of a GPU run executes on autograd's own thread, outside the step's nesting). ``bucket``
-    holds each span's bucket, numbered by ``buckets``.
+    backward of a GPU run executes on autograd's own thread, outside the step's nesting). Device
+    time is the device work run inside the window (``device_in_windows``): the kernels of backward
+    threads count, and a step is charged for what its device did, as the step verdicts of
+    ``analysis/device.py`` measure it, not for work it queued that ran in the next step.
+    ``bucket`` holds each span's bucket, numbered by ``buckets``.
     """
     if not step_spans:
         return ()
@@ -46,6 +74,7 @@ def step_stats(
     span_start = ts[order]
     which = np.searchsorted(starts, span_start, side="right") - 1
     inside = (which >= 0) & (span_start < ends[np.maximum(which, 0)])
+    device_ns = device_in_windows(table, starts, ends)
     n_modules = buckets.module_count
     n_buckets = buckets.count
     key = which[inside] * n_buckets + bucket[order][inside]
@@ -77,7 +106,7 @@ def step_stats(
             StepStats(
                 step=step_number(names[table.span_name[i]]),
                 wall_us=int(dur[i]) / 1000.0,
-                device_us=float(device_total[i]) / 1000.0,
+                device_us=int(device_ns[row]) / 1000.0,
                 cpu_us=float(sums[row].sum()),
                 modules=modules,
                 unattributed=unattributed,

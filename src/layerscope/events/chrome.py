@@ -9,6 +9,7 @@ reader maps internal ids to trace threads (falling back to the only forward thre
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +56,9 @@ _KIND_BY_CATEGORY: dict[str, EventKind] = {
     "cuda_driver": EventKind.RUNTIME,
     "runtime": EventKind.RUNTIME,
     "privateuse1_runtime": EventKind.RUNTIME,
+    # Meta's MTIA accelerator: its runtime calls and the device's work (read as HTA reads them)
+    "mtia_runtime": EventKind.RUNTIME,
+    "mtia_ccp_events": EventKind.KERNEL,
     "xpu_runtime": EventKind.RUNTIME,
     "python_function": EventKind.PYTHON,
     "kernel": EventKind.KERNEL,
@@ -116,7 +120,15 @@ def _malformed_reason(ph: Any, exc: Exception) -> str:
 
 
 def _ns(value: Any) -> int:
-    return _int(round(float(value) * 1000.0))
+    """Microseconds (a JSON int or float) as integer nanoseconds, exactly. Epoch timestamps in µs
+    (~1.7e15) times 1000 exceed a float's 53-bit mantissa, so ``float(value) * 1000`` would round them
+    to a multiple of 256 ns: a child could then end after its parent and nest wrongly. The whole
+    microseconds are scaled as an int, only the fraction as a float."""
+    if type(value) is int:
+        return _int(value * 1000)
+    number = float(value)
+    whole = math.floor(number)
+    return _int(whole * 1000 + round((number - whole) * 1000.0))
 
 
 class TraceTableBuilder:

@@ -110,7 +110,9 @@ class UnattributedEntry:
 class StepStats:
     """One ``ProfilerStep#N`` range (a training step marked by ``prof.step()``).
 
-    ``wall_us`` is the range's duration and ``device_us`` the device time its ops launched.
+    ``wall_us`` is the range's duration and ``device_us`` the device time run inside it: every
+    kernel, copy and set on any stream, launched from any thread, clipped to the range (overlapping
+    streams count each; the device section's busy time counts overlaps once).
     ``cpu_us`` is the CPU time of all work that started inside the step's time window (any thread),
     split into ``modules`` (path -> (forward µs, backward µs), inclusive of children) and
     ``unattributed`` (label -> µs, e.g. the optimizer step or the data loader).

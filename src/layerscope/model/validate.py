@@ -9,6 +9,8 @@ from layerscope.model.metrics import ADDITIVE_PAIRS, PEAK_FIELDS, Metrics
 from layerscope.model.profile import ModuleNode, Profile
 
 _TIME_FIELDS = {"self_cpu_us", "cpu_us", "self_device_us", "device_us"}
+#: Times are sums of nanoseconds: anything further below zero than float rounding is a real negative.
+_TIME_TOLERANCE_US = 1e-3
 
 
 def _close(a: float, b: float, scale: float) -> bool:
@@ -21,7 +23,7 @@ def validate_profile(profile: Profile) -> None:
 
     1. every node, both phases: total = self + sum(children totals) for each additive metric,
        and a node's peak is at least each child's peak;
-    2. no negative time, allocation or call count;
+    2. no negative time (modules, unattributed entries, op rows), allocation or call count;
     3. unique paths, each child's path below its parent's;
     4. sum of all module selves plus unattributed = the run's independently computed totals;
     5. op rows: per (module, phase) their self CPU fits inside the module's self CPU and their FLOPs
@@ -47,6 +49,10 @@ def validate_profile(profile: Profile) -> None:
         if len(errors) > 20:
             break
     for entry in profile.unattributed:
+        for name in sorted(_TIME_FIELDS):
+            value = getattr(entry.metrics, name)
+            if value < -_TIME_TOLERANCE_US:
+                errors.append(f"unattributed {entry.label!r}: negative {name}={value!r}")
         for self_name, total_name in ADDITIVE_PAIRS:
             if getattr(entry.metrics, self_name) != getattr(entry.metrics, total_name):
                 errors.append(f"unattributed {entry.label!r}: {self_name} != {total_name}")
@@ -77,7 +83,7 @@ def _check_node_phase(node: ModuleNode, phase_name: str, errors: list[str]) -> N
             )
         if total_name != "retained_bytes":
             own = getattr(metrics, self_name)
-            tolerance = 1e-3 if self_name in _TIME_FIELDS else 0
+            tolerance = _TIME_TOLERANCE_US if self_name in _TIME_FIELDS else 0
             if own < -tolerance:
                 errors.append(f"{node.path!r} {phase_name}: negative {self_name}={own!r}")
     for name in PEAK_FIELDS:
@@ -93,6 +99,10 @@ def _check_op_rows(profile: Profile, errors: list[str]) -> None:
     for row in profile.op_rows:
         if row.calls < 0:
             errors.append(f"op {row.name!r}: negative calls")
+        for name in sorted(_TIME_FIELDS):
+            value = getattr(row.metrics, name)
+            if value < -_TIME_TOLERANCE_US:
+                errors.append(f"op {row.name!r} ({row.module or row.scope}): negative {name}={value!r}")
         total_flops += row.metrics.flops
         if row.module is None:
             continue

@@ -46,12 +46,12 @@ COMMUNICATION_COLUMNS: tuple[Column[dict[str, Any]], ...] = (
 )
 
 
-def kind_columns(busy_us: float) -> tuple[Column[tuple[str, float]], ...]:
-    """Device time by kernel kind: each kind's share of the busy time."""
+def kind_columns(whole_us: float) -> tuple[Column[tuple[str, float]], ...]:
+    """Device time by kernel kind: each kind's share of ``whole_us`` (the kinds' summed time)."""
     return (
         Column("kind", "Kind", lambda kv: kv[0], "left"),
         Column("time", "Time", lambda kv: fmt_time_us(kv[1])),
-        Column("share", "Share", lambda kv: fmt_share(kv[1], busy_us), style="bold"),
+        Column("share", "Share", lambda kv: fmt_share(kv[1], whole_us), style="bold"),
     )
 
 
@@ -69,7 +69,19 @@ def device_section(report: DeviceReport, top: int = 10, ascii_only: bool | None 
         )
     ]
     kinds = sorted(report.by_kind.items(), key=lambda kv: -kv[1])
-    parts.append(FittedTable(kind_columns(report.busy_us), [kinds], ascii_only=ascii_only))
+    summed = sum(report.by_kind.values())
+    parts.append(FittedTable(kind_columns(max(summed, report.busy_us)), [kinds], ascii_only=ascii_only))
+    # Kernels on concurrent streams overlap: busy time counts them once, kinds each, so shares of
+    # busy time would add up past 100%. Shares are of the kinds' sum, and a line says by how much
+    # that exceeds busy time. Without overlap the sum is the busy time and nothing changes.
+    if summed > report.busy_us * (1 + 1e-4):
+        parts.append(
+            Text(
+                f"Shares are of {fmt_time_us(summed)} summed over kinds: kernels on concurrent streams "
+                f"overlap for {fmt_time_us(summed - report.busy_us)}, counted once in busy time.",
+                style="dim",
+            )
+        )
     parts.append(FittedTable(KERNEL_COLUMNS, [report.kernels[:top]], ascii_only=ascii_only))
     if report.syncs:
         parts.append(FittedTable(SYNC_COLUMNS, [report.syncs[:top]], ascii_only=ascii_only))

@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
             written.append(result.profile.save(_profile_path(Path(args.output), path)))
     report_written(written)
     for path, why in failures:
-        print(f"layerscope: error: {path}: {why}", file=sys.stderr)
+        # our own errors already start with the file's name; others get it in front
+        print(f"layerscope: error: {why if why.startswith(str(path)) else f'{path}: {why}'}", file=sys.stderr)
     return 1 if failures else 0
 
 

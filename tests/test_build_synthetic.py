@@ -196,3 +196,20 @@ def test_validate_catches_broken_sums() -> None:
     dropped = replace(p, unattributed=p.unattributed[1:])
     with pytest.raises(ValidationError, match="modules \\+ unattributed"):
         dropped.validate()
+
+
+def test_validate_catches_impossible_steps() -> None:
+    from dataclasses import replace
+
+    from layerscope.errors import ValidationError
+    from layerscope.model.profile import StepStats
+
+    p = build_profile(forward_backward_table(), CATALOG, {})
+    p.validate()
+    negative = replace(p, steps=(StepStats(step=1, wall_us=10.0, device_us=-5.0),))
+    with pytest.raises(ValidationError, match="step 1: negative device_us"):
+        negative.validate()
+    too_much = p.totals.cpu_us + 1.0
+    overfull = replace(p, steps=(StepStats(step=1, wall_us=10.0, device_us=0.0, cpu_us=too_much),))
+    with pytest.raises(ValidationError, match="steps hold cpu_us"):
+        overfull.validate()

@@ -110,6 +110,7 @@ def test_run_trace_of_a_compiled_model_reads_back_to_the_saved_tree(tmp_path: Pa
     live = ls.load(trace.with_name(trace.name.replace(".pt.trace.json.gz", ".json.gz")))
     assert_same_tree(live, ls.load(trace))
     assert live.meta["compiled"]["graph_calls"] > 0
+    assert backward_track_modules(trace)  # cycle traces had no backward track before the Recording
 
 
 def test_block_trace_with_marks_reads_back_and_can_be_written_twice(tmp_path: Path) -> None:

@@ -48,6 +48,18 @@ def write_script(folder: Path, error: str = "RuntimeError") -> Path:
     return path
 
 
+def run_layerscope(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``python -m layerscope ARGV`` in ``cwd``, as a user would start it (its own process)."""
+    return subprocess.run(
+        [sys.executable, "-m", "layerscope", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        check=False,
+    )
+
+
 def saved(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.json.gz"))
 
@@ -166,26 +178,7 @@ def test_run_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixt
 
 def test_run_as_a_subprocess(tmp_path: Path) -> None:
     script = write_script(tmp_path)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "layerscope",
-            "run",
-            "--steps",
-            "2",
-            "-o",
-            "runs",
-            "--ascii",
-            str(script),
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = run_layerscope(tmp_path, "run", "--steps", "2", "-o", "runs", "--ascii", str(script), "4")
     assert done.returncode == 0, done.stderr
     assert "trained 4 steps" in done.stdout and "layerscope: step" in done.stderr
     assert len(saved(tmp_path / "runs")) == 1
@@ -250,29 +243,8 @@ def test_nothing_of_ours_remains_after_the_last_cycle(
 
 def test_progress_without_a_terminal_is_a_line_per_cycle(tmp_path: Path) -> None:
     script = write_script(tmp_path)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "layerscope",
-            "run",
-            "--warmup",
-            "1",
-            "--active",
-            "2",
-            "--repeat",
-            "3",
-            "-o",
-            "runs",
-            str(script),
-            "12",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        check=False,
-    )
+    schedule = ("--warmup", "1", "--active", "2", "--repeat", "3")
+    done = run_layerscope(tmp_path, "run", *schedule, "-o", "runs", str(script), "12")
     assert done.returncode == 0, done.stderr
     progress = [line for line in done.stderr.splitlines() if line.startswith("layerscope: step")]
     # The first line, one per cycle saved, and the end; not one per step.

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from layerscope.events.intervals import union_length
 from layerscope.events.table import CPU_KINDS, EventKind, EventTable
 
 #: Kernel kinds, first match wins (names of cuBLAS/cuDNN/CUTLASS/Triton/NCCL/ROCm kernels), tried on
@@ -174,24 +175,6 @@ class DeviceReport:
         return self.busy_us / self.window_us if self.window_us > 0 else 0.0
 
 
-def _union_length(starts: np.ndarray, ends: np.ndarray) -> int:
-    """Total length covered by intervals (overlaps counted once)."""
-    if not starts.size:
-        return 0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    running_end = np.maximum.accumulate(e)
-    # an interval starts a new block when it begins after everything before it ended
-    new_block = np.empty(s.size, dtype=bool)
-    new_block[0] = True
-    new_block[1:] = s[1:] > running_end[:-1]
-    block_id = np.cumsum(new_block) - 1
-    block_start = s[new_block]
-    block_end = np.zeros(block_start.size, dtype=np.int64)
-    np.maximum.at(block_end, block_id, e)
-    return int((block_end - block_start).sum())
-
-
 def _enclosing_ops(table: EventTable, wanted: list[int]) -> dict[int, int]:
     """For each span in ``wanted``, the innermost CPU op or range around it on its thread (-1)."""
     if not wanted:
@@ -233,7 +216,7 @@ def device_report(table: EventTable) -> DeviceReport | None:
     devices = [table.threads.get(int(t), (0, 0))[0] for t in table.array("span_tid")[device].tolist()]
     for dev in set(devices):
         pick = np.asarray([d == dev for d in devices])
-        busy_ns += _union_length(starts[pick], ends[pick])
+        busy_ns += union_length(starts[pick], ends[pick])
     cpu = np.flatnonzero(kinds < EventKind.PYTHON)
     lo = min(int(starts.min()), int(ts[cpu].min())) if cpu.size else int(starts.min())
     hi = max(int(ends.max()), int((ts[cpu] + dur[cpu]).max())) if cpu.size else int(ends.max())
@@ -325,7 +308,7 @@ def _step_verdicts(
         s = np.clip(dev_starts, lo, hi)
         e = np.clip(dev_ends, lo, hi)
         keep = e > s
-        busy = _union_length(s[keep], e[keep]) / 1000.0
+        busy = union_length(s[keep], e[keep]) / 1000.0
         wall = (hi - lo) / 1000.0
         share = busy / wall if wall > 0 else 0.0
         verdict = "device-bound" if share >= 0.8 else "CPU-bound" if share < 0.5 else "balanced"

@@ -40,6 +40,7 @@ from layerscope.attribution.memory import (
 )
 from layerscope.attribution.nesting import (
     Sweep,
+    covered_ns,
     depths,
     inclusive,
     levels,
@@ -284,7 +285,7 @@ def _totals(table: EventTable, nested: _Nested, device: DeviceWork, root: Module
     mem_totals = memory_totals(table)
     return own_metrics(
         {
-            "cpu_us": nested.swept.top_level_ns / 1000.0,
+            "cpu_us": covered_ns(table, nested.order, nested.parent) / 1000.0,
             "device_us": device.total_ns(table) / 1000.0,
             "flops": int(nested.flops.sum()),
             "cpu_alloc_bytes": mem_totals.cpu_alloc,

@@ -36,6 +36,7 @@ from layerscope.attribution.buckets import (
     Buckets,
 )
 from layerscope.attribution.compiled import LABEL_COMPILING
+from layerscope.events.intervals import union_length
 from layerscope.events.table import CPU_KINDS, EventTable
 from layerscope.model.profile import Phase
 
@@ -61,7 +62,6 @@ class Sweep:
     # "## Call CompiledFxGraph ##" spans (their kernels are children)
     compiled_graph_spans: list[int] = field(default_factory=list)
     compiling_bucket: int = -1  # the bucket of torch.compile compiling, -1 if it never did
-    top_level_ns: int = 0  # the run's CPU total: every thread's covered time (the selves' sum)
 
     @staticmethod
     def start(span_count: int, span_dur: list[int], module_count: int) -> Sweep:
@@ -147,7 +147,7 @@ def sweep(
             forward = recorded_ops_are_forward and span_seq[i] >= 0 and not span_fwd_tid[i]
             b = buckets.unattributed(names[name_id], Phase.FORWARD if forward else Phase.OTHER)
         bucket[i] = b
-    found.compiling_bucket, found.top_level_ns = compiling, int(np.asarray(excl, dtype=np.int64)[order].sum())
+    found.compiling_bucket = compiling
     return found
 
 
@@ -209,3 +209,13 @@ def outermost_flops(
         p = parent[level]
         covered[level] = covered[p] | (values[p] > 0)
     return np.where(covered, 0, values)
+
+
+def covered_ns(table: EventTable, order: np.ndarray, parent: np.ndarray) -> int:
+    """The run's CPU total from the spans alone: per thread, the time its top-level spans cover
+    (overlaps once). Exclusive times add up to it; ``validate`` checks that they do."""
+    top = order[parent[order] < 0]
+    tid = table.array("span_tid")[top]
+    start = table.array("span_ts")[top]
+    end = start + table.array("span_dur")[top]
+    return sum(union_length(start[tid == t], end[tid == t]) for t in np.unique(tid).tolist())

@@ -74,7 +74,11 @@ def step_stats(
     span_start = ts[order]
     which = np.searchsorted(starts, span_start, side="right") - 1
     inside = (which >= 0) & (span_start < ends[np.maximum(which, 0)])
-    device_ns = device_in_windows(table, starts, ends)
+    # A step's window ends where the next one begins at the latest (as CPU spans are assigned
+    # above), so no device work is counted in two steps.
+    window_ends = ends.copy()
+    window_ends[:-1] = np.minimum(ends[:-1], starts[1:])
+    device_ns = device_in_windows(table, starts, window_ends)
     n_modules = buckets.module_count
     n_buckets = buckets.count
     key = which[inside] * n_buckets + bucket[order][inside]

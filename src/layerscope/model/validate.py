@@ -27,7 +27,9 @@ def validate_profile(profile: Profile) -> None:
     3. unique paths, each child's path below its parent's;
     4. sum of all module selves plus unattributed = the run's independently computed totals;
     5. op rows: per (module, phase) their self CPU fits inside the module's self CPU and their FLOPs
-       equal the module's self FLOPs; over the whole run op FLOPs equal total FLOPs.
+       equal the module's self FLOPs; over the whole run op FLOPs equal total FLOPs;
+    6. steps: no negative figure, and the steps (disjoint windows) hold no more CPU or device time
+       than the whole run.
     """
     errors: list[str] = []
     seen: set[str] = set()
@@ -66,6 +68,7 @@ def validate_profile(profile: Profile) -> None:
                 f"but the run's total is {expected!r}"
             )
     _check_op_rows(profile, errors)
+    _check_steps(profile, errors)
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ValidationError(f"profile invariant broken: {errors[0]}{more}")
@@ -128,3 +131,15 @@ def _check_op_rows(profile: Profile, errors: list[str]) -> None:
             )
     if profile.op_rows and total_flops != profile.totals.flops:
         errors.append(f"op FLOPs {total_flops} != total FLOPs {profile.totals.flops}")
+
+
+def _check_steps(profile: Profile, errors: list[str]) -> None:
+    for step in profile.steps:
+        for name in ("wall_us", "cpu_us", "device_us"):
+            if getattr(step, name) < -_TIME_TOLERANCE_US:
+                errors.append(f"step {step.step}: negative {name}={getattr(step, name)!r}")
+    for name in ("cpu_us", "device_us"):
+        in_steps = sum(getattr(step, name) for step in profile.steps)
+        whole = getattr(profile.totals, name)
+        if in_steps > whole + max(_TIME_TOLERANCE_US, 1e-9 * whole):
+            errors.append(f"steps hold {name}={in_steps!r}, more than the run's {whole!r}")

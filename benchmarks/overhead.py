@@ -7,6 +7,7 @@ leaving the profiler and post-processing are not (post-processing is benchmarks/
 
     python benchmarks/overhead.py [--rounds 7] [--steps 3]
     python benchmarks/overhead.py --only calls     # µs per module call, within one profiler session
+    python benchmarks/overhead.py --device cuda    # the same on a GPU (steps end with a synchronize)
 
 Ratios: of the median step times, of the fastest rounds, and the median of the per-round ratios
 (every configuration runs once per round, back to back: the paired ratio resists the VM's drift).
@@ -64,11 +65,13 @@ def timed_steps(
         start = time.perf_counter()
         for _ in range(steps):
             model(x).sum().backward()
+        if x.is_cuda:  # the step ends when its kernels have run, not when they are queued
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
     return elapsed / steps
 
 
-def measure(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: int) -> dict[str, Any]:
+def measure_on(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: int) -> dict[str, Any]:
     # layerscope passes torch these flags: record_shapes (for shapes and FLOPs) and, without
     # memory, profile_all_threads. torch.profiler gets exactly the same.
     probe = ls.profile(model)
@@ -223,8 +226,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--only", choices=("resnet", "tiny", "mlp", "calls"), help="run one workload")
+    parser.add_argument("--device", default="cpu", help="where the step workloads run (cpu, cuda)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    device = torch.device(args.device)
+
+    def measure(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: int) -> dict[str, Any]:
+        return measure_on(name, model.to(device), x.to(device), rounds, steps)
+
     workloads = {
         "resnet": lambda: measure(
             "resnet18 (5x3x224x224)", resnet18(), torch.randn(5, 3, 224, 224), args.rounds, args.steps

@@ -9,6 +9,7 @@ on two captures, so neither side profits from running second). Prints a table an
     python benchmarks/postprocess.py --model mlp --stages      # where our build's time goes, per stage
     python benchmarks/postprocess.py --with-stack --steps 5    # Python stacks on (many more events)
     python benchmarks/postprocess.py --reader python            # torch's bindings, not the native reader
+    python benchmarks/postprocess.py --device cuda              # a GPU capture (kernels, device memory)
 
 ``--reader`` picks how torch's results are read: ``native`` (the C++ reader, ``layerscope native
 build`` first), ``python`` (torch's Python bindings) or ``auto`` (native when built, as in use).
@@ -38,6 +39,8 @@ def capture(model: torch.nn.Module, x: torch.Tensor, steps: int, with_stack: boo
     with ls.profile(model, memory=True, shapes=True, with_stack=with_stack) as prof:
         for _ in range(steps):
             model(x).sum().backward()
+        if x.is_cuda:
+            torch.cuda.synchronize()
     return prof
 
 
@@ -135,6 +138,7 @@ def main() -> None:
     parser.add_argument("--stages", action="store_true", help="time the build's stages instead")
     parser.add_argument("--with-stack", action="store_true", help="record Python stacks too")
     parser.add_argument("--reader", choices=("auto", "native", "python"), default="auto")
+    parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
     args = parser.parse_args()
     if args.reader == "python":
         os.environ["LAYERSCOPE_NATIVE"] = "0"
@@ -155,6 +159,7 @@ def main() -> None:
     else:
         model = resnet18()
         x = torch.randn(args.batch, 3, args.size, args.size)
+    model, x = model.to(args.device), x.to(args.device)
     model(x).sum().backward()  # warm-up outside the profile
     if args.stages:
         found = stages(capture(model, x, args.steps, args.with_stack), reader)

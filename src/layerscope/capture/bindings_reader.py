@@ -20,6 +20,7 @@ from layerscope.capture.event_columns import (
     UNDECODABLE_NAME,
     count_flops,
     flop_candidates,
+    guess_activities,
     kind_of_activity,
 )
 from layerscope.capture.flops import FlopCalculator
@@ -93,7 +94,7 @@ def table_from_bindings(
         _read_memory(table, memory, list(compress(all_bytes, is_memory)), event_type, cpu_only)
     name_ids = {name: table.intern(name) for name in dict.fromkeys(span_names)}
     table.span_name = list(map(name_ids.__getitem__, span_names))
-    kind_ids, table.span_kind = _span_kinds(spans, event_type, cpu_only)
+    kind_ids, table.span_kind = _span_kinds(spans, span_names, event_type, cpu_only)
     table.span_ts = list(map(event_type.start_ns, spans))
     table.span_dur = list(map(event_type.duration_ns, spans))
     table.span_tid = _signed(list(map(event_type.start_thread_id, spans)))
@@ -117,20 +118,26 @@ def _read_memory(
         table.mem_on_device = [int(d) != 0 for d in map(event_type.device_type, memory)]
 
 
-def _span_kinds(spans: list[Any], event_type: Any, cpu_only: bool) -> tuple[dict[str, int], list[int]]:
+def _span_kinds(
+    spans: list[Any], names: list[str], event_type: Any, cpu_only: bool
+) -> tuple[dict[str, int], list[int]]:
     """(kind number per activity name seen, each span's kind number)."""
     if cpu_only:
         # CPU ops and user annotations are attributed alike (by name), so one kind serves both.
         return {"cpu_op": int(EventKind.CPU_OP)}, [int(EventKind.CPU_OP)] * len(spans)
     if hasattr(event_type, "activity_type"):
         activities = list(map(event_type.activity_type, spans))
-        kind_ids = {a: int(kind_of_activity(a)) for a in set(activities)}
-        return kind_ids, list(map(kind_ids.__getitem__, activities))
-    # torch < 2.5 has no activity_type(): events on the host are CPU ops, the rest device work
-    # (degraded: Python-function events then count as ops, runtime calls as CPU ops).
-    on_device = [int(d) != 0 for d in map(event_type.device_type, spans)]
-    kind_ids = {"cpu_op": int(EventKind.CPU_OP), "kernel": int(EventKind.KERNEL)}
-    return kind_ids, [kind_ids["kernel"] if d else kind_ids["cpu_op"] for d in on_device]
+    else:  # torch < 2.12 names no activity: guessed from what it does tell
+        on_device = [int(d) != 0 for d in map(event_type.device_type, spans)]
+        annotation = (
+            list(map(event_type.is_user_annotation, spans))
+            if hasattr(event_type, "is_user_annotation")
+            else None
+        )
+        device_index = list(map(event_type.device_index, spans))
+        activities = guess_activities(names, on_device, annotation, device_index)
+    kind_ids = {a: int(kind_of_activity(a)) for a in set(activities)}
+    return kind_ids, list(map(kind_ids.__getitem__, activities))
 
 
 def _read_links(table: EventTable, spans: list[Any], event_type: Any, launches: bool) -> None:

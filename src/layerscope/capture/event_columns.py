@@ -3,6 +3,8 @@ the name of undecodable events, and FLOP counting for the ops that have a formul
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,56 @@ def kind_of_activity(activity: str) -> EventKind:
     if found is not None:
         return found
     return EventKind.CPU_OP if activity.startswith("cpu") else EventKind.DEVICE_OTHER
+
+
+#: Host-side calls into an accelerator's runtime or driver API (cudaLaunchKernel, cuLaunchKernelEx,
+# hipMemcpyAsync): what an activity-less reader calls a runtime event.
+RUNTIME_CALL = re.compile(r"(cuda|cu|hip)[A-Z]")
+# What torch names the Python functions a with_stack capture records ("x.py(12): f", "<built-in
+# method …>", "nn.Module: Linear_0").
+_PYTHON_FUNCTION = re.compile(r"[^\n]*\(\d+\): |<built-in |nn\.Module: ")
+
+
+def guess_activities(
+    names: Sequence[str],
+    on_device: Sequence[bool],
+    annotation: Sequence[bool] | None = None,
+    device_index: Sequence[int] | None = None,
+) -> list[str]:
+    """Kineto activity names for events read without them (torch's bindings name an event's activity
+    only from 2.12 on; before that a reader has the name, the device type, whether it is a user
+    annotation and the device index).
+
+    Device work named ``Memcpy …``/``Memset …`` is a copy/set; a device-side user annotation
+    (``ProfilerStep#N``, ``record_function`` ranges: counted as kernels they would count their
+    kernels twice) is one, and without that flag so is a device span that shares a host span's name;
+    other device work is a kernel. On the host, runtime API calls are runtime events (they launch,
+    they are not ops), Python functions of a ``with_stack`` capture are named ``file.py(line): name``
+    (and the like), events of no device (index -1) are the profiler's own overhead, and the rest are
+    ops or user annotations.
+    """
+    if annotation is None:  # no flag: a device span with a host span's name is an annotation's copy
+        host_names = {n for n, d in zip(names, on_device, strict=True) if not d}
+        annotation = [d and n in host_names for n, d in zip(names, on_device, strict=True)]
+    index = device_index if device_index is not None else [0] * len(names)
+    found: list[str] = []
+    for name, device, marked, where in zip(names, on_device, annotation, index, strict=True):
+        if device:
+            if name.startswith("Memcpy"):
+                found.append("gpu_memcpy")
+            elif name.startswith("Memset"):
+                found.append("gpu_memset")
+            else:
+                found.append("gpu_user_annotation" if marked else "kernel")
+        elif marked:
+            found.append("user_annotation")
+        elif RUNTIME_CALL.match(name):
+            found.append("cuda_runtime")
+        elif _PYTHON_FUNCTION.match(name):
+            found.append("python_function")
+        else:
+            found.append("overhead" if where < 0 else "cpu_op")
+    return found
 
 
 #: What an event whose name torch cannot decode is called (both readers).

@@ -33,12 +33,9 @@ def table_from_kineto(
     """
     if use_native is not False:
         module = native.load()
-        old_torch = not hasattr(_event_type(), "activity_type")
-        if use_native and (module is None or old_torch):
-            reason = "torch < 2.5 (no activity type names)" if old_torch else native.status().reason
-            raise LayerscopeError(f"native reader unavailable: {reason}")
-        # The native path asks torch's bindings for activity names, which torch < 2.5 lacks.
-        if module is not None and not old_torch:
+        if use_native and module is None:
+            raise LayerscopeError(f"native reader unavailable: {native.status().reason}")
+        if module is not None:
             try:
                 table = table_from_native(module, kineto_results, flops, shapes, cpu_only)
             except Exception as exc:
@@ -57,9 +54,3 @@ def table_from_kineto(
     table = table_from_bindings(kineto_results, flops, shapes, cpu_only)
     table.meta["reader"] = "python"
     return table
-
-
-def _event_type() -> Any:
-    from torch._C._autograd import _KinetoEvent
-
-    return _KinetoEvent

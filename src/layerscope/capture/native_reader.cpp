@@ -25,6 +25,13 @@
 #include <unordered_map>
 #include <vector>
 
+// libkineto's activity names, from the headers of the torch this is built against (the numbering
+// moves between versions, and torch's Python bindings only name it from 2.12 on).
+#if __has_include(<kineto/ActivityType.h>)
+#include <kineto/ActivityType.h>
+#define LAYERSCOPE_KINETO_NAMES 1
+#endif
+
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -326,6 +333,17 @@ py::list marks_stop() {
   return out;
 }
 
+// Kineto's name of an activity number (what the trace's "cat" says: "kernel", "cuda_runtime", ...),
+// or None when the headers have none for it.
+py::object activity_name(int64_t code) {
+#ifdef LAYERSCOPE_KINETO_NAMES
+  if (code >= 0 && code < static_cast<int64_t>(libkineto::ActivityType::ENUM_COUNT)) {
+    return py::str(libkineto::toString(static_cast<libkineto::ActivityType>(code)));
+  }
+#endif
+  return py::none();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -333,6 +351,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
   m.def("concrete_inputs", &concrete_inputs, py::arg("results"), py::arg("packed_indices"));
   m.def("event_at", &event_at, py::arg("results"), py::arg("index"));
+  m.def("activity_name", &activity_name, py::arg("code"));
   m.def("marks_start", &marks_start);
   m.def("mark", &mark, py::arg("code"));
   m.def("marks_stop", &marks_stop);

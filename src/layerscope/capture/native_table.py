@@ -87,12 +87,18 @@ def _span_kinds(module: Any, kineto_results: Any, cols: dict[str, Any], cpu_only
     activity = _column(cols["span_activity"])
     if cpu_only:
         return np.full(len(activity), int(EventKind.CPU_OP), dtype=np.int64)
-    # torch's bindings turn the activity number into its name; ask them once per number.
+    # Each activity number's name, once per number: from the Kineto headers the module was built
+    # against, else from torch's bindings (which name it only from torch 2.12 on).
     index = _column(cols["span_index"])
     codes, first = np.unique(activity, return_index=True)
     lookup = np.zeros(int(codes.max()) + 1 if len(codes) else 1, dtype=np.int64)
     for code, at in zip(codes.tolist(), first.tolist(), strict=True):
-        name = module.event_at(kineto_results, int(index[at])).activity_type()
+        name = module.activity_name(int(code))
+        if name is None:
+            event = module.event_at(kineto_results, int(index[at]))
+            if not hasattr(event, "activity_type"):
+                raise RuntimeError(f"no name for Kineto activity {code} in this torch's headers or bindings")
+            name = event.activity_type()
         lookup[code] = int(kind_of_activity(name))
     return lookup[activity] if len(activity) else activity
 

@@ -85,6 +85,25 @@ def low_utilisation(profile: Profile, device: DeviceReport | None) -> Advice | N
     )
 
 
+def waiting_on_dependencies(profile: Profile, device: DeviceReport | None) -> Advice | None:
+    """Most steps idle the device while launched work waits in its queue: not the CPU's fault."""
+    if device is None or not device.steps:
+        return None
+    held = [s for s in device.steps if s.verdict == "waiting on dependencies"]
+    if len(held) * 2 < len(device.steps):
+        return None
+    queued = sum(s.idle.other_us for s in held)
+    wall = sum(s.wall_us for s in held)
+    return Advice(
+        "waiting-on-dependencies",
+        f"the device idles {100 * queued / wall:.0f}% of these steps with work already queued: it waits "
+        "on events, other streams or collectives (other ranks), not on the CPU; look for "
+        "cross-stream waits and late ranks (layerscope merge), not for launch overhead",
+        f"{len(held)} of {len(device.steps)} steps",
+        {"queued_wait_us": queued},
+    )
+
+
 def tiny_kernels(profile: Profile, device: DeviceReport | None) -> Advice | None:
     if device is None or device.launches < 200 or device.tiny_kernels < 0.5 * device.launches:
         return None
@@ -251,6 +270,7 @@ def slow_convolution(profile: Profile, device: DeviceReport | None) -> Advice | 
 RULES: tuple[Rule, ...] = (
     data_loading,
     low_utilisation,
+    waiting_on_dependencies,
     tiny_kernels,
     frequent_syncs,
     fp32_matmul,

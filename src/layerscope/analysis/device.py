@@ -1,5 +1,6 @@
 """Device analysis of a trace: busy and idle time, kernel time by kind, top kernels, launch
-overhead, host-device synchronisation, and a CPU- vs device-bound verdict per step."""
+overhead, host-device synchronisation, streams (analysis/streams.py), memory-copy bandwidth,
+communication/computation overlap, and a verdict per step from what the device's idle time waited on."""
 
 from __future__ import annotations
 
@@ -8,8 +9,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from layerscope.analysis.streams import (
+    IdleTime,
+    StreamStats,
+    StreamWork,
+    idle_time,
+    overlap_share,
+    stream_stats,
+)
+from layerscope.analysis.verdict import StepVerdict, device_gaps, step_verdicts
 from layerscope.events.intervals import union_length
-from layerscope.events.table import CPU_KINDS, EventKind, EventTable
+from layerscope.events.table import EventKind, EventTable
 
 #: Kernel kinds, first match wins (names of cuBLAS/cuDNN/CUTLASS/Triton/NCCL/ROCm kernels), tried on
 #: the kernel's own name without its parameter list (the arguments name types such as
@@ -136,18 +146,18 @@ class SyncPoint:
 
 
 @dataclass(frozen=True, slots=True)
-class StepVerdict:
-    """Device activity inside one step's window, and whether the step waited on the CPU."""
+class CopyStats:
+    """Memory copies of one kind (``memcpy H2D``...): count, bytes, time and bandwidth."""
 
-    step: int
-    wall_us: float
-    device_busy_us: float
-    verdict: str  # "device-bound", "CPU-bound" or "balanced"
+    kind: str
+    count: int
+    bytes: int
+    time_us: float
 
     @property
-    def utilisation(self) -> float:
-        """Busy share of the step's wall time."""
-        return self.device_busy_us / self.wall_us if self.wall_us > 0 else 0.0
+    def gb_per_s(self) -> float | None:
+        """Bytes moved per second of copying, in GB/s (None without byte counts)."""
+        return self.bytes / (self.time_us * 1000.0) if self.bytes and self.time_us > 0 else None
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,12 @@ class DeviceReport:
     launch_bound: int  # kernels shorter than the call that launched them (graph launches left out)
     syncs: tuple[SyncPoint, ...]
     steps: tuple[StepVerdict, ...] = field(default=())
+    streams: tuple[StreamStats, ...] = field(default=())
+    copies: tuple[CopyStats, ...] = field(default=())
+    #: share of communication-kernel time with a computation kernel running; None: no communication
+    comm_compute_overlap: float | None = None
+    #: the device's idle time in the window (no stream busy) by cause; streams have their own
+    idle: IdleTime = field(default_factory=IdleTime)
 
     @property
     def idle_us(self) -> float:
@@ -239,24 +255,53 @@ def device_report(table: EventTable) -> DeviceReport | None:
     is_kernel = kinds[device] == EventKind.KERNEL
     tiny = int(((dur[device] < TINY_KERNEL_US * 1000) & is_kernel).sum())
 
+    work = StreamWork.of(table, device)
+    comm, comp = _comm_and_comp(table, device, starts, ends)
+    return DeviceReport(
+        window_us=window_ns / 1000.0,
+        busy_us=busy_ns / 1000.0,
+        by_kind=by_kind,
+        kernels=tuple(kernels),
+        launches=int(is_kernel.sum()),
+        tiny_kernels=tiny,
+        launch_bound=_launch_bound(table, device[is_kernel]),
+        syncs=_sync_points(table),
+        steps=step_verdicts(table, work, comm, comp, (lo, hi)),
+        idle=idle_time(*device_gaps(work, lo, hi)),
+        streams=stream_stats(work),
+        copies=_copies(table, device),
+        comm_compute_overlap=overlap_share(comm, comp),
+    )
+
+
+def _launch_bound(table: EventTable, kernels: np.ndarray) -> int:
+    """Kernels shorter than the runtime call that launched them (graph launches left out: one call
+    runs a whole graph)."""
+    kinds = table.array("span_kind")
+    names = table.names
     runtime_by_corr = {
         table.span_corr[i]: i
         for i in np.flatnonzero(kinds == EventKind.RUNTIME).tolist()
         if table.span_corr[i] > 0
     }
-    launch_bound = 0
-    for k in device[is_kernel].tolist():
+    count = 0
+    for k in kernels.tolist():
         launcher = runtime_by_corr.get(table.span_corr[k])
         if (
             launcher is not None
             and table.span_dur[k] < table.span_dur[launcher]
             and not is_graph_launch(names[table.span_name[launcher]])
         ):
-            launch_bound += 1
+            count += 1
+    return count
 
+
+def _sync_points(table: EventTable) -> tuple[SyncPoint, ...]:
+    """Synchronising runtime calls grouped by call and the op around them, longest first."""
+    names = table.names
     sync_calls = [
         i
-        for i in np.flatnonzero(kinds == EventKind.RUNTIME).tolist()
+        for i in np.flatnonzero(table.array("span_kind") == EventKind.RUNTIME).tolist()
         if is_sync_call(names[table.span_name[i]])
     ]
     owner = _enclosing_ops(table, sync_calls)
@@ -265,56 +310,52 @@ def device_report(table: EventTable) -> DeviceReport | None:
         p = owner.get(i, -1)
         op = names[table.span_name[p]] if p >= 0 else "(outside ops)"
         syncs.setdefault((names[table.span_name[i]], op), []).append(table.span_dur[i])
-    sync_points = tuple(
+    return tuple(
         sorted(
             (SyncPoint(c, o, len(d), sum(d) / 1000.0) for (c, o), d in syncs.items()),
             key=lambda s: -s.total_us,
         )
     )
-    return DeviceReport(
-        window_us=window_ns / 1000.0,
-        busy_us=busy_ns / 1000.0,
-        by_kind=by_kind,
-        kernels=tuple(kernels),
-        launches=int(is_kernel.sum()),
-        tiny_kernels=tiny,
-        launch_bound=launch_bound,
-        syncs=sync_points,
-        steps=_step_verdicts(table, starts, ends),
+
+
+def _comm_and_comp(
+    table: EventTable, device: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """(starts, ends) of communication kernels and of computation kernels (copies and sets are
+    neither, as in HTA)."""
+    names, kinds = table.names, table.span_kind
+    is_comm = np.zeros(device.size, dtype=bool)
+    is_comp = np.zeros(device.size, dtype=bool)
+    kind_of: dict[int, bool] = {}
+    for j, k in enumerate(device.tolist()):
+        if kinds[k] != EventKind.KERNEL:
+            continue
+        n = table.span_name[k]
+        comm = kind_of.get(n)
+        if comm is None:
+            comm = kind_of[n] = kernel_kind(names[n], EventKind.KERNEL) == "communication"
+        is_comm[j], is_comp[j] = comm, not comm
+    return (starts[is_comm], ends[is_comm]), (starts[is_comp], ends[is_comp])
+
+
+def _copies(table: EventTable, device: np.ndarray) -> tuple[CopyStats, ...]:
+    """Memory copies by kind, with the bytes the trace says each moved (``args.bytes``)."""
+    copy_bytes: dict[str, int] = table.meta.get("copy_bytes", {})
+    found: dict[str, list[int]] = {}
+    counted: set[str] = set()
+    for k in device.tolist():
+        if table.span_kind[k] != EventKind.MEMCPY:
+            continue
+        name = table.names[table.span_name[k]]
+        entry = found.setdefault(kernel_kind(name, EventKind.MEMCPY), [0, 0, 0])
+        entry[0] += 1
+        entry[2] += table.span_dur[k]
+        if name not in counted:
+            counted.add(name)
+            entry[1] += int(copy_bytes.get(name, 0))
+    return tuple(
+        sorted(
+            (CopyStats(kind, c, b, ns / 1000.0) for kind, (c, b, ns) in found.items()),
+            key=lambda c: -c.time_us,
+        )
     )
-
-
-def _step_verdicts(
-    table: EventTable, dev_starts: np.ndarray, dev_ends: np.ndarray
-) -> tuple[StepVerdict, ...]:
-    """Per ProfilerStep window (from its start to the next step's start): device busy time. Steps are
-    the CPU-side ranges: Kineto mirrors them on the GPU timeline as ``gpu_user_annotation`` events,
-    which are no steps of their own."""
-    names = table.names
-    cpu_side = [int(k) for k in CPU_KINDS]
-    steps = [
-        i
-        for i, (n, kind) in enumerate(zip(table.span_name, table.span_kind, strict=True))
-        if kind in cpu_side and names[n].startswith("ProfilerStep#")
-    ]
-    if not steps:
-        return ()
-    ts, dur = table.array("span_ts"), table.array("span_dur")
-    steps.sort(key=lambda i: int(ts[i]))
-    verdicts = []
-    for k, i in enumerate(steps):
-        lo = int(ts[i])
-        hi = int(ts[steps[k + 1]]) if k + 1 < len(steps) else int(ts[i] + dur[i])
-        s = np.clip(dev_starts, lo, hi)
-        e = np.clip(dev_ends, lo, hi)
-        keep = e > s
-        busy = union_length(s[keep], e[keep]) / 1000.0
-        wall = (hi - lo) / 1000.0
-        share = busy / wall if wall > 0 else 0.0
-        verdict = "device-bound" if share >= 0.8 else "CPU-bound" if share < 0.5 else "balanced"
-        try:
-            number = int(names[table.span_name[i]].split("#", 1)[1])
-        except ValueError:
-            number = k
-        verdicts.append(StepVerdict(number, wall, busy, verdict))
-    return tuple(verdicts)

@@ -152,6 +152,7 @@ class TraceTableBuilder:
         self._flop_cache: dict[tuple[str, bytes, bytes], int] = {}
         self.peak_allocated: dict[str, int] = {}  # highest "Total Allocated" seen, cpu / device
         self.collectives: dict[tuple[str, str, int, str], list[int]] = {}  # -> [calls, bytes, ns]
+        self.copy_bytes: dict[str, int] = {}  # memory copies' "bytes" by copy name
 
     def _flops(self, name: str, dims: Any, concrete: Any) -> int:
         """FLOPs of one op, computed once per distinct (name, shapes, scalar arguments): training
@@ -227,6 +228,8 @@ class TraceTableBuilder:
                         )
                     if name == "record_param_comms":
                         self._collective(args, dur)
+                    elif kind == EventKind.MEMCPY:
+                        self.copy_bytes[name] = self.copy_bytes.get(name, 0) + _int(args.get("bytes", 0) or 0)
                     i = table.add_span(
                         name,
                         kind,
@@ -296,6 +299,8 @@ class TraceTableBuilder:
             ],
             "schema_version": header.get("schemaVersion"),
         }
+        if self.copy_bytes:
+            table.meta["copy_bytes"] = dict(self.copy_bytes)
         own = header.get("layerscope")
         if isinstance(own, dict):  # what layerscope saved beside torch's trace (compiled graphs, modules)
             table.meta["layerscope"] = own

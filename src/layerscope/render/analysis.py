@@ -9,7 +9,9 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from layerscope.analysis.advice import Advice
-from layerscope.analysis.device import DeviceReport, KernelStats, StepVerdict, SyncPoint
+from layerscope.analysis.device import CopyStats, DeviceReport, KernelStats, SyncPoint
+from layerscope.analysis.streams import IdleTime, StreamStats
+from layerscope.analysis.verdict import StepVerdict
 from layerscope.render.table_fit import Column, FittedTable, wants_ascii
 from layerscope.units import fmt_bytes, fmt_share, fmt_time_us
 
@@ -26,13 +28,85 @@ SYNC_COLUMNS: tuple[Column[SyncPoint], ...] = (
     Column("count", "Count", lambda s: str(s.count)),
     Column("total", "Total", lambda s: fmt_time_us(s.total_us)),
 )
+
+
+def step_columns(steps: Sequence[StepVerdict]) -> tuple[Column[StepVerdict], ...]:
+    """The step table's columns; communication overlap only when a step ran communication."""
+    has_comm = any(s.comm_overlap is not None for s in steps)
+    overlap: Column[StepVerdict] = Column(
+        "comm_overlap",
+        "Comm overlap",
+        lambda s: "" if s.comm_overlap is None else f"{100 * s.comm_overlap:.1f}%",
+        drop=1,
+        shown=has_comm,
+    )
+    return (*STEP_COLUMNS[:-1], overlap, STEP_COLUMNS[-1])
+
+
 STEP_COLUMNS: tuple[Column[StepVerdict], ...] = (
     Column("step", "Step", lambda s: str(s.step), "left"),
     Column("wall", "Wall", lambda s: fmt_time_us(s.wall_us)),
     Column("busy", "Device busy", lambda s: fmt_time_us(s.device_busy_us)),
     Column("busy_share", "Busy %", lambda s: f"{100 * s.utilisation:.0f}%"),
+    Column("idle_host", "Host wait", lambda s: fmt_time_us(s.idle.host_wait_us), drop=2),
+    Column("idle_other", "Queued wait", lambda s: fmt_time_us(s.idle.other_us), drop=2),
     Column("verdict", "Verdict", lambda s: s.verdict, "left"),
 )
+
+
+def _optional_us(value: float | None) -> str:
+    return "" if value is None else _us(value)
+
+
+def _us(value: float) -> str:
+    """A time that may be zero (fmt_time_us leaves zero blank, as tables of metrics want)."""
+    return fmt_time_us(value) if value else "0"
+
+
+STREAM_COLUMNS: tuple[Column[StreamStats], ...] = (
+    Column("stream", "Stream", lambda s: f"{s.device}/{s.stream}", "left"),
+    Column("kernels", "Kernels", lambda s: str(s.kernels)),
+    Column("busy", "Busy", lambda s: fmt_time_us(s.busy_us)),
+    Column("host_wait", "Host wait", lambda s: fmt_time_us(s.idle.host_wait_us)),
+    Column("kernel_wait", "Launch gaps", lambda s: fmt_time_us(s.idle.kernel_wait_us), drop=2),
+    Column("other", "Queued wait", lambda s: fmt_time_us(s.idle.other_us)),
+    Column(
+        "queue",
+        "Queue mean/max",
+        lambda s: "" if s.queue_mean is None else f"{s.queue_mean:.1f}/{s.queue_max}",
+    ),
+    Column(
+        "delay",
+        "Launch delay p50/p95",
+        lambda s: (
+            ""
+            if s.launch_delay_median_us is None
+            else f"{_optional_us(s.launch_delay_median_us)}/{_optional_us(s.launch_delay_p95_us)}"
+        ),
+        drop=1,
+    ),
+)
+COPY_COLUMNS: tuple[Column[CopyStats], ...] = (
+    Column("kind", "Copy", lambda c: c.kind, "left"),
+    Column("count", "Count", lambda c: str(c.count)),
+    Column("bytes", "Bytes", lambda c: fmt_bytes(c.bytes) if c.bytes else ""),
+    Column("time", "Time", lambda c: fmt_time_us(c.time_us)),
+    Column("bandwidth", "GB/s", lambda c: "" if c.gb_per_s is None else f"{c.gb_per_s:.1f}"),
+)
+
+
+def idle_line(idle: IdleTime, overlap: float | None) -> str:
+    """Idle time between work by cause, and communication/computation overlap when there is any."""
+    text = (
+        f"Device idle (no stream busy): {_us(idle.total_us)} — host wait (nothing queued) "
+        f"{_us(idle.host_wait_us)}, launch gaps {_us(idle.kernel_wait_us)}, queued wait (events, other "
+        f"streams, syncs) {_us(idle.other_us)}"
+    )
+    if overlap is not None:
+        text += f"; communication overlapped by computation {100 * overlap:.1f}%"
+    return text
+
+
 COMMUNICATION_COLUMNS: tuple[Column[dict[str, Any]], ...] = (
     Column("collective", "Collective", lambda r: str(r["collective"]), "left"),
     Column("group", "Group (size)", lambda r: f"{r['group']} ({r['group_size']})", "left"),
@@ -83,10 +157,15 @@ def device_section(report: DeviceReport, top: int = 10, ascii_only: bool | None 
             )
         )
     parts.append(FittedTable(KERNEL_COLUMNS, [report.kernels[:top]], ascii_only=ascii_only))
+    if report.streams:
+        parts.append(Text(idle_line(report.idle, report.comm_compute_overlap)))
+        parts.append(FittedTable(STREAM_COLUMNS, [report.streams[:top]], ascii_only=ascii_only))
+    if any(c.bytes for c in report.copies):
+        parts.append(FittedTable(COPY_COLUMNS, [report.copies], ascii_only=ascii_only))
     if report.syncs:
         parts.append(FittedTable(SYNC_COLUMNS, [report.syncs[:top]], ascii_only=ascii_only))
     if report.steps:
-        parts.append(FittedTable(STEP_COLUMNS, [report.steps], ascii_only=ascii_only))
+        parts.append(FittedTable(step_columns(report.steps), [report.steps], ascii_only=ascii_only))
     return Group(*parts)
 
 

@@ -174,3 +174,53 @@ def test_step_verdict_rules() -> None:
     assert step_verdict(0.3, IdleTime(kernel_wait_us=60, host_wait_us=10)) == "launch-bound"
     assert step_verdict(0.6, IdleTime(host_wait_us=15, kernel_wait_us=15, other_us=10)) == "balanced"
     assert step_verdict(0.6, IdleTime(host_wait_us=35, other_us=5)) == "CPU-bound"
+
+
+def test_device_report_in_profile_frames_and_html(tmp_path: Path) -> None:
+    """The device report travels with the profile (meta["device"]): saved, framed, in the report."""
+    pytest.importorskip("pandas")
+    import layerscope as ls
+    from layerscope.render.html import html_report
+
+    profile = ls.load(GPU / "queued_wait.json.gz")
+    saved = ls.load(profile.save(tmp_path / "p.json.gz"))
+    streams = saved.to_pandas("streams")
+    assert list(streams["stream"]) == ["7", "46"]
+    assert streams.loc[1, "other_us"] == pytest.approx(171596.83, abs=0.01)
+    assert streams.loc[1, "queue_max"] == 60
+    steps = ls.load(GPU / "host_bound.json.gz").to_pandas("device_steps")
+    assert list(steps["verdict"]) == ["CPU-bound"] * 3
+    copies = ls.load(GPU / "copies.json.gz").to_pandas("copies")
+    assert set(copies["kind"]) == {"memcpy H2D", "memcpy D2H", "memcpy D2D"}
+    page = html_report(saved)
+    assert '<section id="device">' in page and "171.60ms" in page
+    with pytest.raises(ls.UsageError, match="no device report"):
+        ls.load(Path(__file__).parent / "fixtures" / "gpu" / "memory_block.layerscope.json.gz").to_pandas(
+            "streams"
+        )
+
+
+def test_time_at_a_full_launch_queue() -> None:
+    """1100 launches 1 µs apart, the first kernel starting after all of them and each running
+    1 µs: the queue stands at 1024 or more from the 1024th launch until enough kernels ran."""
+    from layerscope.analysis.streams import MAX_QUEUE, stream_stats
+
+    us = 1000
+    n = 1100
+    launch = np.arange(n) * us
+    start = (n + np.arange(n)) * us
+    work = StreamWork(
+        start=start,
+        end=start + us,
+        stream=np.zeros(n, np.int64),
+        keys=[("0", "7")],
+        is_kernel=np.ones(n, bool),
+        launch_start=launch,
+        launch_end=launch + us // 2,
+        queued=np.ones(n, bool),
+    )
+    (stats,) = stream_stats(work)
+    assert stats.queue_max == n
+    # full from launch 1024 (t=1023 µs) until the queue drops under 1024: kernel 77 starts
+    assert stats.full_queue_us == pytest.approx((n + (n - MAX_QUEUE)) - (MAX_QUEUE - 1))
+    assert report_of("queued_wait").streams[0].full_queue_us == 0.0

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope.analysis.advice import Advice, advise
 from layerscope.analysis.device import DeviceReport, device_report
+from layerscope.analysis.device_summary import device_summary
 from layerscope.attribution.attribute import build_profile
 from layerscope.errors import LayerscopeWarning, TraceFormatError
 from layerscope.events.chrome import FlopCounter, TraceTableBuilder
@@ -102,6 +103,15 @@ def _trace_meta(path: Path, table: EventTable) -> dict[str, Any]:
     }
 
 
+def _profile_of_trace(path: Path, table: EventTable) -> tuple[Profile, DeviceReport | None]:
+    """The profile of a trace, its device report kept in ``meta["device"]`` as JSON data."""
+    profile = build_profile(table, None, _trace_meta(path, table))
+    device = device_report(table)
+    if device is not None:
+        profile.meta["device"] = device_summary(device)
+    return profile, device
+
+
 def load(path: str | Path, progress: Progress | None = None, strict: bool = False) -> Profile:
     """Load a profile saved by :meth:`Profile.save`, or build one from a Chrome trace written by
     torch.profiler (``export_chrome_trace``, ``tensorboard_trace_handler``; .json or .json.gz). Big
@@ -114,7 +124,8 @@ def load(path: str | Path, progress: Progress | None = None, strict: bool = Fals
     if isinstance(read, Profile):
         return read
     with gc_paused():
-        return build_profile(read, None, _trace_meta(path, read))
+        profile, _ = _profile_of_trace(path, read)
+    return profile
 
 
 @dataclass(frozen=True)
@@ -150,8 +161,7 @@ def analyze(path: str | Path, progress: Progress | None = None, strict: bool = F
     if isinstance(read, Profile):
         return Analysis(str(path), read, None, tuple(advise(read, None)))
     with gc_paused():
-        profile = build_profile(read, None, _trace_meta(path, read))
-        device = device_report(read)
+        profile, device = _profile_of_trace(path, read)
     return Analysis(str(path), profile, device, tuple(advise(profile, device)))
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from layerscope.analysis.collectives import CollectiveKernel
 from layerscope.analysis.streams import (
     IdleTime,
     StreamStats,
@@ -17,7 +18,7 @@ from layerscope.analysis.streams import (
     overlap_share,
     stream_stats,
 )
-from layerscope.analysis.verdict import StepVerdict, device_gaps, step_verdicts
+from layerscope.analysis.verdict import StepVerdict, device_gaps, step_verdicts, step_windows
 from layerscope.events.intervals import union_length
 from layerscope.events.table import EventKind, EventTable
 
@@ -179,6 +180,8 @@ class DeviceReport:
     comm_compute_overlap: float | None = None
     #: the device's idle time in the window (no stream busy) by cause; streams have their own
     idle: IdleTime = field(default_factory=IdleTime)
+    #: communication kernels in start order (matched across ranks by ``merge``)
+    collectives: tuple[CollectiveKernel, ...] = field(default=())
 
     @property
     def idle_us(self) -> float:
@@ -256,7 +259,7 @@ def device_report(table: EventTable) -> DeviceReport | None:
     tiny = int(((dur[device] < TINY_KERNEL_US * 1000) & is_kernel).sum())
 
     work = StreamWork.of(table, device)
-    comm, comp = _comm_and_comp(table, device, starts, ends)
+    comm, comp, is_comm = _comm_and_comp(table, device, starts, ends)
     return DeviceReport(
         window_us=window_ns / 1000.0,
         busy_us=busy_ns / 1000.0,
@@ -271,6 +274,7 @@ def device_report(table: EventTable) -> DeviceReport | None:
         streams=stream_stats(work),
         copies=_copies(table, device),
         comm_compute_overlap=overlap_share(comm, comp),
+        collectives=_collective_kernels(table, device[is_comm]),
     )
 
 
@@ -320,9 +324,9 @@ def _sync_points(table: EventTable) -> tuple[SyncPoint, ...]:
 
 def _comm_and_comp(
     table: EventTable, device: np.ndarray, starts: np.ndarray, ends: np.ndarray
-) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], np.ndarray]:
     """(starts, ends) of communication kernels and of computation kernels (copies and sets are
-    neither, as in HTA)."""
+    neither, as in HTA), and which of ``device`` are communication kernels."""
     names, kinds = table.names, table.span_kind
     is_comm = np.zeros(device.size, dtype=bool)
     is_comp = np.zeros(device.size, dtype=bool)
@@ -335,7 +339,19 @@ def _comm_and_comp(
         if comm is None:
             comm = kind_of[n] = kernel_kind(names[n], EventKind.KERNEL) == "communication"
         is_comm[j], is_comp[j] = comm, not comm
-    return (starts[is_comm], ends[is_comm]), (starts[is_comp], ends[is_comp])
+    return (starts[is_comm], ends[is_comm]), (starts[is_comp], ends[is_comp]), is_comm
+
+
+def _collective_kernels(table: EventTable, comm: np.ndarray) -> tuple[CollectiveKernel, ...]:
+    """The communication kernels at span positions ``comm``, with the step each started in."""
+    windows = step_windows(table)
+    found = []
+    for k in comm.tolist():
+        start = table.span_ts[k]
+        step = next((n for n, lo, hi in windows if lo <= start < hi), None)
+        name = kernel_function_name(table.names[table.span_name[k]]).removeprefix("void ")
+        found.append(CollectiveKernel(name, start / 1000.0, (start + table.span_dur[k]) / 1000.0, step))
+    return tuple(sorted(found, key=lambda c: c.start_us))
 
 
 def _copies(table: EventTable, device: np.ndarray) -> tuple[CopyStats, ...]:

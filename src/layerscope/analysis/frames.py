@@ -10,6 +10,12 @@ Columns (documented in docs/usage.md):
   ``flops_per_s``.
 * ``unattributed``: ``label``, ``phase``, ``calls``, every metric.
 * ``steps``: ``step``, ``wall_us``, ``cpu_us``, ``device_us``, ``forward_us``, ``backward_us``.
+* ``streams``, ``device_steps``, ``copies``: a trace's device report (``meta["device"]``, profiles
+  built from traces with device work): per stream ``device``, ``stream``, ``kernels``, ``work``,
+  ``busy_us``, ``host_wait_us``, ``kernel_wait_us``, ``other_us``, ``queue_mean``, ``queue_max``,
+  ``launch_delay_median_us``, ``launch_delay_p95_us``, ``full_queue_us``; per step ``step``, ``wall_us``,
+  ``device_busy_us``, ``utilisation``, the three idle causes, ``comm_overlap``, ``verdict``; per
+  copy kind ``kind``, ``count``, ``bytes``, ``time_us``, ``gb_per_s``.
 
 Self columns add up: modules' ``forward_self_*`` + ``backward_self_*`` plus the unattributed entries
 equal the profile's totals.
@@ -23,7 +29,7 @@ from layerscope.errors import UsageError
 from layerscope.model.metrics import FIELD_NAMES, Metrics
 from layerscope.model.profile import ModuleNode, Profile
 
-TABLES = ("modules", "ops", "unattributed", "steps")
+TABLES = ("modules", "ops", "unattributed", "steps", "streams", "device_steps", "copies")
 
 
 def achieved_flops_per_s(metrics: Metrics) -> float | None:
@@ -99,6 +105,14 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
             }
             for s in profile.steps
         ]
+    if table in ("streams", "device_steps", "copies"):
+        device = profile.meta.get("device")
+        if not isinstance(device, dict):
+            raise UsageError(
+                f"no {table} table: this profile has no device report (it comes with profiles built "
+                "from traces that have device work: layerscope.load, layerscope analyze -o)"
+            )
+        return [dict(row) for row in device["steps" if table == "device_steps" else table]]
     raise UsageError(f"unknown table {table!r}; choose from {', '.join(TABLES)}")
 
 

@@ -3,13 +3,15 @@ the straggler (which rank, which module and phase, and whether the others wait f
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from layerscope.analysis.collectives import CollectiveKernel, LateCollective, late_collectives
 from layerscope.errors import UsageError
-from layerscope.model.profile import Profile
+from layerscope.model.profile import ModuleNode, Profile
 
 #: Ops of collective communication (c10d, NCCL, gloo, MPI) as torch names them.
 COMMUNICATION = re.compile(
@@ -31,15 +33,20 @@ def rank_of(profile: Profile, default: int) -> int:
 class RankSummary:
     """Where one rank's step went (per step when it has steps, else over the run).
 
-    ``module_us``: the model's own work (the root module, forward + backward); ``communication_us``:
-    time in collective ops (waiting for the other ranks included, any thread); ``other_us``: the rest
-    of the step's wall time (loss, optimizer, data, Python, idle).
+    ``module_us``: the model's own work (the root module, forward + backward; communication kernels
+    launched inside it left out); ``communication_us``: communication *kernel* time when the rank's
+    trace has device work (``comm_source`` "kernels"), else CPU time in collective ops, waiting for
+    the other ranks included (``comm_source`` "ops"); ``other_us``: the rest of the step's wall time
+    (loss, optimizer, data, Python, idle). ``comm_overlap``: share of communication-kernel time
+    overlapped by computation (None without communication kernels).
     """
 
     rank: int
     wall_us: float
     module_us: float
     communication_us: float
+    comm_source: str = "ops"
+    comm_overlap: float | None = None
 
     @property
     def other_us(self) -> float:
@@ -83,6 +90,9 @@ class Straggler:
     phase: str | None
     module_excess_us: float
     others_wait_us: float  # how much more the other ranks spend in collectives than the straggler
+    #: from communication kernels across ranks: the rank that joins collectives last (may differ
+    #: from ``rank``, the one with the most model work); None without matched kernels
+    late: LateCollective | None = None
 
     @property
     def is_straggler(self) -> bool:
@@ -143,7 +153,45 @@ def merge_profiles(profiles: Sequence[Profile], ranks: Sequence[int] | None = No
     all_paths = set().union(*paths_per_rank)
     gaps = tuple(sorted(p for p in all_paths if not all(p in paths for paths in paths_per_rank)))
     merged = RankMerge(rank_ids, metric, summaries, modules, None, gaps)
-    return RankMerge(rank_ids, metric, summaries, modules, _straggler(merged), gaps)
+    late = late_collectives(rank_ids, [_collectives(p) for p in profiles])
+    straggler = _straggler(merged)
+    if straggler is not None and late is not None:
+        straggler = dataclasses.replace(straggler, late=late)
+    return RankMerge(rank_ids, metric, summaries, modules, straggler, gaps)
+
+
+def _collectives(profile: Profile) -> list[CollectiveKernel]:
+    device = profile.meta.get("device")
+    rows = device.get("collectives", []) if isinstance(device, dict) else []
+    return [CollectiveKernel(str(n), float(s), float(e), st) for n, s, e, st in rows]
+
+
+def _is_collective_module(node: ModuleNode) -> bool:
+    """A range named for a collective (``nccl:all_reduce`` read from a trace's annotations)."""
+    return bool(COMMUNICATION.search(node.path.rsplit(".", 1)[-1]))
+
+
+def _communication_in_model(profile: Profile) -> float:
+    """Device time of collectives inside the model: ranges named for collectives (with what runs
+    inside them) and collective ops elsewhere in the tree."""
+    outer: list[ModuleNode] = []
+    pending = list(profile.root.children)
+    while pending:
+        node = pending.pop()
+        if _is_collective_module(node):
+            outer.append(node)
+        else:
+            pending.extend(node.children)
+    ranges = sum(n.forward.device_us + n.backward.device_us for n in outer)
+    prefixes = tuple(n.path for n in outer)
+    ops = sum(
+        r.metrics.self_device_us
+        for r in profile.op_rows
+        if r.module is not None
+        and COMMUNICATION.search(r.name)
+        and not any(r.module == p or r.module.startswith(p + ".") for p in prefixes)
+    )
+    return ranges + ops
 
 
 def _summary(profile: Profile, rank: int, scale: float, metric: str) -> RankSummary:
@@ -153,8 +201,15 @@ def _summary(profile: Profile, rank: int, scale: float, metric: str) -> RankSumm
         wall = float(profile.meta.get("wall_us", profile.totals.cpu_us))
     root = profile.root
     modules = (getattr(root.forward, metric) + getattr(root.backward, metric)) * scale
-    comm = sum(r.metrics.self_cpu_us for r in profile.op_rows if COMMUNICATION.search(r.name)) * scale
-    return RankSummary(rank, wall, modules, comm)
+    device = profile.meta.get("device")
+    comm_kernels = device.get("by_kind", {}).get("communication") if isinstance(device, dict) else None
+    if comm_kernels is None:
+        comm = sum(r.metrics.self_cpu_us for r in profile.op_rows if COMMUNICATION.search(r.name)) * scale
+        return RankSummary(rank, wall, modules, comm)
+    if metric == "device_us":  # the model's device time holds the collectives it launched
+        modules = max(0.0, modules - _communication_in_model(profile) * scale)
+    overlap = device.get("comm_compute_overlap") if isinstance(device, dict) else None
+    return RankSummary(rank, wall, modules, float(comm_kernels) * scale, "kernels", overlap)
 
 
 def _straggler(merged: RankMerge) -> Straggler | None:
@@ -165,6 +220,8 @@ def _straggler(merged: RankMerge) -> Straggler | None:
     median = statistics.median([v for k, v in enumerate(work) if k != slow])
     best: tuple[float, str, str] | None = None
     for row in merged.modules:
+        if COMMUNICATION.search(row.path.rsplit(".", 1)[-1]):
+            continue  # time in a collective is waiting, not the rank's own work
         value = row.values[slow]
         # a module another rank does not have is work that rank does not do
         rest = [v if v is not None else 0.0 for k, v in enumerate(row.values) if k != slow]

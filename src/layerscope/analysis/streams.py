@@ -9,7 +9,9 @@ with HTA's where both measure (docs/compared.md has the table):
   *other* for the rest (queued but held back: events, other streams, synchronisation).
 - Queue length (HTA ``get_queue_length_summary``): work launched on a stream and not yet started,
   +1 at each launch call (kernel, copy and set launches), -1 when its work starts; mean and maximum
-  over the values it takes (HTA's ``describe()`` of the step function's values).
+  over the values it takes (HTA's ``describe()`` of the step function's values); time at
+  :data:`MAX_QUEUE` or more, when launch calls block the CPU (HTA
+  ``get_time_spent_blocked_on_full_queue``).
 - Launch delay (HTA ``get_cuda_kernel_launch_stats``): the work's start minus the end of its launch
   call, 0 when negative.
 - Communication/computation overlap (HTA ``get_comm_comp_overlap``): the share of communication
@@ -27,6 +29,10 @@ from layerscope.events.table import EventKind, EventTable
 
 #: Gaps between queued work under this are launch overhead, not waiting (HTA's default, in µs).
 KERNEL_WAIT_US = 30.0
+
+#: Launches a stream's queue holds before the next launch call blocks the CPU (HTA's
+#: CUDA_MAX_LAUNCH_QUEUE_PER_STREAM; blocking is seen from about 1022 on).
+MAX_QUEUE = 1024
 
 #: Runtime calls that queue one piece of device work (graph launches queue many: left out, as HTA does).
 LAUNCH_CALLS = frozenset(
@@ -88,6 +94,7 @@ class StreamStats:
     launch_delay_median_us: float | None
     launch_delay_p95_us: float | None
     idle: IdleTime
+    full_queue_us: float = 0.0  # time the queue was full (MAX_QUEUE): launch calls block the CPU
 
 
 @dataclass(frozen=True)
@@ -172,16 +179,19 @@ def idle_time(gap_start: np.ndarray, gap_end: np.ndarray, cause: np.ndarray) -> 
     return IdleTime(*(float(length[cause == c].sum()) for c in range(3)))
 
 
-def _queue(work: StreamWork, pick: np.ndarray) -> tuple[float | None, int | None]:
-    """Mean and max of the queue length's values (launch +1, start -1), HTA's way."""
+def _queue(work: StreamWork, pick: np.ndarray) -> tuple[float | None, int | None, float]:
+    """Mean and max of the queue length's values (launch +1, start -1), HTA's way, and the time
+    (µs) it stood at :data:`MAX_QUEUE` or more: launch calls then block the CPU."""
     queued = pick[work.queued[pick]]
     if not queued.size:
-        return None, None
+        return None, None, 0.0
     times = np.concatenate([work.launch_start[queued], work.start[queued]])
     steps = np.concatenate([np.ones(queued.size, np.int64), -np.ones(queued.size, np.int64)])
     order = np.argsort(times, kind="stable")
     length = np.cumsum(steps[order])
-    return float(length.mean()), int(length.max())
+    held = np.diff(times[order])
+    full = float(held[length[:-1] >= MAX_QUEUE].sum()) / 1000.0
+    return float(length.mean()), int(length.max()), full
 
 
 def _launch_delay(work: StreamWork, pick: np.ndarray) -> tuple[float | None, float | None]:
@@ -201,7 +211,7 @@ def stream_stats(work: StreamWork) -> tuple[StreamStats, ...]:
     for s, (device, stream) in enumerate(work.keys):
         pick = np.flatnonzero(work.stream == s)
         busy = union_length(work.start[pick], work.end[pick]) / 1000.0
-        queue_mean, queue_max = _queue(work, pick)
+        queue_mean, queue_max, full_queue = _queue(work, pick)
         delay_median, delay_p95 = _launch_delay(work, pick)
         found.append(
             StreamStats(
@@ -215,6 +225,7 @@ def stream_stats(work: StreamWork) -> tuple[StreamStats, ...]:
                 launch_delay_median_us=delay_median,
                 launch_delay_p95_us=delay_p95,
                 idle=idle_time(*idle_gaps(work, pick)),
+                full_queue_us=full_queue,
             )
         )
     return tuple(sorted(found, key=lambda st: -st.busy_us))

@@ -72,6 +72,8 @@ def _to_dict(merged: Any) -> dict[str, Any]:
                 "step_us": x.wall_us,
                 "module_us": x.module_us,
                 "communication_us": x.communication_us,
+                "communication_source": x.comm_source,
+                "comm_compute_overlap": x.comm_overlap,
                 "other_us": x.other_us,
             }
             for x in merged.summaries
@@ -98,5 +100,15 @@ def _to_dict(merged: Any) -> dict[str, Any]:
             "phase": s.phase,
             "module_excess_us": s.module_excess_us,
             "others_wait_us": s.others_wait_us,
+            "late_collectives": None
+            if s.late is None
+            else {
+                "rank": s.late.rank,
+                "late_us": s.late.late_us,
+                "matched": s.late.matched,
+                "worst_us": s.late.worst_us,
+                "worst_collective": s.late.worst_name,
+                "worst_step": s.late.worst_step,
+            },
         },
     }

@@ -86,6 +86,19 @@ STREAM_COLUMNS: tuple[Column[StreamStats], ...] = (
         drop=1,
     ),
 )
+
+
+def stream_columns(streams: Sequence[StreamStats]) -> tuple[Column[StreamStats], ...]:
+    """The streams table's columns; time at a full launch queue only when some stream had it."""
+    full: Column[StreamStats] = Column(
+        "full_queue",
+        "Queue full",
+        lambda s: fmt_time_us(s.full_queue_us),
+        shown=any(s.full_queue_us > 0 for s in streams),
+    )
+    return (*STREAM_COLUMNS[:7], full, *STREAM_COLUMNS[7:])
+
+
 COPY_COLUMNS: tuple[Column[CopyStats], ...] = (
     Column("kind", "Copy", lambda c: c.kind, "left"),
     Column("count", "Count", lambda c: str(c.count)),
@@ -159,7 +172,9 @@ def device_section(report: DeviceReport, top: int = 10, ascii_only: bool | None 
     parts.append(FittedTable(KERNEL_COLUMNS, [report.kernels[:top]], ascii_only=ascii_only))
     if report.streams:
         parts.append(Text(idle_line(report.idle, report.comm_compute_overlap)))
-        parts.append(FittedTable(STREAM_COLUMNS, [report.streams[:top]], ascii_only=ascii_only))
+        parts.append(
+            FittedTable(stream_columns(report.streams), [report.streams[:top]], ascii_only=ascii_only)
+        )
     if any(c.bytes for c in report.copies):
         parts.append(FittedTable(COPY_COLUMNS, [report.copies], ascii_only=ascii_only))
     if report.syncs:

@@ -16,6 +16,7 @@ from layerscope.attribution.stacks import user_frames
 from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import Profile
 from layerscope.model.serialize import StringTable, write_atomic
+from layerscope.render.device_html import device_section_html
 from layerscope.render.flamegraph import flamegraph_svg
 
 FLAME_METRICS = (
@@ -150,6 +151,8 @@ def html_report(profile: Profile) -> str:
         else ""
     )
     source_group = '<option value="source">name and source location</option>' if has_stacks else ""
+    summary = profile.meta.get("device")
+    device = device_section_html(summary) if isinstance(summary, dict) else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>layerscope report</title>
@@ -179,6 +182,7 @@ def html_report(profile: Profile) -> str:
 <th title="allocated minus freed inside the module: what it leaves alive (activations kept for
 backward); negative when it frees more than it allocates">Net alloc</th><th>Peak</th></tr></thead>
 <tbody></tbody></table></section>
+{device}
 <section id="steps"><h2>Steps</h2><table><thead><tr><th>Step</th><th>Wall</th><th>CPU</th><th>Device</th>
 <th>Forward</th><th>Backward</th><th class="l">Note</th></tr></thead><tbody></tbody></table></section>
 </main>

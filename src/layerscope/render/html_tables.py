@@ -20,7 +20,9 @@ _CELL = "padding:2px 8px;border-bottom:1px solid #e4e4e4;text-align:{align}"
 _VALUE_CELL = _CELL + ";white-space:nowrap"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
+def static_table(headers: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
+    """A table with inline styles and every cell escaped; the first ``text_columns`` left-aligned."""
+
     def cell(tag: str, k: int, value: str) -> str:
         style = _CELL.format(align="left") if k < text_columns else _VALUE_CELL.format(align="right")
         return f'<{tag} style="{style}">{html.escape(value)}</{tag}>'
@@ -60,7 +62,7 @@ def ops_html(rows: Sequence[OpStats], limit: int = 50) -> str:
         for r in rows[:limit]
     ]
     more = f"<p>{len(rows) - limit} more rows</p>" if len(rows) > limit else ""
-    return _table(headers, body, text_columns=4) + more
+    return static_table(headers, body, text_columns=4) + more
 
 
 def diff_html(d: ProfileDiff, top: int = 15) -> str:
@@ -70,6 +72,8 @@ def diff_html(d: ProfileDiff, top: int = 15) -> str:
     for title, rows in (("Module", d.modules), ("Op", d.ops)):
         if rows:
             parts.append(
-                _table([title, "A", "B", "Change", "%", ""], [list(row_cells(r, fmt)) for r in rows[:top]])
+                static_table(
+                    [title, "A", "B", "Change", "%", ""], [list(row_cells(r, fmt)) for r in rows[:top]]
+                )
             )
     return "".join(parts)

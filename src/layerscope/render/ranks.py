@@ -31,6 +31,40 @@ def straggler_line(merged: RankMerge) -> str:
     )
 
 
+def late_line(merged: RankMerge) -> str | None:
+    """Which rank the others wait for in collectives, from communication kernels' start times."""
+    late = merged.straggler.late if merged.straggler is not None else None
+    if late is None:
+        return None
+    step = f" in step {late.worst_step}" if late.worst_step is not None else ""
+    return (
+        f"Late to collectives: rank {late.rank} starts {late.matched} matched collective kernels "
+        f"{fmt_time_us(late.late_us)} after the first rank in all; worst {late.worst_name} "
+        f"{fmt_time_us(late.worst_us)} late{step}."
+    )
+
+
+def _collectives_title(merged: RankMerge) -> str:
+    return "Comm kernels" if all(s.comm_source == "kernels" for s in merged.summaries) else "Collectives"
+
+
+def rank_columns(merged: RankMerge) -> tuple[Column[RankSummary], ...]:
+    """The ranks table: communication as kernel time where the traces have it, and its overlap."""
+    has_overlap = any(s.comm_overlap is not None for s in merged.summaries)
+    return (
+        *RANK_COLUMNS[:3],
+        Column("collectives", _collectives_title(merged), lambda s: fmt_time_us(s.communication_us)),
+        Column(
+            "overlap",
+            "Comm overlap",
+            lambda s: "" if s.comm_overlap is None else f"{100 * s.comm_overlap:.1f}%",
+            drop=2,
+            shown=has_overlap,
+        ),
+        RANK_COLUMNS[4],
+    )
+
+
 RANK_COLUMNS: tuple[Column[RankSummary], ...] = (
     Column("rank", "Rank", lambda s: str(s.rank), justify="left"),
     Column("step", "Step", lambda s: fmt_time_us(s.wall_us)),
@@ -57,7 +91,9 @@ def ranks_view(merged: RankMerge, top: int = 10, ascii_only: bool | None = None)
     """The per-rank split, the modules with the largest spread across ranks, the straggler."""
     if ascii_only is None:
         ascii_only = wants_ascii()
-    parts: list[RenderableType] = [FittedTable(RANK_COLUMNS, [merged.summaries], ascii_only=ascii_only)]
+    parts: list[RenderableType] = [
+        FittedTable(rank_columns(merged), [merged.summaries], ascii_only=ascii_only)
+    ]
     rows = sorted(merged.modules, key=lambda r: -(max(r.present) - min(r.present)) if r.present else 0.0)[
         :top
     ]
@@ -70,4 +106,7 @@ def ranks_view(merged: RankMerge, top: int = 10, ascii_only: bool | None = None)
             )
         )
     parts.append(Text(straggler_line(merged), style="bold"))
+    late = late_line(merged)
+    if late is not None:
+        parts.append(Text(late))
     return Group(*parts)

@@ -10,7 +10,7 @@ from html import escape
 
 from layerscope.analysis.ranks import ModuleAcrossRanks, RankMerge
 from layerscope.render.html import asset_text
-from layerscope.render.ranks import straggler_line
+from layerscope.render.ranks import late_line, straggler_line
 from layerscope.units import fmt_time_us
 
 SPLIT_PARTS = (("module_us", "model", "#4f8bd6"), ("communication_us", "collectives", "#e8a33d"))
@@ -111,6 +111,8 @@ def ranks_html(merged: RankMerge, top: int = 40) -> str:
         f'<span class="key"><span class="swatch" style="background:{c}"></span>{label}</span>'
         for _, label, c in (*SPLIT_PARTS, ("", "other", OTHER_COLOUR))
     )
+    late_text = late_line(merged)
+    late = f"<p>{escape(late_text)}</p>" if late_text else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>layerscope · {len(merged.ranks)} ranks</title>
@@ -123,7 +125,7 @@ vertical-align: middle; }} #heatmap td.cell {{ text-align: right; }} th.rank {{ 
 <header><h1>layerscope · {len(merged.ranks)} ranks</h1>
 <div class="sub">metric: {escape(merged.metric)} · per step where the ranks recorded steps</div></header>
 <main>
-<section id="straggler"><h2>Straggler</h2><p>{escape(straggler_line(merged))}</p></section>
+<section id="straggler"><h2>Straggler</h2><p>{escape(straggler_line(merged))}</p>{late}</section>
 <section id="split"><h2>Where each rank's step went</h2><p>{legend}</p>
 <table id="ranks"><thead><tr><th class="l">Rank</th><th class="l"></th><th>Step</th><th>Model</th>
 <th>Collectives</th><th>Other</th></tr></thead><tbody>{_split_bars(merged)}</tbody></table></section>

@@ -2,7 +2,7 @@
 benchmarks/gpu_traces.py; torch 2.11+cu130), against Holistic Trace Analysis's figures.
 
 HTA figures come from HTA 0.5.0 (pandas 2.3.3) in a throwaway venv:
-``python fixture_figures.py tests/fixtures/gpu`` (the script is quoted in docs/compared.md), per
+``python fixture_figures.py tests/fixtures/gpu`` (described in docs/compared.md), per
 stream: ``get_idle_time_breakdown``, ``get_queue_length_summary``, ``get_cuda_kernel_launch_stats``,
 ``get_memory_bw_summary``. HTA rounds every timestamp to whole microseconds (start up, end down), so
 an idle gap can read up to 2 µs longer in HTA: gap sums are compared within 2 µs per gap. HTA

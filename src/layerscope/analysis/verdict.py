@@ -101,19 +101,39 @@ def device_gaps(work: StreamWork, origin: int, horizon: int) -> tuple[np.ndarray
     return starts[keep], ends[keep], causes[keep]
 
 
-def _clip(intervals: Intervals, lo: int, hi: int) -> Intervals:
-    """The parts of ``intervals`` inside [lo, hi) (empty ones dropped)."""
-    s, e = np.clip(intervals[0], lo, hi), np.clip(intervals[1], lo, hi)
-    keep = e > s
-    return s[keep], e[keep]
+class _Timeline:
+    """Intervals sorted by start, cut to a window in O(log n): steps of long traces each touch
+    only their own work."""
+
+    def __init__(self, intervals: Intervals, *extra: np.ndarray) -> None:
+        order = np.argsort(intervals[0], kind="stable")
+        self.start, self.end = intervals[0][order], intervals[1][order]
+        self.extra = [x[order] for x in extra]
+        # the latest end so far: everything before the first reach past lo ends by lo
+        self.reach = np.maximum.accumulate(self.end) if self.end.size else self.end
+
+    def _slice(self, lo: int, hi: int) -> slice:
+        first = int(np.searchsorted(self.reach, lo, side="right"))
+        return slice(first, max(first, int(np.searchsorted(self.start, hi, side="left"))))
+
+    def within(self, lo: int, hi: int) -> Intervals:
+        """The parts inside [lo, hi) (empty ones dropped)."""
+        return self.within_with(lo, hi)[:2]  # type: ignore[return-value]
+
+    def within_with(self, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+        """The parts inside [lo, hi), then the extra columns of the same rows."""
+        cut = self._slice(lo, hi)
+        s, e = np.clip(self.start[cut], lo, hi), np.clip(self.end[cut], lo, hi)
+        keep = e > s
+        return (s[keep], e[keep], *(x[cut][keep] for x in self.extra))
 
 
-def exposed_comm_us(comm: Intervals, comp: Intervals, lo: int, hi: int) -> float:
-    """Time in [lo, hi) when communication kernels run and no computation kernel does (µs)."""
-    cs, ce = np.clip(comm[0], lo, hi), np.clip(comm[1], lo, hi)
-    ps, pe = np.clip(comp[0], lo, hi), np.clip(comp[1], lo, hi)
-    both = union_length(np.concatenate([cs, ps]), np.concatenate([ce, pe]))
-    return (both - union_length(ps, pe)) / 1000.0
+def exposed_comm_us(comm: Intervals, comp: Intervals) -> float:
+    """Time when communication kernels run and no computation kernel does (µs)."""
+    if not comm[0].size:
+        return 0.0
+    both = union_length(np.concatenate([comm[0], comp[0]]), np.concatenate([comm[1], comp[1]]))
+    return (both - union_length(*comp)) / 1000.0
 
 
 def step_windows(table: EventTable) -> list[tuple[int, int, int]]:
@@ -149,15 +169,16 @@ def step_verdicts(
     if not windows:
         return ()
     gap_start, gap_end, cause = device_gaps(work, *span)
+    gaps = _Timeline((gap_start, gap_end), cause)
+    device, comms, comps = _Timeline((work.start, work.end)), _Timeline(comm), _Timeline(comp)
     verdicts = []
     for number, lo, hi in windows:
-        s, e = np.clip(work.start, lo, hi), np.clip(work.end, lo, hi)
-        keep = e > s
-        busy = union_length(s[keep], e[keep]) / 1000.0
+        busy = union_length(*device.within(lo, hi)) / 1000.0
         wall = (hi - lo) / 1000.0
-        idle = idle_time(np.clip(gap_start, lo, hi), np.clip(gap_end, lo, hi), cause)
-        exposed = exposed_comm_us(comm, comp, lo, hi) / busy if busy > 0 else 0.0
+        idle = idle_time(*gaps.within_with(lo, hi))
+        in_comm, in_comp = comms.within(lo, hi), comps.within(lo, hi)
+        exposed = exposed_comm_us(in_comm, in_comp) / busy if busy > 0 else 0.0
         share = busy / wall if wall > 0 else 0.0
-        overlap = overlap_share(_clip(comm, lo, hi), _clip(comp, lo, hi))
+        overlap = overlap_share(in_comm, in_comp)
         verdicts.append(StepVerdict(number, wall, busy, step_verdict(share, idle, exposed), idle, overlap))
     return tuple(verdicts)

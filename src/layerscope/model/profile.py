@@ -215,7 +215,8 @@ class Profile:
     def to_pandas(self, table: str = "modules") -> Any:
         """One table as a ``pandas.DataFrame``: ``"modules"`` (one row per module, ``{phase}_{metric}``
         columns such as ``forward_self_cpu_us`` and achieved ``{phase}_flops_per_s``), ``"ops"``,
-        ``"unattributed"`` or ``"steps"``. Needs pandas (imported here, not before)."""
+        ``"unattributed"``, ``"steps"``, or from a trace's device report ``"streams"``,
+        ``"device_steps"``, ``"copies"``. Needs pandas (imported here, not before)."""
         from layerscope.analysis.frames import to_pandas
 
         return to_pandas(self, table)

@@ -332,3 +332,23 @@ def test_notebook_op_table_values_stay_on_one_line_when_narrow(
     )
     page.close()
     assert lines and set(lines) <= {0, 1}  # each value on one line (0: an empty cell)
+
+
+def test_device_section_of_a_gpu_trace_in_the_browser(browser: Any, tmp_path: Path) -> None:
+    """A trace recorded on an H100: the report's Device section shows the stream and each step's
+    verdict, as text (a hostile verdict planted in the data stays text)."""
+    profile = ls.load(Path(__file__).parent / "fixtures" / "gpu" / "host_bound.json.gz")
+    profile.meta["device"]["steps"][0]["verdict"] = HOSTILE
+    page_file = tmp_path / "gpu.html"
+    page_file.write_text(html_report(profile), encoding="utf-8")
+    page = _open(browser, page_file, "#device table")
+    tables = page.eval_on_selector_all(
+        "#device table", "ts => ts.map(t => [...t.querySelectorAll('tbody tr')].map(r => r.innerText))"
+    )
+    page.close()
+    assert page.problems == []
+    streams, steps = tables
+    assert len(streams) == 1 and streams[0].startswith("0/7")
+    assert (
+        len(steps) == 3 and HOSTILE in steps[0] and all(s.rstrip().endswith("CPU-bound") for s in steps[1:])
+    )

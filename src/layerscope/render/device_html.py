@@ -35,6 +35,7 @@ def device_section_html(device: dict[str, Any]) -> str:
     if device["comm_compute_overlap"] is not None:
         lines.append(f"Communication overlapped by computation: {_share(device['comm_compute_overlap'])}.")
     parts = [f"<p>{html.escape(line)}</p>" for line in lines]
+    parts.append("<h3>Streams (idle time per stream, HTA's definitions)</h3>")
     parts.append(_streams_table(device["streams"]))
     if device["copies"]:
         copies = [
@@ -47,6 +48,7 @@ def device_section_html(device: dict[str, Any]) -> str:
             ]
             for c in device["copies"]
         ]
+        parts.append("<h3>Memory copies</h3>")
         parts.append(static_table(["Copy", "Count", "Bytes", "Time", "GB/s"], copies))
     if device["steps"]:
         steps = [
@@ -72,6 +74,7 @@ def device_section_html(device: dict[str, Any]) -> str:
             "Comm overlap",
             "Verdict",
         ]
+        parts.append("<h3>Steps: what bounds each (device idle time, no stream busy)</h3>")
         parts.append(static_table(headers, steps))
     return '<section id="device"><h2>Device</h2>' + "".join(parts) + "</section>"
 

@@ -143,8 +143,10 @@ def test_overlap_share() -> None:
     assert overlap_share(iv(), iv((0, 10))) is None
     assert overlap_share(iv((0, 10)), iv((5, 20))) == pytest.approx(0.5)
     assert overlap_share(iv((0, 10)), iv((10, 20))) == 0.0  # touching is no overlap
-    # overlapped time counts once however many kernels run; communication time sums each kernel's
-    assert overlap_share(iv((0, 10), (0, 10)), iv((0, 4), (2, 6))) == pytest.approx(6 / 20)
+    # communication time is the union of communication kernels (HTA merges them); overlapped
+    # time counts once however many kernels run
+    assert overlap_share(iv((0, 10), (0, 10)), iv((0, 4), (2, 6))) == pytest.approx(6 / 10)
+    assert overlap_share(iv((0, 10), (0, 10)), iv((0, 10))) == pytest.approx(1.0)
 
 
 def test_device_gaps_split_at_the_first_launch() -> None:
@@ -174,6 +176,41 @@ def test_step_verdict_rules() -> None:
     assert step_verdict(0.3, IdleTime(kernel_wait_us=60, host_wait_us=10)) == "launch-bound"
     assert step_verdict(0.6, IdleTime(host_wait_us=15, kernel_wait_us=15, other_us=10)) == "balanced"
     assert step_verdict(0.6, IdleTime(host_wait_us=35, other_us=5)) == "CPU-bound"
+    assert step_verdict(0.6, IdleTime(host_wait_us=5, kernel_wait_us=90, other_us=5)) == "launch-bound"
+
+
+def test_step_idle_adds_up_on_epoch_timestamps(real_traces: Path) -> None:
+    """Wall-clock traces hold epoch nanoseconds (above 2**53): the gaps' split points stay exact."""
+    for rank in (0, 1):
+        report = analyze(real_traces / f"two_ranks/rank-{rank}.json.gz").device
+        assert report is not None
+        assert report.idle.total_us == pytest.approx(report.idle_us, abs=0.001)
+        for step in report.steps:
+            assert step.idle.total_us + step.device_busy_us == pytest.approx(step.wall_us, abs=0.001)
+
+
+def test_two_devices_each_keep_their_own_timeline() -> None:
+    """One step of 1000 µs; GPU 0 busy for its first half, GPU 1 for its second: each device is
+    idle half the step (not a device-bound step), and a collective on GPU 1 is not hidden by
+    computation on GPU 0."""
+    from layerscope.analysis.device import device_report
+    from layerscope.events import EventKind, EventTable
+
+    us = 1000
+    t = EventTable()
+    t.threads = {1: (100, 100), 2: (0, 7), 3: (1, 7)}
+    t.add_span("ProfilerStep#1", EventKind.USER_ANNOTATION, 1, 0, 1000 * us)
+    t.add_span("cudaLaunchKernel", EventKind.RUNTIME, 1, 0, 5 * us, corr=1)
+    t.add_span("volta_sgemm_128x64_nn", EventKind.KERNEL, 2, 0, 500 * us, corr=1)
+    t.add_span("cudaLaunchKernel", EventKind.RUNTIME, 1, 10 * us, 5 * us, corr=2)
+    t.add_span("ncclKernel_AllReduce_RING_LL_Sum_float", EventKind.KERNEL, 3, 500 * us, 500 * us, corr=2)
+    report = device_report(t)
+    assert report is not None
+    (step,) = report.steps
+    assert step.devices == 2 and step.device_busy_us == 1000 and step.utilisation == pytest.approx(0.5)
+    assert step.idle.total_us == pytest.approx(1000) and step.verdict != "device-bound"
+    assert report.idle.total_us == pytest.approx(report.idle_us)
+    assert report.comm_compute_overlap == 0.0 and step.comm_overlap == 0.0
 
 
 def test_device_report_in_profile_frames_and_html(tmp_path: Path) -> None:

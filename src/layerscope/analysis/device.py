@@ -14,11 +14,9 @@ from layerscope.analysis.streams import (
     IdleTime,
     StreamStats,
     StreamWork,
-    idle_time,
-    overlap_share,
     stream_stats,
 )
-from layerscope.analysis.verdict import StepVerdict, device_gaps, step_verdicts, step_windows
+from layerscope.analysis.verdict import StepVerdict, comm_overlap, device_idle, step_verdicts, step_windows
 from layerscope.events.intervals import union_length
 from layerscope.events.table import EventKind, EventTable
 
@@ -259,7 +257,7 @@ def device_report(table: EventTable) -> DeviceReport | None:
     tiny = int(((dur[device] < TINY_KERNEL_US * 1000) & is_kernel).sum())
 
     work = StreamWork.of(table, device)
-    comm, comp, is_comm = _comm_and_comp(table, device, starts, ends)
+    is_comm, is_comp = _comm_and_comp(table, device)
     return DeviceReport(
         window_us=window_ns / 1000.0,
         busy_us=busy_ns / 1000.0,
@@ -269,11 +267,11 @@ def device_report(table: EventTable) -> DeviceReport | None:
         tiny_kernels=tiny,
         launch_bound=_launch_bound(table, device[is_kernel]),
         syncs=_sync_points(table),
-        steps=step_verdicts(table, work, comm, comp, (lo, hi)),
-        idle=idle_time(*device_gaps(work, lo, hi)),
+        steps=step_verdicts(table, work, is_comm, is_comp, (lo, hi)),
+        idle=device_idle(work, (lo, hi)),
         streams=stream_stats(work),
         copies=_copies(table, device),
-        comm_compute_overlap=overlap_share(comm, comp),
+        comm_compute_overlap=comm_overlap(work, is_comm, is_comp),
         collectives=_collective_kernels(table, device[is_comm]),
     )
 
@@ -322,11 +320,9 @@ def _sync_points(table: EventTable) -> tuple[SyncPoint, ...]:
     )
 
 
-def _comm_and_comp(
-    table: EventTable, device: np.ndarray, starts: np.ndarray, ends: np.ndarray
-) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], np.ndarray]:
-    """(starts, ends) of communication kernels and of computation kernels (copies and sets are
-    neither, as in HTA), and which of ``device`` are communication kernels."""
+def _comm_and_comp(table: EventTable, device: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``device`` are communication kernels and which computation kernels (copies and
+    sets are neither, as in HTA)."""
     names, kinds = table.names, table.span_kind
     is_comm = np.zeros(device.size, dtype=bool)
     is_comp = np.zeros(device.size, dtype=bool)
@@ -339,7 +335,7 @@ def _comm_and_comp(
         if comm is None:
             comm = kind_of[n] = kernel_kind(names[n], EventKind.KERNEL) == "communication"
         is_comm[j], is_comp[j] = comm, not comm
-    return (starts[is_comm], ends[is_comm]), (starts[is_comp], ends[is_comp]), is_comm
+    return is_comm, is_comp
 
 
 def _collective_kernels(table: EventTable, comm: np.ndarray) -> tuple[CollectiveKernel, ...]:

@@ -62,6 +62,7 @@ def device_summary(report: DeviceReport) -> dict[str, Any]:
                 "utilisation": s.utilisation,
                 **_idle(s.idle),
                 "comm_overlap": s.comm_overlap,
+                "devices": s.devices,
                 "verdict": s.verdict,
             }
             for s in report.steps

@@ -34,9 +34,10 @@ class RankSummary:
     """Where one rank's step went (per step when it has steps, else over the run).
 
     ``module_us``: the model's own work (the root module, forward + backward; communication kernels
-    launched inside it left out); ``communication_us``: communication *kernel* time when the rank's
-    trace has device work (``comm_source`` "kernels"), else CPU time in collective ops, waiting for
-    the other ranks included (``comm_source`` "ops"); ``other_us``: the rest of the step's wall time
+    launched inside it left out); ``communication_us``: communication *kernel* time when every
+    rank's profile has a device report (built from traces with device work: ``comm_source``
+    "kernels"), else CPU time in collective ops, waiting for the other ranks included
+    (``comm_source`` "ops"); ``other_us``: the rest of the step's wall time
     (loss, optimizer, data, Python, idle). ``comm_overlap``: share of communication-kernel time
     overlapped by computation (None without communication kernels).
     """
@@ -134,7 +135,11 @@ def merge_profiles(profiles: Sequence[Profile], ranks: Sequence[int] | None = No
     per_step = all(len(p.steps) > 0 for p in profiles)
     scale = [1.0 / len(p.steps) if per_step else 1.0 for p in profiles]
 
-    summaries = tuple(_summary(p, r, s, metric) for p, r, s in zip(profiles, rank_ids, scale, strict=True))
+    # communication as kernel time only when every rank has it: one unit across the table
+    kernels = all(_comm_kernel_us(p) is not None for p in profiles)
+    summaries = tuple(
+        _summary(p, r, s, metric, kernels) for p, r, s in zip(profiles, rank_ids, scale, strict=True)
+    )
     self_metric = f"self_{metric}"
     keys: dict[tuple[str, str], list[float | None]] = {}
     paths_per_rank = []
@@ -194,22 +199,30 @@ def _communication_in_model(profile: Profile) -> float:
     return ranges + ops
 
 
-def _summary(profile: Profile, rank: int, scale: float, metric: str) -> RankSummary:
+def _comm_kernel_us(profile: Profile) -> float | None:
+    """Communication-kernel time of a profile built from a trace with device work (None: no
+    device report, e.g. a live CPU capture or a profile saved before reports were kept)."""
+    device = profile.meta.get("device")
+    if not isinstance(device, dict):
+        return None
+    return float(device.get("by_kind", {}).get("communication", 0.0))
+
+
+def _summary(profile: Profile, rank: int, scale: float, metric: str, kernels: bool) -> RankSummary:
     if profile.steps:
         wall = sum(s.wall_us for s in profile.steps) * scale
     else:
         wall = float(profile.meta.get("wall_us", profile.totals.cpu_us))
     root = profile.root
     modules = (getattr(root.forward, metric) + getattr(root.backward, metric)) * scale
-    device = profile.meta.get("device")
-    comm_kernels = device.get("by_kind", {}).get("communication") if isinstance(device, dict) else None
+    comm_kernels = _comm_kernel_us(profile) if kernels else None
     if comm_kernels is None:
         comm = sum(r.metrics.self_cpu_us for r in profile.op_rows if COMMUNICATION.search(r.name)) * scale
         return RankSummary(rank, wall, modules, comm)
     if metric == "device_us":  # the model's device time holds the collectives it launched
         modules = max(0.0, modules - _communication_in_model(profile) * scale)
-    overlap = device.get("comm_compute_overlap") if isinstance(device, dict) else None
-    return RankSummary(rank, wall, modules, float(comm_kernels) * scale, "kernels", overlap)
+    overlap = profile.meta["device"].get("comm_compute_overlap")
+    return RankSummary(rank, wall, modules, comm_kernels * scale, "kernels", overlap)
 
 
 def _straggler(merged: RankMerge) -> Straggler | None:

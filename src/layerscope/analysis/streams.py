@@ -15,7 +15,7 @@ with HTA's where both measure (docs/compared.md has the table):
 - Launch delay (HTA ``get_cuda_kernel_launch_stats``): the work's start minus the end of its launch
   call, 0 when negative.
 - Communication/computation overlap (HTA ``get_comm_comp_overlap``): the share of communication
-  kernel time during which a computation kernel runs.
+  time (communication kernels merged into one timeline) during which a computation kernel runs.
 """
 
 from __future__ import annotations
@@ -109,6 +109,26 @@ class StreamWork:
     launch_start: np.ndarray  # ns, or -1 without a launch call
     launch_end: np.ndarray
     queued: np.ndarray  # the launch call queues this work alone (LAUNCH_CALLS)
+
+    def devices(self) -> list[np.ndarray]:
+        """Row masks, one per device (streams of one device share its timeline)."""
+        of_stream = [key[0] for key in self.keys]
+        names = sorted(set(of_stream))
+        device_of_row = np.asarray([names.index(d) for d in of_stream], dtype=np.int64)[self.stream]
+        return [device_of_row == k for k in range(len(names))] if self.stream.size else []
+
+    def take(self, rows: np.ndarray) -> StreamWork:
+        """The work at ``rows`` (a mask or indices), streams keyed as before."""
+        return StreamWork(
+            start=self.start[rows],
+            end=self.end[rows],
+            stream=self.stream[rows],
+            keys=self.keys,
+            is_kernel=self.is_kernel[rows],
+            launch_start=self.launch_start[rows],
+            launch_end=self.launch_end[rows],
+            queued=self.queued[rows],
+        )
 
     @staticmethod
     def of(table: EventTable, device: np.ndarray) -> StreamWork:
@@ -231,22 +251,23 @@ def stream_stats(work: StreamWork) -> tuple[StreamStats, ...]:
     return tuple(sorted(found, key=lambda st: -st.busy_us))
 
 
-def window_idle(work: StreamWork, lo: int, hi: int) -> IdleTime:
-    """Idle time by cause of every stream's gaps, clipped to the window [lo, hi) (ns)."""
-    total = IdleTime()
-    for s in range(len(work.keys)):
-        gap_start, gap_end, cause = idle_gaps(work, np.flatnonzero(work.stream == s))
-        total = total + idle_time(np.clip(gap_start, lo, hi), np.clip(gap_end, lo, hi), cause)
-    return total
-
-
 def overlap_share(comm: tuple[np.ndarray, np.ndarray], comp: tuple[np.ndarray, np.ndarray]) -> float | None:
-    """Share of communication kernel time during which at least one computation kernel runs (None
-    without communication kernels). Intervals as (starts, ends)."""
+    """Share of communication time (the union of communication kernels, as HTA merges them) during
+    which at least one computation kernel runs (None without communication kernels). Intervals as
+    (starts, ends)."""
+    overlapped, comm_total = overlap_parts(comm, comp)
+    return overlapped / comm_total if comm_total > 0 else None
+
+
+def overlap_parts(
+    comm: tuple[np.ndarray, np.ndarray], comp: tuple[np.ndarray, np.ndarray]
+) -> tuple[float, float]:
+    """(time with communication and computation both running, communication time), in the
+    intervals' unit: the parts of :func:`overlap_share`, to add up over devices."""
     comm_start, comm_end = comm
-    comm_total = float((comm_end - comm_start).sum())
+    comm_total = float(union_length(comm_start, comm_end)) if comm_start.size else 0.0
     if comm_total <= 0:
-        return None
+        return 0.0, 0.0
     times = np.concatenate([comm_start, comm_end, comp[0], comp[1]])
     is_comm = np.concatenate([np.ones(comm_start.size * 2, bool), np.zeros(comp[0].size * 2, bool)])
     delta = np.concatenate(
@@ -258,5 +279,4 @@ def overlap_share(comm: tuple[np.ndarray, np.ndarray], comp: tuple[np.ndarray, n
     comm_running = np.cumsum(np.where(is_comm, delta, 0))
     comp_running = np.cumsum(np.where(is_comm, 0, delta))
     both = (comm_running[:-1] > 0) & (comp_running[:-1] > 0)
-    overlapped = float((np.diff(times)[both]).sum())
-    return overlapped / comm_total
+    return float((np.diff(times)[both]).sum()), comm_total

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from layerscope.analysis.streams import KERNEL_WAIT_US, IdleTime, StreamWork, idle_time, overlap_share
+from layerscope.analysis.streams import KERNEL_WAIT_US, IdleTime, StreamWork, idle_time, overlap_parts
 from layerscope.events.intervals import union_length
 from layerscope.events.table import CPU_KINDS, EventTable
 
@@ -45,7 +45,7 @@ def step_verdict(busy_share: float, idle: IdleTime, exposed_comm_share: float = 
     cause = idle.dominant()
     if cause is None:
         return "balanced" if busy_share >= 0.5 else "CPU-bound"
-    if busy_share >= 0.5 and max(idle.host_wait_us, idle.other_us) < 0.5 * idle.total_us:
+    if busy_share >= 0.5 and max(idle.host_wait_us, idle.kernel_wait_us, idle.other_us) < 0.5 * idle.total_us:
         return "balanced"
     return {"host_wait": "CPU-bound", "other": "waiting on dependencies", "kernel_wait": "launch-bound"}[
         cause
@@ -55,7 +55,8 @@ def step_verdict(busy_share: float, idle: IdleTime, exposed_comm_share: float = 
 @dataclass(frozen=True, slots=True)
 class StepVerdict:
     """Device activity inside one step's window, what its idle time waited on, and what bounds it.
-    ``idle`` is the device's idle time (no stream busy) by cause: it adds up to wall minus busy."""
+    ``idle`` is the device's idle time (no stream busy) by cause: with busy time it adds up to the
+    wall time (times the number of devices, each device its own timeline)."""
 
     step: int
     wall_us: float
@@ -64,34 +65,37 @@ class StepVerdict:
     idle: IdleTime = field(default_factory=IdleTime)
     #: share of the step's communication-kernel time overlapped by computation (None: none ran)
     comm_overlap: float | None = None
+    #: devices in the trace: busy and idle time are summed over them
+    devices: int = 1
 
     @property
     def utilisation(self) -> float:
-        """Busy share of the step's wall time."""
-        return self.device_busy_us / self.wall_us if self.wall_us > 0 else 0.0
+        """Busy share of the step's device time (wall time on each device)."""
+        return self.device_busy_us / (self.wall_us * self.devices) if self.wall_us > 0 else 0.0
 
 
 def device_gaps(work: StreamWork, origin: int, horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Stretches of [origin, horizon) when no device work runs, split by cause: (start, end, cause)
     with cause 0 host wait, 1 kernel wait, 2 other (see the module docstring)."""
     if not work.start.size:
-        return np.asarray([origin]), np.asarray([horizon]), np.zeros(1, np.int64)
+        return np.asarray([origin], np.int64), np.asarray([horizon], np.int64), np.zeros(1, np.int64)
     order = np.argsort(work.start, kind="stable")
     start, end = work.start[order], work.end[order]
     reach = np.maximum.accumulate(end)
     # a gap before work i when it starts after everything before it ended
     opens = np.flatnonzero(start[1:] > reach[:-1]) + 1
-    gap_start = np.concatenate([[origin], reach[opens - 1], [reach[-1]]])
-    gap_end = np.concatenate([[start[0]], start[opens], [horizon]])
-    # earliest launch of any work that starts at or after each gap's end (none: horizon)
-    launch = work.launch_start[order].astype(np.float64)
-    launch[launch < 0] = np.inf
+    gap_start = np.concatenate([[origin], reach[opens - 1], [reach[-1]]]).astype(np.int64)
+    gap_end = np.concatenate([[start[0]], start[opens], [horizon]]).astype(np.int64)
+    # earliest launch of any work that starts at or after each gap's end; work without a launch
+    # call queues nothing we know of. int64 throughout: epoch nanoseconds do not fit a float64.
+    never = np.iinfo(np.int64).max
+    launch = np.where(work.launch_start[order] < 0, never, work.launch_start[order])
     later_launch = np.minimum.accumulate(launch[::-1])[::-1]
     first_after = np.searchsorted(start, gap_end, side="left")
-    queued_from = np.full(gap_end.size, np.inf)
+    queued_from = np.full(gap_end.size, never, dtype=np.int64)
     inside = first_after < start.size
     queued_from[inside] = later_launch[first_after[inside]]
-    split = np.clip(queued_from, gap_start, gap_end).astype(np.int64)
+    split = np.minimum(np.maximum(queued_from, gap_start), gap_end)
     held = gap_end - split
     held_cause = np.where(held < KERNEL_WAIT_US * 1000, 1, 2)
     starts = np.concatenate([gap_start, split])
@@ -160,25 +164,84 @@ def step_windows(table: EventTable) -> list[tuple[int, int, int]]:
     return windows
 
 
+def device_idle(work: StreamWork, span: tuple[int, int]) -> IdleTime:
+    """Idle time by cause over ``span`` (ns), each device on its own timeline, summed."""
+    total = IdleTime()
+    for rows in work.devices():
+        total = total + idle_time(*device_gaps(work.take(rows), *span))
+    return total
+
+
+def comm_overlap(work: StreamWork, is_comm: np.ndarray, is_comp: np.ndarray) -> float | None:
+    """Communication/computation overlap, each device on its own (a collective on one GPU is not
+    hidden by computation on another), combined over devices."""
+    overlapped = comm_total = 0.0
+    for rows in work.devices():
+        o, c = overlap_parts(
+            (work.start[rows & is_comm], work.end[rows & is_comm]),
+            (work.start[rows & is_comp], work.end[rows & is_comp]),
+        )
+        overlapped, comm_total = overlapped + o, comm_total + c
+    return overlapped / comm_total if comm_total > 0 else None
+
+
+@dataclass
+class _DeviceTimelines:
+    """One device's work, gaps, communication and computation, each cut to a window cheaply."""
+
+    work: _Timeline
+    gaps: _Timeline
+    comm: _Timeline
+    comp: _Timeline
+
+    @staticmethod
+    def of(
+        work: StreamWork, rows: np.ndarray, is_comm: np.ndarray, is_comp: np.ndarray, span: tuple[int, int]
+    ) -> _DeviceTimelines:
+        mine = work.take(rows)
+        gap_start, gap_end, cause = device_gaps(mine, *span)
+        return _DeviceTimelines(
+            _Timeline((mine.start, mine.end)),
+            _Timeline((gap_start, gap_end), cause),
+            _Timeline((work.start[rows & is_comm], work.end[rows & is_comm])),
+            _Timeline((work.start[rows & is_comp], work.end[rows & is_comp])),
+        )
+
+
 def step_verdicts(
-    table: EventTable, work: StreamWork, comm: Intervals, comp: Intervals, span: tuple[int, int]
+    table: EventTable, work: StreamWork, is_comm: np.ndarray, is_comp: np.ndarray, span: tuple[int, int]
 ) -> tuple[StepVerdict, ...]:
-    """Per ProfilerStep window: device busy time, idle time by cause and the verdict. ``span`` is
-    the trace's (start, end): idle time before the first and after the last device work counts."""
+    """Per ProfilerStep window: device busy time, idle time by cause and the verdict, each device
+    on its own timeline and summed. ``is_comm``/``is_comp`` mark the communication and computation
+    kernels among ``work``'s rows; ``span`` is the trace's (start, end): idle time before the first
+    and after the last device work counts."""
     windows = step_windows(table)
     if not windows:
         return ()
-    gap_start, gap_end, cause = device_gaps(work, *span)
-    gaps = _Timeline((gap_start, gap_end), cause)
-    device, comms, comps = _Timeline((work.start, work.end)), _Timeline(comm), _Timeline(comp)
+    devices = [_DeviceTimelines.of(work, rows, is_comm, is_comp, span) for rows in work.devices()]
     verdicts = []
     for number, lo, hi in windows:
-        busy = union_length(*device.within(lo, hi)) / 1000.0
+        busy_ns = exposed_ns = overlapped = comm_total = 0.0
+        idle = IdleTime()
+        for d in devices:
+            busy = union_length(*d.work.within(lo, hi))
+            in_comm, in_comp = d.comm.within(lo, hi), d.comp.within(lo, hi)
+            idle = idle + idle_time(*d.gaps.within_with(lo, hi))
+            exposed_ns += exposed_comm_us(in_comm, in_comp) * 1000.0
+            o, c = overlap_parts(in_comm, in_comp)
+            busy_ns, overlapped, comm_total = busy_ns + busy, overlapped + o, comm_total + c
         wall = (hi - lo) / 1000.0
-        idle = idle_time(*gaps.within_with(lo, hi))
-        in_comm, in_comp = comms.within(lo, hi), comps.within(lo, hi)
-        exposed = exposed_comm_us(in_comm, in_comp) / busy if busy > 0 else 0.0
-        share = busy / wall if wall > 0 else 0.0
-        overlap = overlap_share(in_comm, in_comp)
-        verdicts.append(StepVerdict(number, wall, busy, step_verdict(share, idle, exposed), idle, overlap))
+        share = busy_ns / ((hi - lo) * len(devices)) if hi > lo else 0.0
+        exposed = exposed_ns / busy_ns if busy_ns > 0 else 0.0
+        verdicts.append(
+            StepVerdict(
+                number,
+                wall,
+                busy_ns / 1000.0,
+                step_verdict(share, idle, exposed),
+                idle,
+                overlapped / comm_total if comm_total > 0 else None,
+                len(devices),
+            )
+        )
     return tuple(verdicts)

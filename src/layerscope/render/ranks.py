@@ -44,7 +44,8 @@ def late_line(merged: RankMerge) -> str | None:
     )
 
 
-def _collectives_title(merged: RankMerge) -> str:
+def collectives_title(merged: RankMerge) -> str:
+    """The communication column's title: kernel time or CPU time in collective ops."""
     return "Comm kernels" if all(s.comm_source == "kernels" for s in merged.summaries) else "Collectives"
 
 
@@ -53,7 +54,7 @@ def rank_columns(merged: RankMerge) -> tuple[Column[RankSummary], ...]:
     has_overlap = any(s.comm_overlap is not None for s in merged.summaries)
     return (
         *RANK_COLUMNS[:3],
-        Column("collectives", _collectives_title(merged), lambda s: fmt_time_us(s.communication_us)),
+        Column("collectives", collectives_title(merged), lambda s: fmt_time_us(s.communication_us)),
         Column(
             "overlap",
             "Comm overlap",

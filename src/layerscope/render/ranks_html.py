@@ -8,9 +8,9 @@ from __future__ import annotations
 import statistics
 from html import escape
 
-from layerscope.analysis.ranks import ModuleAcrossRanks, RankMerge
+from layerscope.analysis.ranks import ModuleAcrossRanks, RankMerge, RankSummary
 from layerscope.render.html import asset_text
-from layerscope.render.ranks import late_line, straggler_line
+from layerscope.render.ranks import collectives_title, late_line, straggler_line
 from layerscope.units import fmt_time_us
 
 SPLIT_PARTS = (("module_us", "model", "#4f8bd6"), ("communication_us", "collectives", "#e8a33d"))
@@ -42,6 +42,13 @@ def _cell_colour(value: float | None, median: float) -> str:
     return f"rgb({round(255 - 150 * strength)},{round(255 - 90 * strength)},255)"
 
 
+def _overlap(summary: RankSummary) -> str:
+    """The share of communication-kernel time hidden by computation, when measured."""
+    if summary.comm_overlap is None:
+        return ""
+    return f' <span class="muted">({100 * summary.comm_overlap:.1f}% overlapped)</span>'
+
+
 def _split_bars(merged: RankMerge) -> str:
     longest = max((s.wall_us for s in merged.summaries), default=0.0) or 1.0
     rows = []
@@ -62,7 +69,7 @@ def _split_bars(merged: RankMerge) -> str:
         rows.append(
             f'<tr><td class="l">rank {summary.rank}</td><td class="l split">{"".join(pieces)}</td>'
             f"<td>{escape(fmt_time_us(summary.wall_us))}</td><td>{escape(fmt_time_us(summary.module_us))}</td>"
-            f"<td>{escape(fmt_time_us(summary.communication_us))}</td>"
+            f"<td>{escape(fmt_time_us(summary.communication_us))}{_overlap(summary)}</td>"
             f"<td>{escape(fmt_time_us(summary.other_us))}</td></tr>"
         )
     return "".join(rows)
@@ -128,7 +135,7 @@ vertical-align: middle; }} #heatmap td.cell {{ text-align: right; }} th.rank {{ 
 <section id="straggler"><h2>Straggler</h2><p>{escape(straggler_line(merged))}</p>{late}</section>
 <section id="split"><h2>Where each rank's step went</h2><p>{legend}</p>
 <table id="ranks"><thead><tr><th class="l">Rank</th><th class="l"></th><th>Step</th><th>Model</th>
-<th>Collectives</th><th>Other</th></tr></thead><tbody>{_split_bars(merged)}</tbody></table></section>
+<th>{collectives_title(merged)}</th><th>Other</th></tr></thead><tbody>{_split_bars(merged)}</tbody></table></section>
 <section id="spread"><h2>Modules across ranks</h2>
 <p class="muted">Self time of the {len(heatmap_rows(merged, top))} module rows that differ most across
 ranks; red: slower than the module's median across ranks (full red at 2x), blue: faster;

@@ -33,11 +33,11 @@ from layerscope.attribution.devices import DeviceWork, link_device_work
 from layerscope.attribution.memory import (
     bucket_memory,
     memory_owners,
-    memory_timeline,
     memory_totals,
     span_memory,
     window_peaks,
 )
+from layerscope.attribution.memory_peak import build_memory_report, with_step_memory
 from layerscope.attribution.nesting import (
     Sweep,
     covered_ns,
@@ -49,9 +49,12 @@ from layerscope.attribution.nesting import (
     time_order,
 )
 from layerscope.attribution.op_rows import SpanFigures, op_rows
+from layerscope.attribution.peak_windows import peak_windows
+from layerscope.attribution.profile_meta import full_meta as table_meta
 from layerscope.attribution.stacks import op_stacks
 from layerscope.attribution.steps import step_stats
 from layerscope.attribution.tree import assemble_tree
+from layerscope.events.memory_snapshots import Snapshot
 from layerscope.events.table import EventKind, EventTable
 from layerscope.model.metrics import Metrics, own_metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, UnattributedEntry
@@ -62,6 +65,7 @@ def build_profile(
     catalog: list[ModuleInfo] | None = None,
     meta: dict[str, Any] | None = None,
     compiled_graphs: list[Any] | None = None,
+    snapshots: list[Snapshot] | None = None,
 ) -> Profile:
     """Attribute every event of ``table`` and return the Profile.
 
@@ -120,12 +124,17 @@ def build_profile(
         {node.path for node in root.walk()},
         drop_idle_last=not named.regions,
     )
+    full_meta = _profile_meta(table, named, buckets, nested, owners, meta, modules_known)
+    memory = _memory_report(table, owners, nested, buckets, named.catalog, snapshots)
+    if memory is not None:
+        full_meta["memory"] = memory
+        steps = with_step_memory(steps, memory)
     return Profile(
-        meta=_profile_meta(table, named, buckets, nested, owners, meta, modules_known),
+        meta=full_meta,
         root=root,
         op_rows=rows,
         unattributed=_unattributed(buckets, per_bucket),
-        totals=_totals(table, nested, device, root),
+        totals=_totals(table, nested, device, memory),
         steps=steps,
     )
 
@@ -171,6 +180,30 @@ def _nest(
     counted_flops = outermost_flops(table.span_flops, parent, by_level, compiling)
     excl = np.asarray(swept.excl, dtype=np.int64)
     return _Nested(order, swept, parent, bucket, excl, by_level, counted_flops, compiled)
+
+
+def _memory_report(
+    table: EventTable,
+    owners: np.ndarray,
+    nested: _Nested,
+    buckets: Buckets,
+    catalog: list[ModuleInfo],
+    snapshots: list[Snapshot] | None,
+) -> dict[str, Any] | None:
+    """Absolute memory (``memory_peak``), when the table has memory events."""
+    if not table.mem_ts and not table.out_of_memory:
+        return None
+    return build_memory_report(
+        table,
+        owners,
+        nested.order,
+        nested.bucket,
+        buckets,
+        catalog,
+        snapshots,
+        nested.swept.step_spans,
+        nested.parent,
+    )
 
 
 def _step_names(named: NameRoles) -> set[int]:
@@ -240,7 +273,17 @@ def _bucket_metrics(
     mem = bucket_memory(table, owners, nested.bucket, outside_bucket, nb)
     peaks = [[0, 0] for _ in range(nb)]  # per bucket: [cpu, device]
     if table.mem_ts:
-        window_peaks(table, swept.module_windows + swept.backward_windows, swept.bucket, peaks)
+        w = peak_windows(
+            table,
+            order,
+            nested.parent,
+            nested.bucket,
+            buckets,
+            swept.module_windows,
+            swept.backward_windows,
+            swept.step_spans,
+        )
+        window_peaks(table, w.tid, w.start, w.end, w.bucket, peaks)
     per_bucket = {  # lists, not arrays: read one element at a time
         "cpu_us": (self_cpu_ns / 1000.0).tolist(),
         "device_us": (self_dev_ns / 1000.0).tolist(),
@@ -280,9 +323,11 @@ def _unattributed(buckets: Buckets, per_bucket: list[Metrics]) -> tuple[Unattrib
     )
 
 
-def _totals(table: EventTable, nested: _Nested, device: DeviceWork, root: ModuleNode) -> Metrics:
-    """The run's totals, from the events themselves rather than the buckets (``validate`` compares)."""
+def _totals(table: EventTable, nested: _Nested, device: DeviceWork, memory: dict[str, Any] | None) -> Metrics:
+    """The run's totals, from the events themselves rather than the buckets (``validate`` compares);
+    the peaks are the block's absolute peaks of live memory (what was live before it included)."""
     mem_totals = memory_totals(table)
+    peaks = {c["device"]: c["peak_bytes"] for c in (memory or {}).get("classes", [])}
     return own_metrics(
         {
             "cpu_us": covered_ns(table, nested.order, nested.parent) / 1000.0,
@@ -291,8 +336,8 @@ def _totals(table: EventTable, nested: _Nested, device: DeviceWork, root: Module
             "cpu_alloc_bytes": mem_totals.cpu_alloc,
             "device_alloc_bytes": mem_totals.device_alloc,
             "retained_bytes": mem_totals.net,
-            "cpu_peak_bytes": root.total.cpu_peak_bytes,
-            "device_peak_bytes": root.total.device_peak_bytes,
+            "cpu_peak_bytes": peaks.get(False, 0),
+            "device_peak_bytes": peaks.get(True, 0),
         }
     )
 
@@ -306,8 +351,8 @@ def _profile_meta(
     meta: dict[str, Any] | None,
     modules_known: bool,
 ) -> dict[str, Any]:
-    """:func:`_full_meta`, plus where the tree's modules came from and what compiled graphs did."""
-    full_meta = _full_meta(table, nested.order, owners, nested.swept.bucket, buckets, named.catalog, meta)
+    """:func:`table_meta`, plus where the tree's modules came from and what compiled graphs did."""
+    full_meta = table_meta(table, nested.order, owners, nested.swept.bucket, buckets, named.catalog, meta)
     if not modules_known:
         # what the tree is made of when the trace named no module (the CLI says so in one line)
         full_meta["module_source"] = "record_function regions" if named.regions else "none"
@@ -319,28 +364,6 @@ def _profile_meta(
             "kernels_placed": compiled.moved,
         }
     return full_meta
-
-
-def backward_ranges(table: EventTable) -> list[tuple[str, int, int, int]]:
-    """``(module path, tid, start ns, end ns)`` for every run of consecutive backward nodes that one
-    module owns: where each layer's backward ran (for trace views)."""
-    named = name_roles(table.names, None)
-    catalog = named.catalog
-    buckets = Buckets(len(catalog))
-    swept = sweep(table, time_order(table), named.roles, named.role_module, buckets)
-    ranges: list[tuple[str, int, int, int]] = []
-    for i in swept.backward_windows:
-        b = swept.bucket[i]
-        if not buckets.is_backward(b):
-            continue
-        path, tid = catalog[buckets.module_of(b)].path, table.span_tid[i]
-        start, end = table.span_ts[i], table.span_ts[i] + table.span_dur[i]
-        last = ranges[-1] if ranges else None
-        if last is not None and last[0] == path and last[1] == tid:
-            ranges[-1] = (path, tid, last[2], max(last[3], end))
-        else:
-            ranges.append((path, tid, start, end))
-    return ranges
 
 
 def _annotation_names(table: EventTable) -> set[int]:
@@ -357,38 +380,3 @@ def _saved_modules(saved: dict[str, Any]) -> list[tuple[str, str]]:
     if not isinstance(modules, list):
         return []
     return [(str(m[0]), str(m[1])) for m in modules if isinstance(m, list | tuple) and len(m) == 2]
-
-
-def _full_meta(
-    table: EventTable,
-    order: np.ndarray,
-    owners: np.ndarray,
-    bucket: list[int],
-    buckets: Buckets,
-    catalog: list[ModuleInfo],
-    meta: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The caller's meta plus what the table tells: event count, recorded window, trace metadata,
-    and the memory timeline."""
-    full_meta: dict[str, Any] = dict(meta or {})
-    full_meta.setdefault("event_count", table.event_count)
-    ts, dur = table.array("span_ts"), table.array("span_dur")
-    if order.size:  # the recorded window: first CPU event's start to the last one's end
-        full_meta.setdefault("wall_us", float((ts + dur)[order].max() - ts[order].min()) / 1000.0)
-    full_meta.setdefault("trace", {k: v for k, v in table.meta.items() if _is_json_scalar_tree(v)})
-    if table.mem_ts:
-        start = int(ts[order].min()) if order.size else int(min(table.mem_ts))
-        full_meta.setdefault(
-            "memory_timeline", memory_timeline(table, owners.tolist(), bucket, buckets, catalog, start)
-        )
-    return full_meta
-
-
-def _is_json_scalar_tree(value: Any) -> bool:
-    if value is None or isinstance(value, str | int | float | bool):
-        return True
-    if isinstance(value, list):
-        return all(_is_json_scalar_tree(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_json_scalar_tree(v) for k, v in value.items())
-    return False

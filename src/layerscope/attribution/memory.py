@@ -115,19 +115,25 @@ def span_memory(
 
 def memory_owners(table: EventTable, order: np.ndarray, parent_arr: np.ndarray) -> np.ndarray:
     """For each memory event, the innermost CPU span on its thread containing its timestamp (-1 if
+    none)."""
+    return innermost_spans(table, order, parent_arr, table.array("mem_tid"), table.array("mem_ts"))
+
+
+def innermost_spans(
+    table: EventTable, order: np.ndarray, parent_arr: np.ndarray, tids: np.ndarray, times: np.ndarray
+) -> np.ndarray:
+    """For each (thread, time), the innermost CPU span of that thread containing the time (-1 if
     none): the last span starting at or before it, or the nearest ancestor still open then."""
-    mem_tid = table.array("mem_tid")
-    mem_ts = table.array("mem_ts")
-    owners = np.full(mem_ts.size, -1, dtype=np.int64)
+    owners = np.full(times.size, -1, dtype=np.int64)
     ts, dur = table.array("span_ts"), table.array("span_dur")
     span_tid = table.array("span_tid")[order] if order.size else order
     end = ts + dur
-    for tid in sorted(set(table.mem_tid)):
+    for tid in sorted(set(tids.tolist())):
         spans = order[span_tid == tid]
-        sel = np.flatnonzero(mem_tid == tid)
+        sel = np.flatnonzero(tids == tid)
         if not spans.size:
             continue
-        t = mem_ts[sel]
+        t = times[sel]
         k = np.searchsorted(ts[spans], t, side="right") - 1
         cand = np.where(k >= 0, spans[np.maximum(k, 0)], -1)
         # Events after their candidate ended belong to the nearest ancestor still open: walk up
@@ -141,20 +147,23 @@ def memory_owners(table: EventTable, order: np.ndarray, parent_arr: np.ndarray) 
     return owners
 
 
-def window_peaks(table: EventTable, windows: list[int], bucket: list[int], peaks: list[list[int]]) -> None:
-    """Peak net allocation within each window (module call / backward node), per device class:
-    the highest running total inside the window minus the running total just before it. Range
-    maxima come from a sparse table, so all windows of a thread are answered in a few numpy steps."""
+def window_peaks(
+    table: EventTable,
+    win_tid: np.ndarray,
+    win_start: np.ndarray,
+    win_end: np.ndarray,
+    win_bucket: np.ndarray,
+    peaks: list[list[int]],
+) -> None:
+    """Peak net allocation within each window (a module call, a backward stretch, an unattributed
+    entry's span), per device class: the highest running total inside the window minus the running
+    total just before it, kept per bucket as the largest of its windows. Range maxima come from a
+    sparse table, so all windows of a thread are answered in a few numpy steps."""
     mem_tid = table.array("mem_tid")
     mem_ts = table.array("mem_ts")
     mem_bytes = table.array("mem_bytes")
     on_dev = table.array("mem_on_device")
     classes = [0, 1] if on_dev.any() else [0]
-    win = np.asarray(windows, dtype=np.int64)
-    win_tid = table.array("span_tid")[win]
-    win_start = table.array("span_ts")[win]
-    win_end = win_start + table.array("span_dur")[win]
-    win_bucket = np.asarray(bucket, dtype=np.int64)[win]
     for tid in sorted(set(win_tid.tolist())):
         sel = np.flatnonzero(mem_tid == tid)
         if sel.size == 0:

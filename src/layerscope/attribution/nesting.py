@@ -84,7 +84,7 @@ def sweep(
     found = Sweep.start(table.span_count, span_dur, buckets.module_count)
     parent, excl, bucket, module_calls = found.parent, found.excl, found.bucket, found.module_calls
     module_windows, backward_windows = found.module_windows, found.backward_windows
-    forward_op_of = _forward_ops(table, order)
+    forward_op_of = forward_ops(table, order)
     # Bucket numbers from tables that Buckets makes once: no method call per event.
     forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_forward()
     compiling = -1  # the bucket of compilation, once seen
@@ -151,7 +151,7 @@ def sweep(
     return found
 
 
-def _forward_ops(table: EventTable, order: np.ndarray) -> dict[tuple[int, int], int]:
+def forward_ops(table: EventTable, order: np.ndarray) -> dict[tuple[int, int], int]:
     """Forward ops by (thread, sequence number), for backward nodes to find the op that made them.
 
     Sequence numbers never repeat on a thread, and a backward node always starts after its forward
@@ -160,9 +160,9 @@ def _forward_ops(table: EventTable, order: np.ndarray) -> dict[tuple[int, int], 
     module."""
     seq_arr = table.array("span_seq")
     is_forward_op = (seq_arr >= 0) & (table.array("span_fwd_tid") == 0)
-    forward_ops = order[is_forward_op[order]]
-    keys = zip(table.array("span_tid")[forward_ops].tolist(), seq_arr[forward_ops].tolist(), strict=True)
-    return dict(zip(keys, forward_ops.tolist(), strict=True))
+    ops = order[is_forward_op[order]]
+    keys = zip(table.array("span_tid")[ops].tolist(), seq_arr[ops].tolist(), strict=True)
+    return dict(zip(keys, ops.tolist(), strict=True))
 
 
 def depths(parent: np.ndarray) -> np.ndarray:

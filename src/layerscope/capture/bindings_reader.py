@@ -26,8 +26,11 @@ from layerscope.capture.event_columns import (
 from layerscope.capture.flops import FlopCalculator
 from layerscope.events.module_ranges import MODULE_RANGE_PREFIX
 from layerscope.events.shapes import shapes_key_from_json
-from layerscope.events.table import EventKind, EventTable
+from layerscope.events.table import EventKind, EventTable, OutOfMemory
 from layerscope.model.profile import STEP_PREFIX
+
+#: The name torch gives an allocation the allocator refused.
+OUT_OF_MEMORY = "[OutOfMemory]"
 
 
 def _read_names(spans: list[Any], event_type: Any) -> tuple[list[str], int]:
@@ -90,8 +93,11 @@ def table_from_bindings(
     span_names, undecodable = _read_names(spans, event_type)
     if undecodable:
         table.meta["undecodable_names"] = undecodable
+    if OUT_OF_MEMORY in span_names:  # a refused allocation is no op: its own list
+        spans, span_names = _take_out_of_memory(table, spans, span_names, event_type, cpu_only)
     if memory:
         _read_memory(table, memory, list(compress(all_bytes, is_memory)), event_type, cpu_only)
+        table.mem_addr = _addresses(kineto_results, table.mem_ts, table.mem_bytes)
     name_ids = {name: table.intern(name) for name in dict.fromkeys(span_names)}
     table.span_name = list(map(name_ids.__getitem__, span_names))
     kind_ids, table.span_kind = _span_kinds(spans, span_names, event_type, cpu_only)
@@ -116,6 +122,48 @@ def _read_memory(
         table.mem_on_device = [False] * len(memory)
     else:  # DeviceType.CPU is 0; any other device type is accelerator memory.
         table.mem_on_device = [int(d) != 0 for d in map(event_type.device_type, memory)]
+
+
+def _take_out_of_memory(
+    table: EventTable, spans: list[Any], names: list[str], event_type: Any, cpu_only: bool
+) -> tuple[list[Any], list[str]]:
+    """Move torch's ``[OutOfMemory]`` events out of the spans into ``table.out_of_memory``. Their size
+    is not in torch's bindings (``nbytes()`` is 0 and the event's fields are not bound), so it reads
+    0 here; the native reader has it."""
+    kept = [k for k, name in enumerate(names) if name != OUT_OF_MEMORY]
+    for k in range(len(names)):
+        if names[k] == OUT_OF_MEMORY:
+            event = spans[k]
+            on_device = not cpu_only and int(event_type.device_type(event)) != 0
+            tid = _signed([event_type.start_thread_id(event)])[0]
+            table.out_of_memory.append(OutOfMemory(tid, event_type.start_ns(event), 0, on_device))
+    return [spans[k] for k in kept], [names[k] for k in kept]
+
+
+def _addresses(kineto_results: Any, mem_ts: list[int], mem_bytes: list[int]) -> list[int]:
+    """Each memory event's address, from torch's event tree (the only place the bindings show it),
+    matched by (time, bytes); 0 where no tree node matches."""
+    by_key: dict[tuple[int, int], list[int]] = {}
+    tree = getattr(kineto_results, "experimental_event_tree", None)
+    if tree is None:  # a torch without it: addresses unknown
+        return [0] * len(mem_ts)
+    pending = list(tree())
+    found: list[Any] = []
+    while pending:  # depth-first, children in order (the order the native reader sees them)
+        node = pending.pop()
+        found.append(node)
+        pending.extend(reversed(node.children))
+    for node in found:
+        fields = node.extra_fields
+        if hasattr(fields, "alloc_size") and hasattr(fields, "ptr"):
+            by_key.setdefault((node.start_time_ns, int(fields.alloc_size)), []).append(int(fields.ptr))
+    for ptrs in by_key.values():
+        ptrs.reverse()  # popped from the end: first found, first taken
+    addresses = []
+    for ts, nbytes in zip(mem_ts, mem_bytes, strict=True):
+        candidates = by_key.get((ts, nbytes))
+        addresses.append(candidates.pop() if candidates else 0)
+    return addresses
 
 
 def _span_kinds(

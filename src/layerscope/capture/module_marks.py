@@ -34,6 +34,13 @@ class ModuleMarks:
         self.span_start: list[int] = []  # Unix ns, on torch's event clock
         self.span_dur: list[int] = []
         self.unmatched = 0  # marks without their other half (a call still running at the end)
+        #: Watch points (code 0, see :meth:`watch_point`) per OS thread: (torch thread id, Unix ns).
+        self.watch_points: dict[int, list[tuple[int, int]]] = {}
+
+    def watch_point(self) -> None:
+        """A point on torch's clock with no scope (code 0), for records made in Python (memory watch
+        snapshots) to be placed among torch's events; returned by :meth:`stop` in call order."""
+        self.mark(0)
 
     def code(self, name: str) -> int:
         """The positive code of a range name (its negation closes the scope)."""
@@ -53,7 +60,11 @@ class ModuleMarks:
             times = np.frombuffer(raw_times, dtype=np.int64).tolist()
             codes = np.frombuffer(raw_codes, dtype=np.int64).tolist()
             open_calls: list[tuple[int, int]] = []  # (code, start) of calls open on this thread
+            points = self.watch_points.setdefault(os_tid, [])
             for at, code in zip(times, codes, strict=True):
+                if code == 0:
+                    points.append((tid, at))
+                    continue
                 if code > 0:
                     open_calls.append((code, at))
                     continue

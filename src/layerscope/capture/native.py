@@ -118,6 +118,8 @@ def compile_command(output: Path) -> list[str]:
     # GPU its import prints a warning about the CUDA runtime, which this build does not need).
     torch_dir = Path(torch.__file__).resolve().parent
     includes = [torch_dir / "include", torch_dir / "include" / "torch" / "csrc" / "api" / "include"]
+    if (torch_dir / "include" / "kineto").is_dir():  # torch's profiler headers include its headers by name
+        includes.append(torch_dir / "include" / "kineto")
     command = [_compiler(), "-O2", "-std=c++20", "-fPIC", "-shared", "-w"]
     command.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
     command += [f"-DTORCH_EXTENSION_NAME={_module_name()}", "-DTORCH_API_INCLUDE_EXTENSION_H"]

@@ -13,6 +13,7 @@
 #include <c10/util/ApproximateClock.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/csrc/profiler/collection.h>
 
 #include <atomic>
 #include <charconv>
@@ -23,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 // libkineto's activity names, from the headers of the torch this is built against (the numbering
@@ -40,8 +42,30 @@
 namespace py = pybind11;
 using torch::autograd::profiler::KinetoEvent;
 using torch::autograd::profiler::ProfilerResult;
+using torch::profiler::impl::EventType;
+using torch::profiler::impl::ExtraFields;
+using torch::profiler::impl::Result;
 
 namespace {
+
+// An allocation's address and an out-of-memory event's requested size live only in the event's
+// Result, which KinetoEvent keeps private. An explicit template instantiation may name a private
+// member (C++ [temp.explicit]): this hands out a pointer to KinetoEvent::result_, read-only.
+struct KinetoEventResult {
+  using type = std::shared_ptr<const Result> KinetoEvent::*;
+  friend type result_member(KinetoEventResult);
+};
+template <typename Tag, typename Tag::type Member>
+struct MemberAccess {
+  friend typename Tag::type result_member(Tag) {
+    return Member;
+  }
+};
+template struct MemberAccess<KinetoEventResult, &KinetoEvent::result_>;
+
+const Result* result_of_event(const KinetoEvent& e) {
+  return (e.*result_member(KinetoEventResult{})).get();
+}
 
 // Strings interned in first-seen order: the Python side interns them in the same order as the
 // pybind path does (dict.fromkeys over the names), so both paths build identical tables.
@@ -150,7 +174,8 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
 
   std::vector<int64_t> span_index, span_name, span_activity, span_ts, span_dur;
   std::vector<int64_t> span_tid, span_seq, span_fwd_tid, span_corr, span_linked, span_shapes;
-  std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device;
+  std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device, mem_addr;
+  std::vector<int64_t> oom_bytes, oom_ts, oom_tid, oom_device, oom_allocated;
   span_index.reserve(n);
   Interner names, shapes;
   std::string shapes_text;
@@ -163,7 +188,21 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
       // torch's "unknown thread" is 2**64 - 1: as int64 it reads -1, as the pybind path reads it.
       mem_tid.push_back(static_cast<int64_t>(e.startThreadId()));
       mem_device.push_back(static_cast<int64_t>(e.deviceType()));
+      const Result* result = result_of_event(e);
+      const auto* allocation =
+          result ? std::get_if<ExtraFields<EventType::Allocation>>(&result->extra_fields_) : nullptr;
+      mem_addr.push_back(allocation ? static_cast<int64_t>(reinterpret_cast<intptr_t>(allocation->ptr_)) : 0);
       continue;
+    }
+    if (const Result* result = result_of_event(e)) {
+      if (const auto* oom = std::get_if<ExtraFields<EventType::OutOfMemory>>(&result->extra_fields_)) {
+        oom_bytes.push_back(oom->alloc_size_);
+        oom_ts.push_back(static_cast<int64_t>(e.startNs()));
+        oom_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+        oom_device.push_back(static_cast<int64_t>(oom->device_type_));
+        oom_allocated.push_back(static_cast<int64_t>(oom->total_allocated_));
+        continue;
+      }
     }
     span_index.push_back(static_cast<int64_t>(i));
     span_name.push_back(names.id(e.name()));
@@ -203,6 +242,12 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   out["mem_ts"] = column(mem_ts);
   out["mem_tid"] = column(mem_tid);
   out["mem_device"] = column(mem_device);
+  out["mem_addr"] = column(mem_addr);
+  out["oom_bytes"] = column(oom_bytes);
+  out["oom_ts"] = column(oom_ts);
+  out["oom_tid"] = column(oom_tid);
+  out["oom_device"] = column(oom_device);
+  out["oom_allocated"] = column(oom_allocated);
   return out;
 }
 

@@ -11,7 +11,7 @@ import orjson
 from layerscope.capture.event_columns import count_flops, decode_names, flop_candidates, kind_of_activity
 from layerscope.capture.flops import FlopCalculator
 from layerscope.events.shapes import shapes_key_from_json
-from layerscope.events.table import EventKind, EventTable
+from layerscope.events.table import EventKind, EventTable, OutOfMemory
 
 
 def _column(raw: bytes) -> np.ndarray:
@@ -35,6 +35,8 @@ def table_from_native(
             np.zeros(len(mem_bytes), dtype=bool) if cpu_only else _column(cols["mem_device"]) != 0
         )  # DeviceType.CPU is 0
         arrays["mem_on_device"] = on_device
+        arrays["mem_addr"] = _column(cols["mem_addr"])
+    table.out_of_memory = _out_of_memory(cols, cpu_only)
     span_local_name = _column(cols["span_name"])
     if len(span_local_name) == 0 and not len(mem_bytes):
         return table
@@ -81,6 +83,15 @@ def table_from_native(
             count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
     table.span_flops = span_flops
     return table
+
+
+def _out_of_memory(cols: dict[str, Any], cpu_only: bool) -> list[OutOfMemory]:
+    columns = [_column(cols[name]).tolist() for name in ("oom_tid", "oom_ts", "oom_bytes", "oom_device")]
+    allocated = _column(cols["oom_allocated"]).tolist()
+    return [
+        OutOfMemory(tid, ts, nbytes, on_device=not cpu_only and device != 0, allocated_bytes=live)
+        for tid, ts, nbytes, device, live in zip(*columns, allocated, strict=True)
+    ]
 
 
 def _span_kinds(module: Any, kineto_results: Any, cols: dict[str, Any], cpu_only: bool) -> np.ndarray:

@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from layerscope.capture.module_marks import ModuleMarks
 from layerscope.capture.options import CaptureOptions
 from layerscope.capture.scope_plan import ScopePlan
 from layerscope.errors import CaptureError, LayerscopeWarning
+from layerscope.events.memory_snapshots import Snapshot
 from layerscope.gcpause import gc_paused
 from layerscope.model.profile import Profile
 
@@ -47,6 +48,11 @@ class RecordingContext:
     called_modules: list[tuple[str, str]]
     model_type: str | None
     marks: ModuleMarks | None = None
+    #: The memory watch's snapshots of this recording (None without ``memory``).
+    snapshots: list[Snapshot] | None = None
+    watch_errors: list[str] = field(default_factory=list)
+    #: The exception the block raised (type, message, module), if it did.
+    block_error: dict[str, Any] | None = None
 
 
 class Recording:
@@ -104,7 +110,17 @@ class Recording:
         if self.cycle is not None:
             meta["cycle"] = self.cycle
         meta["scope_plan"] = self.context.plan.to_meta(self.context.called_modules)
-        profile = build_profile(table, self.context.catalog, meta, compiled_graphs=known_graphs())
+        if self.context.block_error is not None:
+            meta["block_error"] = self.context.block_error
+        if self.context.watch_errors:
+            meta["memory_watch_errors"] = self.context.watch_errors[:20]
+        profile = build_profile(
+            table,
+            self.context.catalog,
+            meta,
+            compiled_graphs=known_graphs(),
+            snapshots=self.context.snapshots,
+        )
         _warn_unmapped_compiled_calls(profile)
         return profile
 
@@ -182,3 +198,34 @@ def _first_frame_outside_layerscope() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(own):
         frame, level = frame.f_back, level + 1  # type: ignore[assignment]
     return level
+
+
+@dataclass
+class Cycle:
+    """One finished profiling cycle (a schedule's active steps), as handed to ``on_trace_ready``."""
+
+    index: int
+    recording: Recording
+
+    @property
+    def profile(self) -> Profile:
+        """This cycle's Profile."""
+        return self.recording.profile
+
+    @property
+    def torch_profiler(self) -> torch.profiler.profile:
+        """torch's profiler, holding this cycle's events while the handler runs."""
+        return self.recording.torch_profiler
+
+    @property
+    def steps(self) -> tuple[int, int] | None:
+        """(first, last) step number recorded in this cycle, or None without steps."""
+        if not self.profile.steps:
+            return None
+        return self.profile.steps[0].step, self.profile.steps[-1].step
+
+    def export_chrome_trace(self, path: str | Path) -> Path:
+        """Write this cycle's Chrome trace (``.json`` or ``.json.gz``) with the backward module track
+        and the compiled-graph header, as the block's. Valid inside the handler only: torch reuses
+        its profiler for the next cycle."""
+        return self.recording.export_chrome_trace(path)

@@ -13,7 +13,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -23,7 +22,9 @@ from torch import nn
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from layerscope.capture import native
+from layerscope.capture.block_error import block_error
 from layerscope.capture.compiled import collecting_compile_info, is_compiled, should_collect, unwrap_compiled
+from layerscope.capture.memory_watch import MemoryWatch
 from layerscope.capture.module_marks import ModuleMarks
 from layerscope.capture.options import (
     MODULE_SCOPE_KINDS,
@@ -31,7 +32,7 @@ from layerscope.capture.options import (
     check_options,
     parse_activities,
 )
-from layerscope.capture.recording import CompileInfoWarning, Recording, RecordingContext
+from layerscope.capture.recording import CompileInfoWarning, Cycle, Recording, RecordingContext
 from layerscope.capture.scope_plan import ScopePlan, marks_blocker, plan_scopes
 from layerscope.capture.scopes import ModuleScopes
 from layerscope.errors import CaptureError, UsageError
@@ -108,6 +109,8 @@ class profile:
         self._torch_profiler: torch.profiler.profile | None = None
         self._scopes: ModuleScopes | None = None
         self._marks: ModuleMarks | None = None
+        self._watch: MemoryWatch | None = None
+        self._block_error: dict[str, Any] | None = None
         self._plan: ScopePlan | None = None
         self._recording: Recording | None = None
         self._context: RecordingContext | None = None
@@ -168,6 +171,7 @@ class profile:
             module = native.load() if plan.marks else None
             self._marks = ModuleMarks(module) if module is not None else None
             self._scopes = ModuleScopes(plan, self.options.selection, self._marks)
+            self._watch = MemoryWatch.prepare(self.model) if self.options.memory else None
             if should_collect() or is_compiled(self.model):
                 stack.enter_context(collecting_compile_info())
             with _quiet_cycle_warning():
@@ -178,6 +182,8 @@ class profile:
                 self._marks.start()
             stack.callback(self._scopes.remove)
             self._scopes.install()
+            if self._watch is not None:
+                self._watch.start(self._marks, stack)
         except BaseException:
             self._finished = True
             stack.close()
@@ -209,6 +215,10 @@ class profile:
         """Undo what :meth:`start` did; the block's exception (if any) is handed to the ExitStack, so
         a failing clean-up step chains it instead of hiding it."""
         self._wall_ns = time.perf_counter_ns() - self._started_ns
+        if self._watch is not None:
+            self._watch.snapshot_state("end")
+        if exc is not None:
+            self._block_error = block_error(exc, self.model)
         try:
             self._stack.__exit__(exc_type, exc, tb)
         finally:
@@ -226,6 +236,9 @@ class profile:
             called_modules=self._scopes.called_modules(),
             model_type=model_type,
             marks=self._marks,
+            snapshots=self._watch.take() if self._watch is not None else None,
+            watch_errors=list(self._watch.errors) if self._watch is not None else [],
+            block_error=self._block_error,
         )
 
     # ----- steps and cycles ------------------------------------------------------------------------
@@ -233,9 +246,14 @@ class profile:
         """Mark the end of a training step (drives the schedule, like torch.profiler's ``step``)."""
         if not self.is_running:
             raise CaptureError("prof.step() belongs inside the `with layerscope.profile(...)` block")
+        watch, before = self._watch, self.action()
+        if watch is not None and before == "record_and_save":  # the cycle ends with this step
+            watch.snapshot_state("end")
         with _quiet_cycle_warning():
             self.torch_profiler.step()
         self.step_count += 1
+        if watch is not None and before != "record" and self.action().startswith("record"):
+            watch.snapshot_state("start")  # a cycle starts recording
 
     def step_before_next_top_level_call(self, then: Callable[[], None] | None = None) -> None:
         """End the current step just before the next top-level module call (global mode only).
@@ -324,37 +342,6 @@ class profile:
         can be called again."""
         if not self._finished:
             raise CaptureError("export the trace after the `with layerscope.profile(...)` block")
-        return self.recording.export_chrome_trace(path)
-
-
-@dataclass
-class Cycle:
-    """One finished profiling cycle (a schedule's active steps), as handed to ``on_trace_ready``."""
-
-    index: int
-    recording: Recording
-
-    @property
-    def profile(self) -> Profile:
-        """This cycle's Profile."""
-        return self.recording.profile
-
-    @property
-    def torch_profiler(self) -> torch.profiler.profile:
-        """torch's profiler, holding this cycle's events while the handler runs."""
-        return self.recording.torch_profiler
-
-    @property
-    def steps(self) -> tuple[int, int] | None:
-        """(first, last) step number recorded in this cycle, or None without steps."""
-        if not self.profile.steps:
-            return None
-        return self.profile.steps[0].step, self.profile.steps[-1].step
-
-    def export_chrome_trace(self, path: str | Path) -> Path:
-        """Write this cycle's Chrome trace (``.json`` or ``.json.gz``) with the backward module track
-        and the compiled-graph header, as the block's. Valid inside the handler only: torch reuses
-        its profiler for the next cycle."""
         return self.recording.export_chrome_trace(path)
 
 

@@ -19,7 +19,7 @@ import orjson
 from layerscope.errors import TraceFormatError
 from layerscope.events.module_ranges import MODULE_RANGE_PREFIX, module_range_name
 from layerscope.events.shapes import shapes_key
-from layerscope.events.table import EventKind, EventTable
+from layerscope.events.table import EventKind, EventTable, OutOfMemory
 
 _NN_MODULE = "nn.Module: "
 #: Bytes per element of record_param_comms dtypes (unknown: 4).
@@ -246,19 +246,8 @@ class TraceTableBuilder:
                     self.raw_fwd_tid.append(fwd)
                     if kind in (EventKind.CPU_OP, EventKind.USER_ANNOTATION):
                         self.span_at.setdefault((tid, ts), i)
-                elif ph == "i" and ev.get("name") == "[memory]":
-                    args = _args(ev)
-                    device_type = _int(args.get("Device Type", 0) or 0)
-                    allocated = _int(args.get("Total Allocated", 0) or 0)
-                    table.add_memory(
-                        self._thread(ev),
-                        _ns(ev["ts"]),
-                        _int(args.get("Bytes", 0)),
-                        on_device=device_type != 0,
-                    )
-                    where = "device" if device_type else "cpu"
-                    if allocated > self.peak_allocated.get(where, 0):
-                        self.peak_allocated[where] = allocated
+                elif ph == "i" and ev.get("name") in ("[memory]", "[OutOfMemory]"):
+                    self._memory_event(ev)
                 elif ph in ("s", "f") and ev.get("cat") == "fwdbwd":
                     target = self.flow_starts if ph == "s" else self.flow_ends
                     target[ev.get("id")] = (self._thread(ev), _ns(ev["ts"]))
@@ -269,6 +258,27 @@ class TraceTableBuilder:
                     raise TraceFormatError(f"{where}: malformed {ph!r} event {what!r}: {exc}") from None
                 reason = _malformed_reason(ph, exc)
                 self.malformed[reason] = self.malformed.get(reason, 0) + 1
+
+    def _memory_event(self, ev: dict[str, Any]) -> None:
+        """An allocation, a free, or an allocation the allocator refused (``[OutOfMemory]``)."""
+        args = _args(ev)
+        on_device = _int(args.get("Device Type", 0) or 0) != 0
+        allocated = _int(args.get("Total Allocated", 0) or 0)
+        if ev.get("name") == "[OutOfMemory]":
+            requested = _int(args.get("Bytes", 0) or 0)
+            oom = OutOfMemory(self._thread(ev), _ns(ev["ts"]), requested, on_device, allocated)
+            self.table.out_of_memory.append(oom)
+            return
+        self.table.add_memory(
+            self._thread(ev),
+            _ns(ev["ts"]),
+            _int(args.get("Bytes", 0)),
+            on_device=on_device,
+            addr=_int(args.get("Addr", 0) or 0),
+        )
+        where = "device" if on_device else "cpu"
+        if allocated > self.peak_allocated.get(where, 0):
+            self.peak_allocated[where] = allocated
 
     def finish(self, header: dict[str, Any]) -> EventTable:
         """Link what needs the whole trace (module events, forward threads) and return the table."""

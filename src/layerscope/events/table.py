@@ -52,7 +52,19 @@ SPAN_COLUMNS = (
     "span_shapes",
     "span_flops",
 )
-MEMORY_COLUMNS = ("mem_tid", "mem_ts", "mem_bytes", "mem_on_device")
+MEMORY_COLUMNS = ("mem_tid", "mem_ts", "mem_bytes", "mem_on_device", "mem_addr")
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """An allocation the allocator refused: who asked (thread, time), for how much, on which device
+    class, and how much it had allocated then (0 where the source does not say)."""
+
+    tid: int
+    ts: int
+    requested_bytes: int
+    on_device: bool
+    allocated_bytes: int = 0
 
 
 @dataclass
@@ -84,6 +96,10 @@ class EventTable:
     mem_ts: list[int] = field(default_factory=list)
     mem_bytes: list[int] = field(default_factory=list)
     mem_on_device: list[bool] = field(default_factory=list)
+    #: The allocation's address (an allocation and its free share it); 0 where the source lacks it.
+    mem_addr: list[int] = field(default_factory=list)
+    #: Allocations refused (torch's ``[OutOfMemory]`` events), in the order recorded.
+    out_of_memory: list[OutOfMemory] = field(default_factory=list)
     #: Trace-level facts: device properties, distributed info, window start/end (ns), source.
     meta: dict[str, Any] = field(default_factory=dict)
     #: For trace files: this table's thread id -> the trace's (pid, tid); on GPU events the pid is
@@ -159,12 +175,13 @@ class EventTable:
         self.span_flops.extend([0] * count)
         self._arrays.clear()
 
-    def add_memory(self, tid: int, ts: int, nbytes: int, on_device: bool = False) -> None:
+    def add_memory(self, tid: int, ts: int, nbytes: int, on_device: bool = False, addr: int = 0) -> None:
         """Append one allocation (positive bytes) or free (negative bytes) event."""
         self.mem_tid.append(tid)
         self.mem_ts.append(ts)
         self.mem_bytes.append(nbytes)
         self.mem_on_device.append(on_device)
+        self.mem_addr.append(addr)
 
     @property
     def span_count(self) -> int:

@@ -116,6 +116,9 @@ class StepStats:
     ``cpu_us`` is the CPU time of all work that started inside the step's time window (any thread),
     split into ``modules`` (path -> (forward µs, backward µs), inclusive of children) and
     ``unattributed`` (label -> µs, e.g. the optimizer step or the data loader).
+    With memory recorded (the device's when it has any, else the CPU's): ``peak_bytes`` is the
+    step's absolute peak of live memory (what was live before the block included),
+    ``alloc_bytes`` what it allocated and ``net_bytes`` the change it left (None without memory).
     """
 
     step: int
@@ -124,6 +127,9 @@ class StepStats:
     cpu_us: float = 0.0
     modules: dict[str, tuple[float, float]] = field(default_factory=dict)
     unattributed: dict[str, float] = field(default_factory=dict)
+    peak_bytes: int | None = None
+    alloc_bytes: int | None = None
+    net_bytes: int | None = None
 
     @property
     def forward_us(self) -> float:

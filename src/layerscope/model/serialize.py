@@ -91,6 +91,11 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
                 "cpu_us": s.cpu_us,
                 "modules": {k: list(v) for k, v in s.modules.items()},
                 "unattributed": s.unattributed,
+                **{
+                    name: getattr(s, name)
+                    for name in ("peak_bytes", "alloc_bytes", "net_bytes")
+                    if getattr(s, name) is not None
+                },
             }
             for s in profile.steps
         ],
@@ -182,6 +187,9 @@ def profile_from_dict(data: Any) -> Profile:
                     cpu_us=s["cpu_us"],
                     modules={k: (v[0], v[1]) for k, v in s["modules"].items()},
                     unattributed=s["unattributed"],
+                    peak_bytes=s.get("peak_bytes"),
+                    alloc_bytes=s.get("alloc_bytes"),
+                    net_bytes=s.get("net_bytes"),
                 )
                 for s in data["steps"]
             ),

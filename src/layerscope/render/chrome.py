@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from layerscope.attribution.attribute import backward_ranges
+from layerscope.attribution.backward_ranges import backward_ranges
 from layerscope.events.chrome import table_from_trace
 from layerscope.model.serialize import write_json
 

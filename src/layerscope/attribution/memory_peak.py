@@ -1,0 +1,204 @@
+"""The ``meta["memory"]`` report: per device class the absolute peak of live memory and what was live
+at it by category and module (``memory_story.py`` pairs the events and names them), per-step peaks,
+tensors saved for backward per module that keeps them, and allocations refused (out of memory)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from layerscope.attribution.buckets import Buckets
+from layerscope.attribution.catalog import ModuleInfo
+from layerscope.attribution.memory import innermost_spans
+from layerscope.attribution.memory_story import MemoryStory, placement_of
+from layerscope.attribution.nesting import forward_ops
+from layerscope.events.memory_snapshots import Snapshot
+from layerscope.events.table import EventTable
+from layerscope.model.profile import StepStats
+
+
+def memory_report(
+    stories: list[MemoryStory], step_windows: list[tuple[int, int]], saved: dict[str, dict[str, int]]
+) -> dict[str, Any]:
+    """The ``meta["memory"]`` figures: per device class the baseline, the peak and what was live at
+    it; per step the absolute peak; tensors saved for backward per keeping module."""
+    classes = []
+    for story in stories:
+        peak, k = story.peak()
+        rows: dict[tuple[str, str, str], int] = defaultdict(int)
+        for category, where, nbytes in story.live_at(k):
+            rows[(category, where.module, where.phase)] += nbytes
+        peak_where = _where_of(story, k)
+        classes.append(
+            {
+                "device": story.on_device,
+                "baseline_bytes": story.baseline.total,
+                "peak_bytes": peak,
+                "peak_ts_ns": int(story.ts[k]) if k >= 0 else None,
+                "where": peak_where,
+                "rows": [[c, m, p, b] for (c, m, p), b in sorted(rows.items(), key=lambda kv: -kv[1]) if b],
+                "steps": _step_peaks(story, step_windows),
+            }
+        )
+    return {"classes": classes, "saved": saved}
+
+
+def _where_of(story: MemoryStory, k: int) -> dict[str, str] | None:
+    if k < 0:
+        return None
+    storage = story.storages.get(k)
+    if storage is not None:
+        where = storage.where
+    else:  # the peak is reached by a free only when every event is a free: nothing ran
+        return None
+    return {"module": where.module, "phase": where.phase, "op": where.op}
+
+
+def _step_peaks(story: MemoryStory, windows: list[tuple[int, int]]) -> list[list[int]]:
+    """Per step window [start, end): [absolute peak, bytes allocated, net change]."""
+    if not windows:
+        return []
+    running = story.baseline.running(story)
+    out = []
+    for start, end in windows:
+        lo = int(np.searchsorted(story.ts, start, side="left"))
+        hi = int(np.searchsorted(story.ts, end, side="right"))
+        before = int(running[lo - 1]) if lo > 0 else story.baseline.total
+        if hi > lo:
+            window = story.nbytes[lo:hi]
+            out.append(
+                [max(before, int(running[lo:hi].max())), int(window[window > 0].sum()), int(window.sum())]
+            )
+        else:
+            out.append([before, 0, 0])
+    return out
+
+
+def saved_by_module(
+    snapshots: list[Snapshot],
+    keeper_of: Any,
+    parameter_addrs: set[int],
+) -> dict[str, dict[str, int]]:
+    """Bytes saved for backward per keeping module (the module of the op that saved them), each
+    storage once per module, split into activation, parameter and input."""
+    out: dict[str, dict[str, int]] = {}
+    for snapshot in snapshots:
+        if snapshot.kind != "forward":
+            continue
+        inputs = {e.addr for e in snapshot.entries if e.category == "input"}
+        seen: set[tuple[str, int]] = set()
+        for entry in snapshot.entries:
+            if entry.category != "activation":
+                continue
+            module = keeper_of(snapshot.tid, entry.seq)
+            if module is None or (module, entry.addr) in seen:
+                continue
+            seen.add((module, entry.addr))
+            kind = (
+                "parameter"
+                if entry.addr in parameter_addrs
+                else "input"
+                if entry.addr in inputs
+                else "activation"
+            )
+            figures = out.setdefault(module, {"activation": 0, "parameter": 0, "input": 0})
+            figures[kind] += entry.nbytes
+    return out
+
+
+def build_memory_report(
+    table: EventTable,
+    owners: np.ndarray,
+    order: np.ndarray,
+    bucket: np.ndarray,
+    buckets: Buckets,
+    catalog: list[ModuleInfo],
+    snapshots: list[Snapshot] | None,
+    step_spans: list[int],
+    parent: np.ndarray,
+) -> dict[str, Any]:
+    """``meta["memory"]``: baseline, peak and live-at-peak per device class, per-step peaks, and
+    tensors saved for backward per keeping module (the last only with the watch's snapshots)."""
+    snaps = snapshots or []
+    ts, dur = table.array("span_ts"), table.array("span_dur")
+    place = placement_of(table, bucket, buckets, catalog)
+    on_device = table.array("mem_on_device")
+    stories = [
+        MemoryStory(table, owners, device, snaps, place, bucket)
+        for device in (False, True)
+        if bool((on_device == device).any())
+    ]
+    steps = sorted(step_spans, key=lambda i: int(ts[i]))
+    windows = [(int(ts[i]), int(ts[i] + dur[i])) for i in steps]
+    ops = forward_ops(table, order)
+    by_seq: dict[int, int] = {}
+    for (_, seq), span in ops.items():
+        by_seq.setdefault(seq, span)
+
+    def keeper_of(tid: int, seq: int) -> str | None:
+        span = ops.get((tid, seq), by_seq.get(seq, -1) if tid < 0 else -1)
+        return None if span < 0 else place(span).module
+
+    parameter_addrs = {
+        e.addr for s in snaps if s.kind == "start" for e in s.entries if e.category == "parameter"
+    }
+    report = memory_report(stories, windows, saved_by_module(snaps, keeper_of, parameter_addrs))
+    report["watched"] = bool(snaps)
+    if table.out_of_memory:
+        report["out_of_memory"] = _out_of_memory(table, order, parent, place, stories)
+    report["addresses"] = bool(table.mem_ts) and bool(table.array("mem_addr").any())
+    return report
+
+
+def with_step_memory(steps: tuple[StepStats, ...], memory: dict[str, Any]) -> tuple[StepStats, ...]:
+    """The steps with their memory figures (the device's when it recorded any, else the CPU's)."""
+    classes = memory.get("classes") or []
+    if not classes or not steps:
+        return steps
+    watched = next((c for c in classes if c["device"]), classes[0])
+    figures = watched["steps"]
+    if len(figures) != len(steps):
+        return steps
+    return tuple(
+        replace(step, peak_bytes=peak, alloc_bytes=alloc, net_bytes=net)
+        for step, (peak, alloc, net) in zip(steps, figures, strict=True)
+    )
+
+
+def _out_of_memory(
+    table: EventTable, order: np.ndarray, parent: np.ndarray, place: Any, stories: list[MemoryStory]
+) -> list[dict[str, Any]]:
+    """Each refused allocation: what it asked for, where (innermost op, its module and phase), and
+    the memory live on its device class then (absolute, as the peak)."""
+    ooms = table.out_of_memory
+    owners = innermost_spans(
+        table,
+        order,
+        parent,
+        np.asarray([o.tid for o in ooms], dtype=np.int64),
+        np.asarray([o.ts for o in ooms], dtype=np.int64),
+    )
+    found = []
+    for oom, owner in zip(ooms, owners.tolist(), strict=True):
+        where = place(owner)
+        story = next((st for st in stories if st.on_device == oom.on_device), None)
+        live = None
+        if story is not None:
+            k = int(np.searchsorted(story.ts, oom.ts, side="right")) - 1
+            live = int(story.baseline.running(story)[k]) if k >= 0 else story.baseline.total
+        found.append(
+            {
+                "requested_bytes": oom.requested_bytes,
+                "device": oom.on_device,
+                "module": where.module,
+                "phase": where.phase,
+                "op": where.op,
+                "live_bytes": live,
+                "allocator_allocated_bytes": oom.allocated_bytes,
+                "ts_ns": oom.ts,
+            }
+        )
+    return found

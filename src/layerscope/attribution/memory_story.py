@@ -1,0 +1,235 @@
+"""The memory events of one device class paired into allocations (by address), each named after
+the snapshot entries seen at its address while it was live, and the baseline: what was live when the
+recording began.
+
+The baseline comes from the memory watch's snapshots (``capture/memory_watch.py``: parameters,
+buffers, gradients, optimizer state at the start; storages seen later that no allocation of the
+recording holds, such as inputs made before the block), from ``torch.cuda.memory_allocated()`` on
+CUDA, and from frees of memory allocated before the block (which only the CUDA allocator reports).
+On the CPU torch records no free of memory allocated before profiling began, so a baseline storage
+counts as freed when an allocation inside the block reuses its address (before that, it is live).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from layerscope.attribution.buckets import Buckets
+from layerscope.attribution.catalog import ModuleInfo
+from layerscope.events.memory_snapshots import Snapshot
+from layerscope.events.table import EventTable
+
+_NEVER = np.iinfo(np.int64).max
+#: Which category wins when one storage is seen as several (a parameter saved for backward).
+_PRIORITY = {"parameter": 0, "gradient": 1, "optimizer_state": 2, "input": 3, "activation": 4}
+BEFORE_BLOCK = "(before the block)"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an event ran: its owner span's module path (or label), phase and op name."""
+
+    module: str
+    phase: str
+    op: str
+
+
+@dataclass
+class _Storage:
+    """One allocation seen live: bytes, allocation time, free time, category, owner."""
+
+    nbytes: int
+    t_alloc: int
+    t_free: int
+    category: str
+    where: Placement
+
+
+class MemoryStory:
+    """The memory events of one device class paired into allocations, with snapshots placed on them.
+
+    ``place(span)`` gives the Placement of a span index (-1: outside every op).
+    """
+
+    def __init__(
+        self,
+        table: EventTable,
+        owners: np.ndarray,
+        on_device: bool,
+        snapshots: list[Snapshot],
+        place: Any,
+        bucket: np.ndarray,
+    ) -> None:
+        picked = np.flatnonzero(table.array("mem_on_device") == on_device)
+        ts = table.array("mem_ts")[picked]
+        by_time = picked[np.argsort(ts, kind="stable")]
+        self.ts = table.array("mem_ts")[by_time]
+        self.nbytes = table.array("mem_bytes")[by_time]
+        self.addr = table.array("mem_addr")[by_time]
+        self.owner = owners[by_time] if owners.size else np.full(by_time.size, -1)
+        self.on_device = on_device
+        self.free_at = self._pair_frees()
+        self.storages = self._allocations(place, bucket)
+        unmatched = self._categorise(snapshots)
+        self.baseline = _baseline(snapshots, unmatched, on_device, self)
+
+    def _pair_frees(self) -> np.ndarray:
+        """For each allocation (positive bytes), the index of the free of its address that follows
+        it (-1: never freed in the recording); frees map to -1."""
+        n = self.ts.size
+        free_at = np.full(n, -1, dtype=np.int64)
+        if not n:
+            return free_at
+        by_addr = np.lexsort((np.arange(n), self.addr))
+        same_next = self.addr[by_addr[1:]] == self.addr[by_addr[:-1]]
+        is_alloc = self.nbytes[by_addr[:-1]] > 0
+        next_is_free = self.nbytes[by_addr[1:]] < 0
+        pairs = np.flatnonzero(same_next & is_alloc & next_is_free & (self.addr[by_addr[:-1]] != 0))
+        free_at[by_addr[pairs]] = by_addr[pairs + 1]
+        return free_at
+
+    def _allocations(self, place: Any, bucket: np.ndarray) -> dict[int, _Storage]:
+        """Every allocation by event index; one freed by the work that allocated it (the same
+        module and phase, or the same unattributed entry) is temporary."""
+        found: dict[int, _Storage] = {}
+        owner_bucket = np.where(self.owner >= 0, bucket[np.maximum(self.owner, 0)], -1)
+        for i in np.flatnonzero(self.nbytes > 0).tolist():
+            j = int(self.free_at[i])
+            t_free = int(self.ts[j]) if j >= 0 else int(_NEVER)
+            temporary = j >= 0 and owner_bucket[i] >= 0 and owner_bucket[i] == owner_bucket[j]
+            category = "temporary" if temporary else "other"
+            found[i] = _Storage(
+                int(self.nbytes[i]), int(self.ts[i]), t_free, category, place(int(self.owner[i]))
+            )
+        return found
+
+    def _categorise(self, snapshots: list[Snapshot]) -> dict[int, tuple[int, str]]:
+        """Name each allocation after the snapshot entries at its address while it was live; return
+        the entries no allocation of the recording holds (storages from before it), by address."""
+        by_addr: dict[int, list[int]] = defaultdict(list)
+        for i in self.storages:
+            by_addr[int(self.addr[i])].append(i)
+        unmatched: dict[int, tuple[int, str]] = {}
+        for snapshot in snapshots:
+            for entry in snapshot.entries:
+                if entry.on_device != self.on_device:
+                    continue
+                for i in by_addr.get(entry.addr, ()):
+                    storage = self.storages[i]
+                    if storage.t_alloc <= snapshot.ts < storage.t_free:
+                        if _PRIORITY.get(entry.category, 9) < _PRIORITY.get(storage.category, 9):
+                            storage.category = entry.category
+                        break
+                else:
+                    known = unmatched.get(entry.addr)
+                    if known is None or _PRIORITY.get(entry.category, 9) < _PRIORITY.get(known[1], 9):
+                        unmatched[entry.addr] = (entry.nbytes, entry.category)
+        return unmatched
+
+    def peak(self) -> tuple[int, int]:
+        """(absolute peak bytes, index of the event that reached it; -1 when no event did)."""
+        if not self.ts.size:
+            return self.baseline.total, -1
+        running = self.baseline.running(self)
+        k = int(np.argmax(running))
+        return int(running[k]), k
+
+    def live_at(self, k: int) -> list[tuple[str, Placement, int]]:
+        """(category, placement, bytes) of every storage live just after event ``k``."""
+        rows: list[tuple[str, Placement, int]] = []
+        t = int(self.ts[k]) if k >= 0 else -1
+        for i, storage in self.storages.items():
+            if i <= k and (int(self.free_at[i]) < 0 or int(self.free_at[i]) > k):
+                rows.append((storage.category, storage.where, storage.nbytes))
+        for addr, (nbytes, category) in self.baseline.entries.items():
+            if self.baseline.freed_at.get(addr, _NEVER) > t:
+                rows.append((category, Placement(BEFORE_BLOCK, "", ""), nbytes))
+        unknown = self.baseline.unknown_live(t)
+        if unknown > 0:
+            rows.append(("other", Placement(BEFORE_BLOCK, "", ""), unknown))
+        return rows
+
+
+@dataclass
+class _Baseline:
+    """What was live when the recording began: known storages by address (bytes, category), bytes
+    the watch did not see (``unknown``), when each stopped being live (``freed_at``; ``silent``:
+    the frees no event shows, found by reuse of the address) and the frees of unknown bytes."""
+
+    entries: dict[int, tuple[int, str]]
+    unknown: int
+    freed_at: dict[int, int]
+    silent: set[int]
+    unknown_frees: list[tuple[int, int]]  # (time, bytes)
+
+    @property
+    def total(self) -> int:
+        return sum(nbytes for nbytes, _ in self.entries.values()) + self.unknown
+
+    def running(self, story: MemoryStory) -> np.ndarray:
+        """Live bytes just after each event: the baseline, plus the events, less silent frees."""
+        silent = np.zeros(story.ts.size, dtype=np.int64)
+        for addr in self.silent:
+            k = int(np.searchsorted(story.ts, self.freed_at[addr], side="left"))
+            if k < silent.size:
+                silent[k] += self.entries[addr][0]
+        return self.total + np.cumsum(story.nbytes) - np.cumsum(silent)
+
+    def unknown_live(self, t: int) -> int:
+        return self.unknown - sum(nbytes for ts, nbytes in self.unknown_frees if ts <= t)
+
+
+def _baseline(
+    snapshots: list[Snapshot], unmatched: dict[int, tuple[int, str]], on_device: bool, story: MemoryStory
+) -> _Baseline:
+    """Storages seen in snapshots that no allocation of the recording holds were live before it (the
+    start snapshot's, and inputs made before the block), plus what only frees reveal."""
+    start = next((s for s in snapshots if s.kind == "start"), None)
+    entries = dict(unmatched)
+    # Frees with no allocation before them: memory from before the block (the CUDA allocator
+    # reports these; the CPU one does not).
+    has_alloc = np.zeros(story.ts.size, dtype=bool)
+    has_alloc[story.free_at[story.free_at >= 0]] = True
+    freed_at: dict[int, int] = {}
+    unknown_frees: list[tuple[int, int]] = []
+    for k in np.flatnonzero((story.nbytes < 0) & ~has_alloc).tolist():
+        addr, t = int(story.addr[k]), int(story.ts[k])
+        if addr in entries:
+            freed_at.setdefault(addr, t)
+        else:
+            unknown_frees.append((t, -int(story.nbytes[k])))
+    # A baseline storage whose address an allocation reuses was freed by then, silently (the CPU).
+    silent: set[int] = set()
+    for k in np.flatnonzero(story.nbytes > 0).tolist():
+        addr = int(story.addr[k])
+        if addr in entries and addr not in freed_at:
+            freed_at[addr] = int(story.ts[k])
+            silent.add(addr)
+    baseline = _Baseline(entries, sum(b for _, b in unknown_frees), freed_at, silent, unknown_frees)
+    device_allocated = start.device_allocated if start is not None else None
+    if on_device and device_allocated is not None and device_allocated > baseline.total:
+        baseline.unknown += device_allocated - baseline.total
+    return baseline
+
+
+def placement_of(table: EventTable, bucket: np.ndarray, buckets: Buckets, catalog: list[ModuleInfo]) -> Any:
+    """A function from span index to its Placement (module path or label, phase, op name)."""
+    names = table.array("span_name")
+    cache: dict[int, Placement] = {}
+
+    def place(span: int) -> Placement:
+        if span < 0:
+            return Placement("(outside ops)", "", "")
+        found = cache.get(span)
+        if found is None:
+            b = int(bucket[span])
+            found = cache[span] = Placement(
+                buckets.where(b, catalog), str(buckets.phase_of(b)), table.names[int(names[span])]
+            )
+        return found
+
+    return place

@@ -1,0 +1,112 @@
+"""The windows whose running peaks become each bucket's peak.
+
+* Every entry into a bucket: a module call, a backward node, the outermost span of an unattributed
+  entry (the optimizer step, zero_grad, an op outside every module) — any CPU span whose parent is in
+  another bucket, or that has none. Steps are no entry: their peaks are the step table's.
+* Every module call's backward stretch: from the first to the last backward node made by an op inside
+  that call (its children's ops included), on the thread that ran them. A module's backward peak is
+  the running peak over that stretch, not the largest single node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from layerscope.attribution.buckets import Buckets
+from layerscope.attribution.nesting import forward_ops
+from layerscope.events.table import EventTable
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Time windows as columns: thread, start and end (ns), and the bucket each one's peak goes to."""
+
+    tid: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    bucket: np.ndarray
+
+
+def peak_windows(
+    table: EventTable,
+    order: np.ndarray,
+    parent: np.ndarray,
+    bucket: np.ndarray,
+    buckets: Buckets,
+    module_windows: list[int],
+    backward_windows: list[int],
+    step_spans: list[int],
+) -> Windows:
+    """Entries into buckets plus the backward stretch of every module call (module docstring)."""
+    ts, dur, tids = table.array("span_ts"), table.array("span_dur"), table.array("span_tid")
+    p = parent[order]
+    entry = (p < 0) | (bucket[np.maximum(p, 0)] != bucket[order])
+    entries = order[entry & (bucket[order] >= 0)]
+    if step_spans:
+        entries = entries[~np.isin(entries, np.asarray(step_spans, dtype=np.int64))]
+    s_tid, s_start, s_end, s_bucket = _backward_stretches(
+        table, order, parent, bucket, buckets, module_windows, backward_windows
+    )
+    return Windows(
+        tid=np.concatenate([tids[entries], s_tid]),
+        start=np.concatenate([ts[entries], s_start]),
+        end=np.concatenate([(ts + dur)[entries], s_end]),
+        bucket=np.concatenate([bucket[entries], s_bucket]),
+    )
+
+
+def _backward_stretches(
+    table: EventTable,
+    order: np.ndarray,
+    parent: np.ndarray,
+    bucket: np.ndarray,
+    buckets: Buckets,
+    module_windows: list[int],
+    backward_windows: list[int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    empty = np.zeros(0, dtype=np.int64)
+    if not module_windows or not backward_windows:
+        return empty, empty, empty, empty
+    ts, dur = table.array("span_ts"), table.array("span_dur")
+    seq, fwd_tid, tids = table.array("span_seq"), table.array("span_fwd_tid"), table.array("span_tid")
+    ops = forward_ops(table, order)
+    nodes = np.asarray(backward_windows, dtype=np.int64)
+    owner = np.array(
+        [
+            ops.get((int(f), int(q)), -1)
+            for f, q in zip(fwd_tid[nodes].tolist(), seq[nodes].tolist(), strict=True)
+        ],
+        dtype=np.int64,
+    )
+    nodes, cand = nodes[owner >= 0], owner[owner >= 0]
+    is_call = np.zeros(table.span_count, dtype=bool)
+    is_call[np.asarray(module_windows, dtype=np.int64)] = True
+    pair_call: list[np.ndarray] = []
+    pair_node: list[np.ndarray] = []
+    # Walk every node's forward op up through its ancestors at once, one nesting level per step,
+    # pairing the node with each module call on the way.
+    while cand.size:
+        hit = is_call[cand]
+        pair_call.append(cand[hit])
+        pair_node.append(nodes[hit])
+        up = parent[cand]
+        nodes, cand = nodes[up >= 0], up[up >= 0]
+    calls = np.concatenate(pair_call)
+    node_of = np.concatenate(pair_node)
+    if not calls.size:
+        return empty, empty, empty, empty
+    unique_calls, slot = np.unique(calls, return_inverse=True)
+    start = np.full(unique_calls.size, np.iinfo(np.int64).max, dtype=np.int64)
+    end = np.zeros(unique_calls.size, dtype=np.int64)
+    np.minimum.at(start, slot, ts[node_of])
+    np.maximum.at(end, slot, ts[node_of] + dur[node_of])
+    first_node = np.full(unique_calls.size, -1, dtype=np.int64)
+    first_node[slot[::-1]] = node_of[::-1]  # any node of the call: its thread ran the backward
+    backward_of = buckets.backward_of_forward()
+    stretch_bucket = np.array(
+        [backward_of.get(int(b), -1) for b in bucket[unique_calls].tolist()], dtype=np.int64
+    )
+    keep = stretch_bucket >= 0
+    return tids[first_node][keep], start[keep], end[keep], stretch_bucket[keep]

@@ -1,0 +1,240 @@
+"""What ``memory=True`` watches while the block runs, beyond torch's allocation events: which storages
+hold parameters, gradients, optimizer state, inputs and tensors saved for backward.
+
+torch's events say when bytes were allocated and freed, and inside which op; not what they hold. The
+watch takes snapshots, lists of (storage address, bytes, category), at points on torch's clock (a
+watch point in the native marks buffer when the native module is built, else ``time.time_ns()``,
+which can sit far from torch's clock: see docs/usage.md), and attribution matches each entry to the
+allocation live at that address then (``attribution/memory_peak.py``).
+
+Snapshots are taken at the start of each recording (what was live before torch saw anything: the
+baseline), after each call of the root module (the tensors its autograd graph saved for backward,
+each with the sequence number of the op that saved it, and the call's inputs), before each
+optimizer step (its gradients), after it (its state), and at the end of each recording. Nothing here
+keeps a tensor alive: snapshots hold addresses, and the graph walk reads saved tensors in place
+(torch's saved-tensor hooks would have to hold every saved output, which leaks graphs never run
+backward).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from layerscope.capture import native
+from layerscope.capture.module_marks import ModuleMarks
+from layerscope.events.memory_snapshots import Snapshot, StorageEntry
+
+
+@dataclass
+class MemoryWatch:
+    """Snapshots of the model's storages during one profiling block (see the module docstring)."""
+
+    model: nn.Module | None
+    marks: ModuleMarks | None = None  # the session's marks, or the watch's own (see start)
+    owns_marks: bool = False
+    snapshots: list[Snapshot] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
+    _marks_running: bool = False
+
+    @classmethod
+    def prepare(cls, model: nn.Module | None) -> MemoryWatch:
+        """A watch for ``model``, with the optimizers that already exist over its parameters found
+        now (a scan of every live object: done before the profiler starts, so it is not recorded)."""
+        return cls(model, optimizers=_optimizers_of(model))
+
+    def start(self, session_marks: ModuleMarks | None, stack: ExitStack) -> None:
+        """Start watching (inside the running profiler): the session's marks give snapshots their
+        time; without them, the watch runs marks of its own when the native module is built."""
+        self.marks = session_marks
+        if session_marks is None:
+            module = native.load()
+            if module is not None:
+                self.marks, self.owns_marks = ModuleMarks(module), True
+                self.marks.start()
+                self._marks_running = True
+                stack.callback(self.stop_marks)
+        self.install(stack)
+        self.snapshot_state("start")
+
+    def stop_marks(self) -> None:
+        """Stop the watch's own marks for good (their points stay for :meth:`take`)."""
+        if self.owns_marks and self._marks_running and self.marks is not None:
+            self.marks.stop()
+        self._marks_running = False
+        self.owns_marks = False
+
+    def install(self, stack: ExitStack) -> None:
+        """Hook the root module's calls and every optimizer step; undone by ``stack``."""
+        if self.model is not None:
+            handle = self.model.register_forward_hook(self._after_root_call, with_kwargs=True)
+            stack.callback(handle.remove)
+        pre = register_optimizer_step_pre_hook(self._before_step)
+        stack.callback(pre.remove)
+        post = register_optimizer_step_post_hook(self._after_step)
+        stack.callback(post.remove)
+
+    # ----- snapshot points ---------------------------------------------------------------------------
+    def snapshot_state(self, kind: str) -> None:
+        """Parameters, buffers, gradients and optimizer state as they are now (start and end)."""
+        self._guarded(kind, lambda: list(self._state_entries()), device=kind == "start")
+
+    def _after_root_call(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        self._guarded("forward", lambda: [*_saved_entries(output), *_input_entries(args, kwargs)])
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if optimizer not in self.optimizers:
+            self.optimizers.append(optimizer)
+        grads = (p.grad for group in optimizer.param_groups for p in group["params"])
+        self._guarded("optimizer_pre", lambda: list(_entries(grads, "gradient")))
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._guarded("optimizer_post", lambda: list(_entries(_state_tensors(optimizer), "optimizer_state")))
+
+    def _guarded(self, kind: str, take: Any, device: bool = False) -> None:
+        """Take one snapshot; a failure is recorded, never raised into the user's program."""
+        try:
+            snapshot = Snapshot(kind, take(), os_tid=threading.get_native_id())
+            if device and _cuda_in_use():
+                snapshot.device_allocated = sum(
+                    torch.cuda.memory_allocated(d) for d in range(torch.cuda.device_count())
+                )
+            if self.marks is not None:
+                self.marks.watch_point()
+            else:
+                snapshot.ts = time.time_ns()
+            self.snapshots.append(snapshot)
+        except Exception as exc:  # the watch must never break the block it watches
+            self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+
+    def _state_entries(self) -> Iterator[StorageEntry]:
+        if self.model is not None:
+            yield from _entries(self.model.parameters(), "parameter")
+            yield from _entries(self.model.buffers(), "parameter")
+            yield from _entries((p.grad for p in self.model.parameters()), "gradient")
+        for optimizer in self.optimizers:
+            yield from _entries(_state_tensors(optimizer), "optimizer_state")
+
+    # ----- results -----------------------------------------------------------------------------------
+    def take(self) -> list[Snapshot]:
+        """The snapshots taken since the last call, with torch-clock times once the marks have
+        stopped (the watch's own marks are stopped and restarted here, between cycles)."""
+        if self.marks is not None:
+            if self._marks_running:
+                self.marks.stop()
+            _place_on_marks(self.snapshots, self.marks.watch_points)
+            self.marks.watch_points.clear()
+            if self._marks_running:
+                self.marks.start()
+        taken, self.snapshots = self.snapshots, []
+        return taken
+
+
+def _cuda_in_use() -> bool:
+    return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
+def _place_on_marks(snapshots: list[Snapshot], points: dict[int, list[tuple[int, int]]]) -> None:
+    """Give each snapshot its watch point's time: the k-th snapshot of an OS thread is its k-th point."""
+    taken: dict[int, int] = {}
+    for snapshot in snapshots:
+        k = taken.get(snapshot.os_tid, 0)
+        found = points.get(snapshot.os_tid, [])
+        if k < len(found):
+            snapshot.tid, snapshot.ts = found[k]
+        taken[snapshot.os_tid] = k + 1
+
+
+def _entries(tensors: Iterable[Any], category: str, seq: int = -1) -> Iterator[StorageEntry]:
+    for tensor in tensors:
+        entry = _storage_entry(tensor, category, seq)
+        if entry is not None:
+            yield entry
+
+
+def _storage_entry(tensor: Any, category: str, seq: int = -1) -> StorageEntry | None:
+    if not isinstance(tensor, torch.Tensor) or tensor.is_sparse or tensor.device.type == "meta":
+        return None
+    try:
+        storage = tensor.untyped_storage()
+        addr, nbytes = storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # tensor subclasses and wrappers without a storage
+        return None
+    if not addr or not nbytes:
+        return None
+    return StorageEntry(addr, nbytes, category, tensor.device.type != "cpu", seq)
+
+
+def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[Any]:
+    for state in optimizer.state.values():
+        if isinstance(state, dict):
+            yield from state.values()
+
+
+def _input_entries(args: Any, kwargs: Any) -> Iterator[StorageEntry]:
+    leaves, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+    yield from _entries(leaves, "input")
+
+
+def _saved_entries(output: Any) -> Iterator[StorageEntry]:
+    """The tensors the autograd graph behind ``output`` saved for backward, read in place: each
+    node's ``_saved_*`` attributes (C++ nodes) or ``saved_tensors`` (custom Functions)."""
+    leaves, _ = torch.utils._pytree.tree_flatten(output)
+    pending: list[Any] = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[int] = set()
+    keep_alive = []  # ids stay unique while the walk holds the nodes
+    while pending:
+        node = pending.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        keep_alive.append(node)
+        seq = node._sequence_nr() if hasattr(node, "_sequence_nr") else -1
+        for saved in _saved_of(node):
+            yield from _entries(saved, "activation", seq)
+        pending.extend(next_node for next_node, _ in node.next_functions)
+
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_of(node: Any) -> Iterator[list[Any]]:
+    names = _SAVED_NAMES.get(type(node))
+    if names is None:
+        names = tuple(n for n in dir(node) if n.startswith("_saved_"))
+        _SAVED_NAMES[type(node)] = names
+    for name in names:
+        try:
+            value = getattr(node, name)
+        except RuntimeError:  # already freed (a graph run backward before)
+            continue
+        yield list(value) if isinstance(value, tuple | list) else [value]
+    if hasattr(node, "saved_tensors"):  # a custom autograd.Function's node
+        with suppress(RuntimeError):
+            yield list(node.saved_tensors)
+
+
+def _optimizers_of(model: nn.Module | None) -> list[torch.optim.Optimizer]:
+    """The optimizers that already exist over the model's parameters (their state is live before
+    the block; those created later are found at their first step)."""
+    if model is None:
+        return []
+    params = {id(p) for p in model.parameters()}
+    if not params:
+        return []
+    return [
+        obj
+        for obj in gc.get_objects()
+        if issubclass(type(obj), torch.optim.Optimizer)  # type(): some objects warn on __class__
+        and any(id(p) in params for group in obj.param_groups for p in group["params"])
+    ]

@@ -8,6 +8,7 @@ leaving the profiler and post-processing are not (post-processing is benchmarks/
     python benchmarks/overhead.py [--rounds 7] [--steps 3]
     python benchmarks/overhead.py --only calls     # µs per module call, within one profiler session
     python benchmarks/overhead.py --device cuda    # the same on a GPU (steps end with a synchronize)
+    python benchmarks/overhead.py --memory         # both profilers record memory (profile_memory)
 
 Ratios: of the median step times, of the fastest rounds, and the median of the per-round ratios
 (every configuration runs once per round, back to back: the paired ratio resists the VM's drift).
@@ -71,19 +72,22 @@ def timed_steps(
     return elapsed / steps
 
 
-def measure_on(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: int) -> dict[str, Any]:
-    # layerscope passes torch these flags: record_shapes (for shapes and FLOPs) and, without
-    # memory, profile_all_threads. torch.profiler gets exactly the same.
-    probe = ls.profile(model)
+def measure_on(
+    name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: int, memory: bool = False
+) -> dict[str, Any]:
+    # layerscope passes torch these flags: record_shapes (for shapes and FLOPs), profile_memory with
+    # memory and, without it, profile_all_threads. torch.profiler gets exactly the same.
+    probe = ls.profile(model, memory=memory)
     torch_kwargs: dict[str, Any] = {
         "activities": probe.options.activities,
         "record_shapes": True,
+        "profile_memory": memory,
         **probe.profiler_kwargs,
     }
     configs: dict[str, Callable[[], AbstractContextManager[Any]]] = {
         "plain": nullcontext,
         "torch.profiler": lambda: torch.profiler.profile(**torch_kwargs),
-        "layerscope": lambda: ls.profile(model),
+        "layerscope": lambda: ls.profile(model, memory=memory),
     }
     for make in configs.values():  # warm-up every path once
         timed_steps(model, x, 1, make)
@@ -107,6 +111,7 @@ def measure_on(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps:
     calls = sum(1 for _ in model.modules())  # one call per module per step
     return {
         "model": name,
+        "memory": memory,
         "step_ms": {k: round(v * 1000, 3) for k, v in median.items()},
         "min_step_ms": {k: round(v * 1000, 3) for k, v in fastest.items()},
         "torch_vs_plain": round(median["torch.profiler"] / median["plain"], 3),
@@ -227,12 +232,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--only", choices=("resnet", "tiny", "mlp", "calls"), help="run one workload")
     parser.add_argument("--device", default="cpu", help="where the step workloads run (cpu, cuda)")
+    parser.add_argument("--memory", action="store_true", help="both profilers record memory")
     args = parser.parse_args()
     torch.manual_seed(0)
     device = torch.device(args.device)
 
     def measure(name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: int) -> dict[str, Any]:
-        return measure_on(name, model.to(device), x.to(device), rounds, steps)
+        return measure_on(name, model.to(device), x.to(device), rounds, steps, args.memory)
 
     workloads = {
         "resnet": lambda: measure(

@@ -133,11 +133,11 @@ def test_tree_columns_declare_the_drop_order(profile) -> None:  # type: ignore[n
     [
         (
             300,
-            "Module Type Calls Fwd_self Fwd_total Bwd_self Bwd_total Fwd_device Bwd_device Alloc Net_alloc "
-            "Peak FLOPs FLOP/s MFU Params Share",
+            "Module Type Calls Fwd_self Fwd_total Bwd_self Bwd_total Fwd_device Bwd_device Alloc_f+b Fwd_net "
+            "Peak_f/b FLOPs FLOP/s MFU Params Share",
         ),
-        (120, "Module Type Calls Fwd_total Bwd_total Fwd_device Bwd_device Alloc FLOPs Share"),
-        (100, "Module Fwd_total Bwd_total Fwd_device Bwd_device Alloc FLOPs Share"),
+        (120, "Module Type Calls Fwd_total Bwd_total Fwd_device Bwd_device Alloc_f+b FLOPs Share"),
+        (100, "Module Fwd_total Bwd_total Fwd_device Bwd_device Alloc_f+b Share"),
         (80, "Module Fwd_total Bwd_total Fwd_device Share"),
     ],
 )

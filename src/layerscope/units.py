@@ -16,11 +16,17 @@ def fmt_time_us(us: float) -> str:
 
 
 def fmt_bytes(n: float) -> str:
-    """``512 B``, ``1.5 KiB``, ``12.0 MiB``, ``3.21 GiB`` (negative for net frees); empty for zero."""
+    """``512 B``, ``1.5 KiB``, ``12.0 MiB``, ``3.21 GiB``, up to PiB (negative for net frees); empty for 0."""
     if n == 0:
         return ""
     a = abs(n)
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, size in (
+        ("PiB", 1 << 50),
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ):
         if a >= size:
             value = n / size
             return f"{value:.2f} {unit}" if abs(value) < 10 else f"{value:.1f} {unit}"

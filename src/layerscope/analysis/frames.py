@@ -29,7 +29,7 @@ from layerscope.errors import UsageError
 from layerscope.model.metrics import FIELD_NAMES, Metrics
 from layerscope.model.profile import ModuleNode, Profile
 
-TABLES = ("modules", "ops", "unattributed", "steps", "streams", "device_steps", "copies")
+TABLES = ("modules", "ops", "unattributed", "steps", "memory_peak", "streams", "device_steps", "copies")
 
 
 def achieved_flops_per_s(metrics: Metrics) -> float | None:
@@ -102,8 +102,17 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
                 "device_us": s.device_us,
                 "forward_us": s.forward_us,
                 "backward_us": s.backward_us,
+                "peak_bytes": s.peak_bytes,
+                "alloc_bytes": s.alloc_bytes,
+                "net_bytes": s.net_bytes,
             }
             for s in profile.steps
+        ]
+    if table == "memory_peak":
+        at_peak = profile.memory_at_peak()
+        return [
+            {"category": r.category, "module": r.module, "phase": r.phase, "bytes": r.bytes}
+            for r in at_peak.rows
         ]
     if table in ("streams", "device_steps", "copies"):
         device = profile.meta.get("device")

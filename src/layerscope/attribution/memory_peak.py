@@ -29,12 +29,13 @@ def memory_report(
     for story in stories:
         peak, k = story.peak()
         rows: dict[tuple[str, str, str], int] = defaultdict(int)
-        for category, where, nbytes in story.live_at(k):
+        for category, where, nbytes in story.live_at(k, peak):
             rows[(category, where.module, where.phase)] += nbytes
         peak_where = _where_of(story, k)
         classes.append(
             {
                 "device": story.on_device,
+                "addressed": story.addressed,
                 "baseline_bytes": story.baseline.total,
                 "peak_bytes": peak,
                 "peak_ts_ns": int(story.ts[k]) if k >= 0 else None,
@@ -140,13 +141,19 @@ def build_memory_report(
 
     def keeper_of(tid: int, seq: int) -> str | None:
         span = ops.get((tid, seq), by_seq.get(seq, -1) if tid < 0 else -1)
-        return None if span < 0 else place(span).module
+        if span < 0 or not buckets.is_module(int(bucket[span])):
+            return None  # saved outside every module (a loss computed in the block)
+        return str(place(span).module)
 
     parameter_addrs = {
         e.addr for s in snaps if s.kind == "start" for e in s.entries if e.category == "parameter"
     }
     report = memory_report(stories, windows, saved_by_module(snaps, keeper_of, parameter_addrs))
     report["watched"] = bool(snaps)
+    if order.size:
+        report["start_ns"] = int(ts[order].min())
+    elif table.mem_ts:
+        report["start_ns"] = int(min(table.mem_ts))
     if table.out_of_memory:
         report["out_of_memory"] = _out_of_memory(table, order, parent, place, stories)
     report["addresses"] = bool(table.mem_ts) and bool(table.array("mem_addr").any())

@@ -22,11 +22,11 @@ from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.events.memory_snapshots import Snapshot
 from layerscope.events.table import EventTable
+from layerscope.model.memory_view import BEFORE_BLOCK, UNPAIRED
 
 _NEVER = np.iinfo(np.int64).max
 #: Which category wins when one storage is seen as several (a parameter saved for backward).
 _PRIORITY = {"parameter": 0, "gradient": 1, "optimizer_state": 2, "input": 3, "activation": 4}
-BEFORE_BLOCK = "(before the block)"
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ class MemoryStory:
         self.addr = table.array("mem_addr")[by_time]
         self.owner = owners[by_time] if owners.size else np.full(by_time.size, -1)
         self.on_device = on_device
+        #: Whether every event has an address (else nothing is paired: see ``live_at``).
+        self.addressed = bool(self.addr.size) and bool((self.addr != 0).all())
         self.free_at = self._pair_frees()
         self.storages = self._allocations(place, bucket)
         unmatched = self._categorise(snapshots)
@@ -82,7 +84,7 @@ class MemoryStory:
         it (-1: never freed in the recording); frees map to -1."""
         n = self.ts.size
         free_at = np.full(n, -1, dtype=np.int64)
-        if not n:
+        if not n or not self.addressed:
             return free_at
         by_addr = np.lexsort((np.arange(n), self.addr))
         same_next = self.addr[by_addr[1:]] == self.addr[by_addr[:-1]]
@@ -96,7 +98,11 @@ class MemoryStory:
         """Every allocation by event index; one freed by the work that allocated it (the same
         module and phase, or the same unattributed entry) is temporary."""
         found: dict[int, _Storage] = {}
-        owner_bucket = np.where(self.owner >= 0, bucket[np.maximum(self.owner, 0)], -1)
+        if not self.addressed:
+            return found
+        owner_bucket = np.full(self.owner.size, -1, dtype=np.int64)
+        owned = self.owner >= 0
+        owner_bucket[owned] = bucket[self.owner[owned]]
         for i in np.flatnonzero(self.nbytes > 0).tolist():
             j = int(self.free_at[i])
             t_free = int(self.ts[j]) if j >= 0 else int(_NEVER)
@@ -131,15 +137,18 @@ class MemoryStory:
         return unmatched
 
     def peak(self) -> tuple[int, int]:
-        """(absolute peak bytes, index of the event that reached it; -1 when no event did)."""
+        """(absolute peak bytes, index of the event that reached it; -1: before any event)."""
         if not self.ts.size:
             return self.baseline.total, -1
         running = self.baseline.running(self)
         k = int(np.argmax(running))
+        if running[k] <= self.baseline.total:
+            return self.baseline.total, -1
         return int(running[k]), k
 
-    def live_at(self, k: int) -> list[tuple[str, Placement, int]]:
-        """(category, placement, bytes) of every storage live just after event ``k``."""
+    def live_at(self, k: int, peak: int) -> list[tuple[str, Placement, int]]:
+        """(category, placement, bytes) of every storage live just after event ``k`` (-1: before
+        the first), which add up to ``peak``, the live total then."""
         rows: list[tuple[str, Placement, int]] = []
         t = int(self.ts[k]) if k >= 0 else -1
         for i, storage in self.storages.items():
@@ -151,6 +160,9 @@ class MemoryStory:
         unknown = self.baseline.unknown_live(t)
         if unknown > 0:
             rows.append(("other", Placement(BEFORE_BLOCK, "", ""), unknown))
+        rest = peak - sum(nbytes for _, _, nbytes in rows)
+        if rest:  # events without addresses (a trace that lacks them) cannot be told apart
+            rows.append(("other", Placement(UNPAIRED, "", ""), rest))
         return rows
 
 
@@ -196,7 +208,8 @@ def _baseline(
     has_alloc[story.free_at[story.free_at >= 0]] = True
     freed_at: dict[int, int] = {}
     unknown_frees: list[tuple[int, int]] = []
-    for k in np.flatnonzero((story.nbytes < 0) & ~has_alloc).tolist():
+    orphans = np.flatnonzero((story.nbytes < 0) & ~has_alloc) if story.addressed else np.zeros(0, np.int64)
+    for k in orphans.tolist():
         addr, t = int(story.addr[k]), int(story.ts[k])
         if addr in entries:
             freed_at.setdefault(addr, t)
@@ -204,7 +217,7 @@ def _baseline(
             unknown_frees.append((t, -int(story.nbytes[k])))
     # A baseline storage whose address an allocation reuses was freed by then, silently (the CPU).
     silent: set[int] = set()
-    for k in np.flatnonzero(story.nbytes > 0).tolist():
+    for k in np.flatnonzero(story.nbytes > 0).tolist() if story.addressed else []:
         addr = int(story.addr[k])
         if addr in entries and addr not in freed_at:
             freed_at[addr] = int(story.ts[k])

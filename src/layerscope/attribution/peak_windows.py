@@ -93,6 +93,8 @@ def _backward_stretches(
         pair_node.append(nodes[hit])
         up = parent[cand]
         nodes, cand = nodes[up >= 0], up[up >= 0]
+    if not pair_call:
+        return empty, empty, empty, empty
     calls = np.concatenate(pair_call)
     node_of = np.concatenate(pair_node)
     if not calls.size:

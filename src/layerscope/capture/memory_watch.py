@@ -127,8 +127,9 @@ class MemoryWatch:
 
     # ----- results -----------------------------------------------------------------------------------
     def take(self) -> list[Snapshot]:
-        """The snapshots taken since the last call, with torch-clock times once the marks have
-        stopped (the watch's own marks are stopped and restarted here, between cycles)."""
+        """The snapshots of the recording that just ended (from its start snapshot on), with
+        torch-clock times once the marks have stopped (the watch's own marks are stopped and
+        restarted here, between cycles)."""
         if self.marks is not None:
             if self._marks_running:
                 self.marks.stop()
@@ -137,7 +138,10 @@ class MemoryWatch:
             if self._marks_running:
                 self.marks.start()
         taken, self.snapshots = self.snapshots, []
-        return taken
+        # Snapshots of steps a schedule did not record describe memory this recording never saw:
+        # the recording's own begin with its last start snapshot.
+        starts = [k for k, snapshot in enumerate(taken) if snapshot.kind == "start"]
+        return taken[starts[-1] :] if starts else taken
 
 
 def _cuda_in_use() -> bool:

@@ -33,6 +33,18 @@ def register(sub: Any) -> None:
         action="store_true",
         help="print how each module's calls were scoped (mechanism, clock, reason) instead of the tree",
     )
+    parser.add_argument(
+        "--memory-peak",
+        action="store_true",
+        help="print what was live at the peak of memory (by category and module) and what each "
+        "module saved for backward, instead of the tree",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "device"),
+        help="with --memory-peak: the CPU's or the accelerator's memory (default: the accelerator's "
+        "when it recorded any)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -45,6 +57,13 @@ def run(args: argparse.Namespace) -> int:
         from layerscope.render.scope_table import scope_table
 
         make_console().print(scope_table(profile, ascii_only=True if args.ascii else None))
+        return 0
+    if args.memory_peak:
+        from layerscope.render.console import make_console
+        from layerscope.render.memory_table import memory_peak_table
+
+        table = memory_peak_table(profile.memory_at_peak(args.device), ascii_only=bool(args.ascii))
+        make_console().print(table)
         return 0
     note_missing_modules(profile)
     print_profile(profile, args)

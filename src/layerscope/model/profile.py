@@ -13,6 +13,8 @@ from layerscope.model.metrics import ZERO, Metrics
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from layerscope.model.memory_view import MemoryAtPeak
+
 SCHEMA_VERSION = 1
 
 #: The name torch gives the range of each training step (``ProfilerStep#12``): a step, never an op.
@@ -221,11 +223,21 @@ class Profile:
     def to_pandas(self, table: str = "modules") -> Any:
         """One table as a ``pandas.DataFrame``: ``"modules"`` (one row per module, ``{phase}_{metric}``
         columns such as ``forward_self_cpu_us`` and achieved ``{phase}_flops_per_s``), ``"ops"``,
-        ``"unattributed"``, ``"steps"``, or from a trace's device report ``"streams"``,
+        ``"unattributed"``, ``"steps"``, ``"memory_peak"`` (what was live at the peak, see
+        :meth:`memory_at_peak`), or from a trace's device report ``"streams"``,
         ``"device_steps"``, ``"copies"``. Needs pandas (imported here, not before)."""
         from layerscope.analysis.frames import to_pandas
 
         return to_pandas(self, table)
+
+    def memory_at_peak(self, device: str | bool | None = None) -> MemoryAtPeak:
+        """What was live at the highest point of memory: ``total_bytes`` (absolute, what was live
+        before the block included), ``baseline_bytes``, ``time_us``, ``where`` (module, phase, op)
+        and ``rows`` (category, module, phase, bytes). ``device`` None picks the accelerator's when
+        it recorded memory, else the CPU's."""
+        from layerscope.model.memory_view import memory_at_peak
+
+        return memory_at_peak(self.meta, device)
 
     def validate(self) -> None:
         """Raise :class:`layerscope.errors.ValidationError` if any invariant is broken."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from layerscope.errors import ValidationError
+from layerscope.model.memory_view import UNPAIRED
 from layerscope.model.metrics import ADDITIVE_PAIRS, PEAK_FIELDS, Metrics
 from layerscope.model.profile import ModuleNode, Profile
 
@@ -29,7 +30,10 @@ def validate_profile(profile: Profile) -> None:
     5. op rows: per (module, phase) their self CPU fits inside the module's self CPU and their FLOPs
        equal the module's self FLOPs; over the whole run op FLOPs equal total FLOPs;
     6. steps: no negative figure, and the steps (disjoint windows) hold no more CPU or device time
-       than the whole run.
+       than the whole run;
+    7. memory: the run's absolute peak is at least what was live before it; where events carry
+       addresses, the allocations and baseline storages live at the peak add up to it; no step's
+       peak above the run's.
     """
     errors: list[str] = []
     seen: set[str] = set()
@@ -69,6 +73,7 @@ def validate_profile(profile: Profile) -> None:
             )
     _check_op_rows(profile, errors)
     _check_steps(profile, errors)
+    _check_memory(profile, errors)
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ValidationError(f"profile invariant broken: {errors[0]}{more}")
@@ -143,3 +148,20 @@ def _check_steps(profile: Profile, errors: list[str]) -> None:
         whole = getattr(profile.totals, name)
         if in_steps > whole + max(_TIME_TOLERANCE_US, 1e-9 * whole):
             errors.append(f"steps hold {name}={in_steps!r}, more than the run's {whole!r}")
+
+
+def _check_memory(profile: Profile, errors: list[str]) -> None:
+    memory = profile.meta.get("memory")
+    if not isinstance(memory, dict):
+        return
+    for figures in memory.get("classes") or []:
+        what = "device" if figures["device"] else "CPU"
+        peak, baseline = figures["peak_bytes"], figures["baseline_bytes"]
+        if peak < baseline or baseline < 0:
+            errors.append(f"{what} memory peak {peak} below what was live before the block ({baseline})")
+        live = sum(row[3] for row in figures["rows"] if row[1] != UNPAIRED or not figures.get("addressed"))
+        if live != peak:  # with addresses, every live byte is an allocation or a baseline storage
+            errors.append(f"{what} memory live at the peak adds up to {live}, not the peak's {peak}")
+        for k, (step_peak, _alloc, _net) in enumerate(figures.get("steps") or []):
+            if step_peak > peak:
+                errors.append(f"{what} memory: step {k}'s peak {step_peak} above the run's {peak}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.text import Text
 
@@ -34,6 +35,15 @@ class TreeView:
     steps: int
     per_step: bool
     spread: dict[str, Spread] = field(default_factory=dict)
+    #: Bytes saved for backward by each module and its children (memory watch), by path.
+    saved: dict[str, int] = field(default_factory=dict)
+
+    def saved_cell(self, path: str | None) -> str:
+        """The "Saved" cell: tensors the module's ops saved for backward, per step when the table is."""
+        found = self.saved.get(path) if path is not None else None
+        if not found:
+            return ""
+        return fmt_bytes(found / self.steps if self.per_step else found)
 
     def spread_cell(self, path: str | None) -> str:
         """The "± step" cell: the relative standard deviation of the module's time across steps."""
@@ -74,33 +84,34 @@ def tree_columns(v: TreeView) -> tuple[Column[TreeRow], ...]:
     """The tree table's columns; ``drop`` ranks which leave first when the terminal is narrow."""
     return (
         Column("module", "Module", lambda r: r.label, justify="left"),
-        Column("type", "Type", lambda r: r.type_name, justify="left", style="cyan", drop=8),
-        Column("calls", "Calls", lambda r: r.calls, drop=9),
-        Column("fwd_self", "Fwd self", lambda r: fmt_time_us(r.fwd.self_cpu_us), drop=5),
+        Column("type", "Type", lambda r: r.type_name, justify="left", style="cyan", drop=9),
+        Column("calls", "Calls", lambda r: r.calls, drop=10),
+        Column("fwd_self", "Fwd self", lambda r: fmt_time_us(r.fwd.self_cpu_us), drop=6),
         Column("fwd_total", "Fwd total", lambda r: fmt_time_us(r.fwd.cpu_us)),
-        Column("bwd_self", "Bwd self", lambda r: fmt_time_us(r.bwd.self_cpu_us), drop=6),
+        Column("bwd_self", "Bwd self", lambda r: fmt_time_us(r.bwd.self_cpu_us), drop=7),
         Column("bwd_total", "Bwd total", lambda r: fmt_time_us(r.bwd.cpu_us)),
-        Column("fwd_device", "Fwd device", lambda r: fmt_time_us(r.fwd.device_us), drop=13, shown=v.device),
-        Column("bwd_device", "Bwd device", lambda r: fmt_time_us(r.bwd.device_us), drop=12, shown=v.device),
+        Column("fwd_device", "Fwd device", lambda r: fmt_time_us(r.fwd.device_us), drop=14, shown=v.device),
+        Column("bwd_device", "Bwd device", lambda r: fmt_time_us(r.bwd.device_us), drop=13, shown=v.device),
         Column(
             "alloc",
-            "Alloc",
+            "Alloc f+b",
             lambda r: fmt_bytes(r.both.cpu_alloc_bytes + r.both.device_alloc_bytes),
-            drop=11,
+            drop=12,
             shown=v.memory,
         ),
-        Column("net_alloc", "Net alloc", lambda r: fmt_bytes(r.fwd.retained_bytes), drop=4, shown=v.memory),
+        Column("net_alloc", "Fwd net", lambda r: fmt_bytes(r.fwd.retained_bytes), drop=5, shown=v.memory),
+        Column("saved", "Saved", lambda r: v.saved_cell(r.path), drop=1, shown=v.memory and bool(v.saved)),
         Column(
             "peak",
-            "Peak",
+            "Peak f/b",
             lambda r: fmt_bytes(max(r.both.cpu_peak_bytes, r.both.device_peak_bytes)),
-            drop=7,
+            drop=8,
             shown=v.memory,
         ),
-        Column("flops", "FLOPs", lambda r: fmt_si(r.both.flops), drop=10, shown=v.flops),
-        Column("flop_rate", "FLOP/s", lambda r: _flop_rate(r.both), drop=1, shown=v.flops),
-        Column("mfu", "MFU", lambda r: v.mfu_cell(r.both), drop=2, shown=v.flops and bool(v.peak_rate)),
-        Column("params", "Params", lambda r: r.params, drop=3),
+        Column("flops", "FLOPs", lambda r: fmt_si(r.both.flops), drop=11, shown=v.flops),
+        Column("flop_rate", "FLOP/s", lambda r: _flop_rate(r.both), drop=2, shown=v.flops),
+        Column("mfu", "MFU", lambda r: v.mfu_cell(r.both), drop=3, shown=v.flops and bool(v.peak_rate)),
+        Column("params", "Params", lambda r: r.params, drop=4),
         Column("share", "Share", lambda r: r.share, style="bold"),
         Column("step_spread", "± step", lambda r: v.spread_cell(r.path), shown=v.per_step),
     )
@@ -140,7 +151,24 @@ def tree_view(view: Profile, per_step: bool | None, peak_tflops: float | None) -
         steps=steps,
         per_step=per_step,
         spread=module_spread(view) if per_step else {},
+        saved=_saved_inclusive(view.meta),
     )
+
+
+def _saved_inclusive(meta: dict[str, Any]) -> dict[str, int]:
+    """Saved-for-backward bytes per module path, each module's own plus its children's."""
+    memory = meta.get("memory")
+    own = memory.get("saved") if isinstance(memory, dict) else None
+    if not isinstance(own, dict):
+        return {}
+    out: dict[str, int] = {}
+    for path, figures in own.items():
+        nbytes = sum(int(v) for v in figures.values())
+        parts = path.split(".") if path else []
+        for k in range(len(parts) + 1):
+            ancestor = ".".join(parts[:k])
+            out[ancestor] = out.get(ancestor, 0) + nbytes
+    return out
 
 
 def _op_phase(r: OpStats) -> str:

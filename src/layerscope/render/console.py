@@ -10,6 +10,7 @@ import io
 import os
 import shutil
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import IO
 
 from rich.console import Console, Group, RenderableType
@@ -28,8 +29,9 @@ from layerscope.render.columns import (
     tree_row,
     tree_view,
 )
+from layerscope.render.memory_notes import memory_notes
 from layerscope.render.table_fit import FittedTable, wants_ascii
-from layerscope.units import fmt_si, fmt_time_us
+from layerscope.units import fmt_bytes, fmt_si, fmt_time_us
 
 TREE_SORT_KEYS = ("execution", *FIELD_NAMES, "calls", "params")
 
@@ -103,8 +105,23 @@ def _tree_sections(
     total_fwd, total_bwd = view.root.forward, view.root.backward
     for _, f, b, _calls in entries:
         total_fwd, total_bwd = total_fwd.merged(f), total_bwd.merged(b)
-    total = tree_row(v, Text("total", style="bold"), "", "", total_fwd, total_bwd)
+    total = _block_memory(view, v, tree_row(v, Text("total", style="bold"), "", "", total_fwd, total_bwd))
     return [body, extra, [total]]
+
+
+def _block_memory(view: Profile, v: TreeView, total: TreeRow) -> TreeRow:
+    """The total row's memory is the block's: its net change, and its absolute peak of live memory
+    (what was live before it included) where the profile has one."""
+    if not v.memory:
+        return total
+    net = view.totals.retained_bytes / v.steps if v.per_step else view.totals.retained_bytes
+    fwd = replace(total.fwd, retained_bytes=round(net))
+    both = total.both
+    if isinstance(view.meta.get("memory"), dict):
+        both = replace(
+            both, cpu_peak_bytes=view.totals.cpu_peak_bytes, device_peak_bytes=view.totals.device_peak_bytes
+        )
+    return replace(total, fwd=fwd, both=both)
 
 
 def tree_table(
@@ -147,9 +164,11 @@ def tree_table(
         caption=folded_note,
     )
     title = _title(view, v.per_step)
+    notes = memory_notes(profile.meta)
     if ascii_only:
         title = title.replace("·", "|").replace("µ", "u")
-    return Group(Text(title, style="bold"), table)
+        notes = [n.replace("µ", "u") for n in notes]
+    return Group(Text(title, style="bold"), table, *(Text(n, style="bold red") for n in notes))
 
 
 def _merge_unattributed(profile: Profile) -> list[tuple[str, Metrics, Metrics, int]]:
@@ -177,6 +196,11 @@ def _title(profile: Profile, per_step: bool = False) -> str:
         parts.append(f"device {fmt_time_us(profile.totals.device_us)}")
     if profile.totals.flops:
         parts.append(f"{fmt_si(profile.totals.flops)}FLOPs")
+    memory = meta.get("memory")
+    if isinstance(memory, dict) and memory.get("classes"):
+        watched = next((c for c in memory["classes"] if c["device"]), memory["classes"][0])
+        where = "device" if watched["device"] else "CPU"
+        parts.append(f"{where} peak live {fmt_bytes(watched['peak_bytes'])}")
     if per_step:
         parts.append(f"mean per step of {len(profile.steps)} steps")
     elif len(profile.steps) > 1:

@@ -111,3 +111,41 @@ def test_native_reader_reads_device_captures_as_the_bindings_do(memory: bool) ->
         assert getattr(found, column) == getattr(expected, column), column
     assert int(EventKind.KERNEL) in set(expected.span_kind)
     assert any(expected.mem_on_device) == memory
+
+
+def test_device_memory_peak_is_absolute_and_categorised() -> None:
+    """On the caching allocator: the baseline is torch.cuda.memory_allocated() at the start, the
+    peak matches the allocator's own max_memory_allocated over the block, parameters and gradients
+    are named, and a refused allocation names its module and size."""
+    model = tiny_resnet().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(4, 3, 64, 64, device="cuda")
+    model(x).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with ls.profile(model, memory=True) as prof:
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        torch.cuda.synchronize()
+    p = prof.profile
+    p.validate()
+    at_peak = p.memory_at_peak("device")
+    assert at_peak.device and at_peak.baseline_bytes == before
+    assert at_peak.total_bytes == torch.cuda.max_memory_allocated()
+    params = sum(t.numel() * t.element_size() for t in model.parameters())
+    categories = at_peak.by_category()
+    assert categories["parameter"] >= params and categories["optimizer_state"] >= params
+
+    class Greedy(torch.nn.Module):
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return t + torch.empty(2**50, dtype=torch.uint8, device="cuda").sum()
+
+    greedy = torch.nn.Sequential(torch.nn.Linear(8, 8), Greedy()).cuda()
+    with pytest.raises(torch.OutOfMemoryError), ls.profile(greedy, memory=True) as failing:
+        greedy(torch.randn(2, 8, device="cuda"))
+    (oom,) = failing.profile.meta["memory"]["out_of_memory"]
+    assert oom["device"] and oom["requested_bytes"] >= 2**50 and oom["module"] == "1"

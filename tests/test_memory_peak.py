@@ -251,3 +251,26 @@ def test_profiles_without_memory_say_so() -> None:
         model(torch.randn(1, 2))
     with pytest.raises(ls.LayerscopeError, match="memory=True"):
         prof.profile.memory_at_peak()
+
+
+def test_a_real_gpu_traces_peak_is_the_allocators_own() -> None:
+    """An H100 trace (benchmarks/gpu_traces.py, memory_block): what the allocator held before the
+    first event plus the running total gives the highest "Total Allocated" torch recorded."""
+    profile = ls.load(Path(__file__).parent / "fixtures" / "gpu" / "memory_block.json.gz")
+    profile.validate()
+    at_peak = profile.memory_at_peak()
+    assert at_peak.device and not at_peak.categorised
+    assert at_peak.total_bytes == profile.meta["trace"]["peak_allocated_bytes"]["device"] == 1_127_465_984
+    assert at_peak.baseline_bytes == 305_250_304  # "Total Allocated" less "Bytes" of the first event
+    assert at_peak.where is not None and at_peak.where["phase"] == "backward"
+    assert sum(r.bytes for r in at_peak.rows) == at_peak.total_bytes
+
+
+def test_the_html_report_shows_what_was_live_at_the_peak(adamw_run: dict[str, Any]) -> None:
+    from layerscope.render.html import html_report
+
+    page = html_report(adamw_run["profile"])
+    panel = page[page.index('<div id="memorypeak">') :]
+    assert "Live at the peak" in panel and "Saved for backward" in panel
+    assert panel.count('class="peakrow"') == len(adamw_run["profile"].memory_at_peak().rows)
+    assert "optimizer_state · (before the block)" in panel  # AdamW's state predates the block

@@ -72,6 +72,9 @@ class MemoryStory:
         self.addr = table.array("mem_addr")[by_time]
         self.owner = owners[by_time] if owners.size else np.full(by_time.size, -1)
         self.on_device = on_device
+        before = table.meta.get("allocated_before_bytes") or {}
+        #: What the allocator held before the first event, where the source says (traces).
+        self.allocated_before: int | None = before.get("device" if on_device else "cpu")
         #: Whether every event has an address (else nothing is paired: see ``live_at``).
         self.addressed = bool(self.addr.size) and bool((self.addr != 0).all())
         self.free_at = self._pair_frees()
@@ -223,9 +226,13 @@ def _baseline(
             freed_at[addr] = int(story.ts[k])
             silent.add(addr)
     baseline = _Baseline(entries, sum(b for _, b in unknown_frees), freed_at, silent, unknown_frees)
-    device_allocated = start.device_allocated if start is not None else None
-    if on_device and device_allocated is not None and device_allocated > baseline.total:
-        baseline.unknown += device_allocated - baseline.total
+    # What the allocator itself says it held: torch.cuda.memory_allocated() at the start snapshot,
+    # or a trace's "Total Allocated" before its first event.
+    held = start.device_allocated if start is not None and on_device else None
+    if held is None:
+        held = story.allocated_before
+    if held is not None and held > baseline.total:
+        baseline.unknown += held - baseline.total
     return baseline
 
 

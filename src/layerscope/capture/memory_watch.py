@@ -167,16 +167,16 @@ def _entries(tensors: Iterable[Any], category: str, seq: int = -1) -> Iterator[S
 
 
 def _storage_entry(tensor: Any, category: str, seq: int = -1) -> StorageEntry | None:
-    if not isinstance(tensor, torch.Tensor) or tensor.is_sparse or tensor.device.type == "meta":
+    if not isinstance(tensor, torch.Tensor) or tensor.is_sparse:
         return None
     try:
         storage = tensor.untyped_storage()
-        addr, nbytes = storage.data_ptr(), storage.nbytes()
+        addr = storage.data_ptr()
     except (RuntimeError, NotImplementedError):  # tensor subclasses and wrappers without a storage
         return None
-    if not addr or not nbytes:
+    if not addr:  # meta tensors and empty storages hold no memory
         return None
-    return StorageEntry(addr, nbytes, category, tensor.device.type != "cpu", seq)
+    return StorageEntry(addr, storage.nbytes(), category, not tensor.is_cpu, seq)
 
 
 def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[Any]:
@@ -192,40 +192,80 @@ def _input_entries(args: Any, kwargs: Any) -> Iterator[StorageEntry]:
 
 def _saved_entries(output: Any) -> Iterator[StorageEntry]:
     """The tensors the autograd graph behind ``output`` saved for backward, read in place: each
-    node's ``_saved_*`` attributes (C++ nodes) or ``saved_tensors`` (custom Functions)."""
+    node's tensor-valued ``_saved_*`` attributes (C++ nodes) or ``saved_tensors`` (custom
+    Functions)."""
     leaves, _ = torch.utils._pytree.tree_flatten(output)
     pending: list[Any] = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    seen: set[int] = set()
-    keep_alive = []  # ids stay unique while the walk holds the nodes
+    seen: dict[int, Any] = {}  # holding the nodes keeps their ids unique during the walk
+    kinds = _NODE_KINDS
     while pending:
         node = pending.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
-        keep_alive.append(node)
-        seq = node._sequence_nr() if hasattr(node, "_sequence_nr") else -1
-        for saved in _saved_of(node):
-            yield from _entries(saved, "activation", seq)
-        pending.extend(next_node for next_node, _ in node.next_functions)
+        seen[id(node)] = node
+        kind = kinds.get(type(node)) or _learn_node_kind(node)
+        if kind.saved or kind.custom:
+            seq = node._sequence_nr() if kind.has_seq else -1
+            for value in _saved_values(node, kind):
+                entry = _storage_entry(value, "activation", seq)
+                if entry is not None:
+                    yield entry
+        if not kind.leaf:
+            pending.extend([next_node for next_node, _ in node.next_functions])
 
 
-_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+@dataclass(frozen=True)
+class _NodeKind:
+    """What a node type holds: the names of its tensor-valued saved attributes, whether it is a
+    custom Function's node (``saved_tensors``), whether it has a sequence number."""
+
+    saved: tuple[str, ...]
+    custom: bool
+    has_seq: bool
+    leaf: bool  # AccumulateGrad: the graph ends there
 
 
-def _saved_of(node: Any) -> Iterator[list[Any]]:
-    names = _SAVED_NAMES.get(type(node))
-    if names is None:
-        names = tuple(n for n in dir(node) if n.startswith("_saved_"))
-        _SAVED_NAMES[type(node)] = names
-    for name in names:
+_NODE_KINDS: dict[type, _NodeKind] = {}
+
+
+def _learn_node_kind(node: Any) -> _NodeKind:
+    """Look a node type over once: which ``_saved_*`` attributes hold tensors (sizes, strides and
+    scalars are skipped on every later node of the type)."""
+    names = []
+    for name in dir(node):
+        if not name.startswith("_saved_"):
+            continue
+        try:
+            value = getattr(node, name)
+        except RuntimeError:  # freed already: keep it, its type is unknown
+            names.append(name)
+            continue
+        values = value if isinstance(value, tuple | list) else (value,)
+        if any(v is None or isinstance(v, torch.Tensor) for v in values) or not values:
+            names.append(name)
+    kind = _NodeKind(
+        tuple(names),
+        hasattr(node, "saved_tensors"),
+        hasattr(node, "_sequence_nr"),
+        type(node).__name__ == "AccumulateGrad",
+    )
+    _NODE_KINDS[type(node)] = kind
+    return kind
+
+
+def _saved_values(node: Any, kind: _NodeKind) -> Iterator[Any]:
+    for name in kind.saved:
         try:
             value = getattr(node, name)
         except RuntimeError:  # already freed (a graph run backward before)
             continue
-        yield list(value) if isinstance(value, tuple | list) else [value]
-    if hasattr(node, "saved_tensors"):  # a custom autograd.Function's node
+        if isinstance(value, tuple | list):
+            yield from value
+        else:
+            yield value
+    if kind.custom:
         with suppress(RuntimeError):
-            yield list(node.saved_tensors)
+            yield from node.saved_tensors
 
 
 def _optimizers_of(model: nn.Module | None) -> list[torch.optim.Optimizer]:

@@ -151,6 +151,8 @@ class TraceTableBuilder:
         self.skipped = 0
         self._flop_cache: dict[tuple[str, bytes, bytes], int] = {}
         self.peak_allocated: dict[str, int] = {}  # highest "Total Allocated" seen, cpu / device
+        # The earliest allocation event per device class: (time, "Total Allocated" before it).
+        self.first_allocated: dict[str, tuple[int, int]] = {}
         self.collectives: dict[tuple[str, str, int, str], list[int]] = {}  # -> [calls, bytes, ns]
         self.copy_bytes: dict[str, int] = {}  # memory copies' "bytes" by copy name
 
@@ -279,6 +281,9 @@ class TraceTableBuilder:
         where = "device" if on_device else "cpu"
         if allocated > self.peak_allocated.get(where, 0):
             self.peak_allocated[where] = allocated
+        ts = _ns(ev["ts"])
+        if "Total Allocated" in args and ts < self.first_allocated.get(where, (ts + 1, 0))[0]:
+            self.first_allocated[where] = (ts, allocated - _int(args.get("Bytes", 0)))
 
     def finish(self, header: dict[str, Any]) -> EventTable:
         """Link what needs the whole trace (module events, forward threads) and return the table."""
@@ -295,6 +300,8 @@ class TraceTableBuilder:
             "skipped_events": self.skipped,
             "malformed_events": dict(self.malformed),
             "peak_allocated_bytes": dict(self.peak_allocated),
+            # what the allocator held before the first event: the baseline of absolute peaks
+            "allocated_before_bytes": {k: v for k, (_, v) in self.first_allocated.items()},
             "communication": [
                 {
                     "collective": c,

@@ -4,15 +4,15 @@ reads them, without torch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: What live memory holds, as the memory-at-peak view reports it.
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "input", "temporary", "other")
 
 
-@dataclass(frozen=True)
-class StorageEntry:
+class StorageEntry(NamedTuple):
     """One storage in a snapshot. ``seq`` is the sequence number of the autograd node that saved it
-    (activations), else -1."""
+    (activations), else -1. A named tuple: the memory watch makes thousands per step."""
 
     addr: int
     nbytes: int

@@ -18,6 +18,7 @@ from layerscope.model.profile import Profile
 from layerscope.model.serialize import StringTable, write_atomic
 from layerscope.render.device_html import device_section_html
 from layerscope.render.flamegraph import flamegraph_svg
+from layerscope.render.memory_html import memory_peak_html
 
 FLAME_METRICS = (
     ("cpu_us", "CPU time"),
@@ -181,7 +182,7 @@ def html_report(profile: Profile) -> str:
 <table id="memtable"><thead><tr><th class="l">Module (forward)</th><th>Allocated</th>
 <th title="allocated minus freed inside the module: what it leaves alive (activations kept for
 backward); negative when it frees more than it allocates">Net alloc</th><th>Peak</th></tr></thead>
-<tbody></tbody></table></section>
+<tbody></tbody></table>{memory_peak_html(profile.meta)}</section>
 {device}
 <section id="steps"><h2>Steps</h2><table><thead><tr><th>Step</th><th>Wall</th><th>CPU</th><th>Device</th>
 <th>Forward</th><th>Backward</th><th class="l">Note</th></tr></thead><tbody></tbody></table></section>

@@ -274,3 +274,58 @@ def test_the_html_report_shows_what_was_live_at_the_peak(adamw_run: dict[str, An
     assert "Live at the peak" in panel and "Saved for backward" in panel
     assert panel.count('class="peakrow"') == len(adamw_run["profile"].memory_at_peak().rows)
     assert "optimizer_state · (before the block)" in panel  # AdamW's state predates the block
+
+
+def test_the_watch_never_runs_the_users_saved_tensor_hooks() -> None:
+    """Reading saved tensors must not unpack them: an unpack hook may copy an offloaded tensor back
+    or recompute a checkpointed region. Outputs stay bit-identical and the hooks run as often."""
+    model = _mlp()
+    x = torch.randn(8, D_IN)
+    calls = {"pack": 0, "unpack": 0}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        calls["pack"] += 1
+        return t.clone()
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        calls["unpack"] += 1
+        return t
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            out = model(x)
+        out.sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad()
+        return out.detach(), grads
+
+    plain_out, plain_grads = step()
+    plain_calls = dict(calls)
+    calls.update(pack=0, unpack=0)
+    with ls.profile(model, memory=True) as prof:
+        out, grads = step()
+    assert calls == plain_calls
+    assert torch.equal(out, plain_out) and all(
+        torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True)
+    )
+    prof.profile.validate()
+
+
+def test_every_hook_is_removed_when_the_block_raises() -> None:
+    from torch.optim import optimizer as optim_module
+
+    model = nn.Sequential(nn.Linear(3, 3), _Fails())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = (
+        len(optim_module._global_optimizer_pre_hooks),
+        len(optim_module._global_optimizer_post_hooks),
+    )
+    with pytest.raises(RuntimeError), ls.profile(model, memory=True):
+        optimizer.step()
+        model(torch.randn(2, 3))
+    after = (
+        len(optim_module._global_optimizer_pre_hooks),
+        len(optim_module._global_optimizer_post_hooks),
+    )
+    assert after == before
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

@@ -22,7 +22,7 @@ import gc
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,9 +191,10 @@ def _input_entries(args: Any, kwargs: Any) -> Iterator[StorageEntry]:
 
 
 def _saved_entries(output: Any) -> Iterator[StorageEntry]:
-    """The tensors the autograd graph behind ``output`` saved for backward, read in place: each
-    node's tensor-valued ``_saved_*`` attributes (C++ nodes) or ``saved_tensors`` (custom
-    Functions)."""
+    """The tensors the autograd graph behind ``output`` saved for backward, read in place through
+    each node's ``_raw_saved_*`` attributes: the packed value as stored, never unpacked, so no
+    saved-tensor hook of the user's runs (an unpack can recompute a checkpointed region or copy an
+    offloaded tensor back). A value a hook packed into something other than a tensor is skipped."""
     leaves, _ = torch.utils._pytree.tree_flatten(output)
     pending: list[Any] = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     seen: dict[int, Any] = {}  # holding the nodes keeps their ids unique during the walk
@@ -204,7 +205,7 @@ def _saved_entries(output: Any) -> Iterator[StorageEntry]:
             continue
         seen[id(node)] = node
         kind = kinds.get(type(node)) or _learn_node_kind(node)
-        if kind.saved or kind.custom:
+        if kind.saved:
             seq = node._sequence_nr() if kind.has_seq else -1
             for value in _saved_values(node, kind):
                 entry = _storage_entry(value, "activation", seq)
@@ -216,11 +217,11 @@ def _saved_entries(output: Any) -> Iterator[StorageEntry]:
 
 @dataclass(frozen=True)
 class _NodeKind:
-    """What a node type holds: the names of its tensor-valued saved attributes, whether it is a
-    custom Function's node (``saved_tensors``), whether it has a sequence number."""
+    """What a node type holds: the names of its raw saved-tensor attributes (``_raw_saved_*``, one
+    per tensor or tensor list it saved; custom Functions have ``_raw_saved_tensors``), whether it
+    has a sequence number, whether the graph ends there."""
 
     saved: tuple[str, ...]
-    custom: bool
     has_seq: bool
     leaf: bool  # AccumulateGrad: the graph ends there
 
@@ -229,23 +230,8 @@ _NODE_KINDS: dict[type, _NodeKind] = {}
 
 
 def _learn_node_kind(node: Any) -> _NodeKind:
-    """Look a node type over once: which ``_saved_*`` attributes hold tensors (sizes, strides and
-    scalars are skipped on every later node of the type)."""
-    names = []
-    for name in dir(node):
-        if not name.startswith("_saved_"):
-            continue
-        try:
-            value = getattr(node, name)
-        except RuntimeError:  # freed already: keep it, its type is unknown
-            names.append(name)
-            continue
-        values = value if isinstance(value, tuple | list) else (value,)
-        if any(v is None or isinstance(v, torch.Tensor) for v in values) or not values:
-            names.append(name)
     kind = _NodeKind(
-        tuple(names),
-        hasattr(node, "saved_tensors"),
+        tuple(name for name in dir(node) if name.startswith("_raw_saved_")),
         hasattr(node, "_sequence_nr"),
         type(node).__name__ == "AccumulateGrad",
     )
@@ -256,16 +242,14 @@ def _learn_node_kind(node: Any) -> _NodeKind:
 def _saved_values(node: Any, kind: _NodeKind) -> Iterator[Any]:
     for name in kind.saved:
         try:
-            value = getattr(node, name)
+            raw = getattr(node, name)
         except RuntimeError:  # already freed (a graph run backward before)
             continue
-        if isinstance(value, tuple | list):
-            yield from value
-        else:
-            yield value
-    if kind.custom:
-        with suppress(RuntimeError):
-            yield from node.saved_tensors
+        for saved in raw if isinstance(raw, tuple | list) else (raw,):
+            try:
+                yield saved.data
+            except RuntimeError:  # released
+                continue
 
 
 def _optimizers_of(model: nn.Module | None) -> list[torch.optim.Optimizer]:

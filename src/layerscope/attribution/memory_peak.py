@@ -15,13 +15,14 @@ from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.memory import innermost_spans
 from layerscope.attribution.memory_story import MemoryStory, placement_of
 from layerscope.attribution.nesting import forward_ops
+from layerscope.attribution.steps import step_number
 from layerscope.events.memory_snapshots import Snapshot
 from layerscope.events.table import EventTable
 from layerscope.model.profile import StepStats
 
 
 def memory_report(
-    stories: list[MemoryStory], step_windows: list[tuple[int, int]], saved: dict[str, dict[str, int]]
+    stories: list[MemoryStory], step_windows: list[tuple[int, int, int]], saved: dict[str, dict[str, int]]
 ) -> dict[str, Any]:
     """The ``meta["memory"]`` figures: per device class the baseline, the peak and what was live at
     it; per step the absolute peak; tensors saved for backward per keeping module."""
@@ -58,23 +59,22 @@ def _where_of(story: MemoryStory, k: int) -> dict[str, str] | None:
     return {"module": where.module, "phase": where.phase, "op": where.op}
 
 
-def _step_peaks(story: MemoryStory, windows: list[tuple[int, int]]) -> list[list[int]]:
-    """Per step window [start, end): [absolute peak, bytes allocated, net change]."""
+def _step_peaks(story: MemoryStory, windows: list[tuple[int, int, int]]) -> list[list[int]]:
+    """Per step window (number, start, end): [number, absolute peak, bytes allocated, net change]."""
     if not windows:
         return []
     running = story.baseline.running(story)
     out = []
-    for start, end in windows:
+    for number, start, end in windows:
         lo = int(np.searchsorted(story.ts, start, side="left"))
         hi = int(np.searchsorted(story.ts, end, side="right"))
         before = int(running[lo - 1]) if lo > 0 else story.baseline.total
         if hi > lo:
             window = story.nbytes[lo:hi]
-            out.append(
-                [max(before, int(running[lo:hi].max())), int(window[window > 0].sum()), int(window.sum())]
-            )
+            peak = max(before, int(running[lo:hi].max()))
+            out.append([number, peak, int(window[window > 0].sum()), int(window.sum())])
         else:
-            out.append([before, 0, 0])
+            out.append([number, before, 0, 0])
     return out
 
 
@@ -133,7 +133,7 @@ def build_memory_report(
         if bool((on_device == device).any())
     ]
     steps = sorted(step_spans, key=lambda i: int(ts[i]))
-    windows = [(int(ts[i]), int(ts[i] + dur[i])) for i in steps]
+    windows = [(step_number(table.names[table.span_name[i]]), int(ts[i]), int(ts[i] + dur[i])) for i in steps]
     ops = forward_ops(table, order)
     by_seq: dict[int, int] = {}
     for (_, seq), span in ops.items():
@@ -166,12 +166,12 @@ def with_step_memory(steps: tuple[StepStats, ...], memory: dict[str, Any]) -> tu
     if not classes or not steps:
         return steps
     watched = next((c for c in classes if c["device"]), classes[0])
-    figures = watched["steps"]
-    if len(figures) != len(steps):
-        return steps
+    figures = {number: rest for number, *rest in watched["steps"]}
     return tuple(
-        replace(step, peak_bytes=peak, alloc_bytes=alloc, net_bytes=net)
-        for step, (peak, alloc, net) in zip(steps, figures, strict=True)
+        replace(step, peak_bytes=found[0], alloc_bytes=found[1], net_bytes=found[2])
+        if (found := figures.get(step.step)) is not None
+        else step
+        for step in steps
     )
 
 

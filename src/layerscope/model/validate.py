@@ -162,6 +162,6 @@ def _check_memory(profile: Profile, errors: list[str]) -> None:
         live = sum(row[3] for row in figures["rows"] if row[1] != UNPAIRED or not figures.get("addressed"))
         if live != peak:  # with addresses, every live byte is an allocation or a baseline storage
             errors.append(f"{what} memory live at the peak adds up to {live}, not the peak's {peak}")
-        for k, (step_peak, _alloc, _net) in enumerate(figures.get("steps") or []):
+        for number, step_peak, _alloc, _net in figures.get("steps") or []:
             if step_peak > peak:
-                errors.append(f"{what} memory: step {k}'s peak {step_peak} above the run's {peak}")
+                errors.append(f"{what} memory: step {number}'s peak {step_peak} above the run's {peak}")

@@ -83,17 +83,24 @@ def saved_by_module(
     keeper_of: Any,
     parameter_addrs: set[int],
 ) -> dict[str, dict[str, int]]:
-    """Bytes saved for backward per keeping module (the module of the op that saved them), each
-    storage once per module, split into activation, parameter and input."""
+    """Bytes saved for backward per keeping module (the module of the op that saved them), split
+    into activation, parameter and input: summed over the recording's root calls, each storage
+    once per module and call, a parameter once per module."""
     out: dict[str, dict[str, int]] = {}
+    # A root call's walk also meets the graph of earlier calls it builds on (h = model(h)): an
+    # autograd node (sequence number) counts in the first walk that meets it only.
+    walked: set[tuple[int, int]] = set()
+    kept_parameters: set[tuple[str, int]] = set()  # a weight saved by every call is kept once
     for snapshot in snapshots:
         if snapshot.kind != "forward":
             continue
         inputs = {e.addr for e in snapshot.entries if e.category == "input"}
         seen: set[tuple[str, int]] = set()
+        here: set[tuple[int, int]] = set()
         for entry in snapshot.entries:
-            if entry.category != "activation":
+            if entry.category != "activation" or (entry.seq, entry.addr) in walked:
                 continue
+            here.add((entry.seq, entry.addr))
             module = keeper_of(snapshot.tid, entry.seq)
             if module is None or (module, entry.addr) in seen:
                 continue
@@ -105,8 +112,13 @@ def saved_by_module(
                 if entry.addr in inputs
                 else "activation"
             )
+            if kind == "parameter":
+                if (module, entry.addr) in kept_parameters:
+                    continue
+                kept_parameters.add((module, entry.addr))
             figures = out.setdefault(module, {"activation": 0, "parameter": 0, "input": 0})
             figures[kind] += entry.nbytes
+        walked |= here
     return out
 
 

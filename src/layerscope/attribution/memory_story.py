@@ -79,7 +79,7 @@ class MemoryStory:
         self.addressed = bool(self.addr.size) and bool((self.addr != 0).all())
         self.free_at = self._pair_frees()
         self.storages = self._allocations(place, bucket)
-        unmatched = self._categorise(snapshots)
+        unmatched = self._categorise(snapshots) if self.addressed else _start_entries(snapshots, on_device)
         self.baseline = _baseline(snapshots, unmatched, on_device, self)
 
     def _pair_frees(self) -> np.ndarray:
@@ -124,6 +124,8 @@ class MemoryStory:
             by_addr[int(self.addr[i])].append(i)
         unmatched: dict[int, tuple[int, str]] = {}
         for snapshot in snapshots:
+            if snapshot.ts <= 0 and snapshot.kind != "start":
+                continue  # no watch point placed it in time: nothing to match it against
             for entry in snapshot.entries:
                 if entry.on_device != self.on_device:
                     continue
@@ -198,6 +200,14 @@ class _Baseline:
         return self.unknown - sum(nbytes for ts, nbytes in self.unknown_frees if ts <= t)
 
 
+def _start_entries(snapshots: list[Snapshot], on_device: bool) -> dict[int, tuple[int, str]]:
+    """Without addresses nothing can be matched: only the start snapshot is known to predate the
+    recording (later snapshots see storages the recording made)."""
+    start = next((s for s in snapshots if s.kind == "start"), None)
+    entries = [] if start is None else [e for e in start.entries if e.on_device == on_device]
+    return {e.addr: (e.nbytes, e.category) for e in entries}
+
+
 def _baseline(
     snapshots: list[Snapshot], unmatched: dict[int, tuple[int, str]], on_device: bool, story: MemoryStory
 ) -> _Baseline:
@@ -216,6 +226,8 @@ def _baseline(
         addr, t = int(story.addr[k]), int(story.ts[k])
         if addr in entries:
             freed_at.setdefault(addr, t)
+            # the allocator frees whole blocks (CUDA rounds to 512 B): the block is what was live
+            entries[addr] = (-int(story.nbytes[k]), entries[addr][1])
         else:
             unknown_frees.append((t, -int(story.nbytes[k])))
     # A baseline storage whose address an allocation reuses was freed by then, silently (the CPU).

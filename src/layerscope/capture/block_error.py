@@ -9,18 +9,36 @@ from torch import nn
 
 def block_error(exc: BaseException, model: nn.Module | None) -> dict[str, Any]:
     """The exception's type and first line, and the innermost module of ``model`` whose ``forward``
-    it passed through (from the traceback's frames; None when it passed through none)."""
-    paths = {id(m): path for path, m in model.named_modules()} if model is not None else {}
+    it passed through (from the traceback's finished frames; None when it passed through none).
+    Never raises: describing the user's exception must not replace it."""
+    try:
+        return {"type": type(exc).__name__, "message": _first_line(exc), "module": _module_of(exc, model)}
+    except Exception:  # an exception whose str() fails, a module whose named_modules() does
+        return {"type": type(exc).__name__, "message": "", "module": None}
+
+
+def _first_line(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:
+        text = repr(exc)
+    lines = text.strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+def _module_of(exc: BaseException, model: nn.Module | None) -> str | None:
+    if model is None:
+        return None
+    paths = {id(m): path for path, m in model.named_modules()}
     module = None
-    tb = exc.__traceback__
+    # The first frame is the user's, still running: its locals are never read (on Python < 3.13
+    # reading f_locals of a running frame copies them into it, keeping them alive).
+    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
     while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        if isinstance(owner, nn.Module) and id(owner) in paths and tb.tb_frame.f_code.co_name == "forward":
-            module = paths[id(owner)]
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "forward":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, nn.Module) and id(owner) in paths:
+                module = paths[id(owner)]
         tb = tb.tb_next
-    message = str(exc).strip().splitlines()
-    return {
-        "type": type(exc).__name__,
-        "message": message[0][:300] if message else "",
-        "module": module,
-    }
+    return module

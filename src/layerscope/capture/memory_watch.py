@@ -46,6 +46,8 @@ class MemoryWatch:
     errors: list[str] = field(default_factory=list)
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
     _marks_running: bool = False
+    #: Whether the profiler records now (a schedule's wait and warmup steps take no snapshots).
+    recording: bool = True
 
     @classmethod
     def prepare(cls, model: nn.Module | None) -> MemoryWatch:
@@ -53,10 +55,11 @@ class MemoryWatch:
         now (a scan of every live object: done before the profiler starts, so it is not recorded)."""
         return cls(model, optimizers=_optimizers_of(model))
 
-    def start(self, session_marks: ModuleMarks | None, stack: ExitStack) -> None:
+    def start(self, session_marks: ModuleMarks | None, stack: ExitStack, recording: bool = True) -> None:
         """Start watching (inside the running profiler): the session's marks give snapshots their
         time; without them, the watch runs marks of its own when the native module is built."""
         self.marks = session_marks
+        self.recording = recording
         if session_marks is None:
             module = native.load()
             if module is not None:
@@ -66,6 +69,17 @@ class MemoryWatch:
                 stack.callback(self.stop_marks)
         self.install(stack)
         self.snapshot_state("start")
+
+    def before_step(self, action: str) -> None:
+        """Before a schedule's step: a cycle that ends with it gets its end snapshot."""
+        if action == "record_and_save":
+            self.snapshot_state("end")
+
+    def after_step(self, before: str, after: str) -> None:
+        """After a schedule's step: a cycle that starts recording gets its start snapshot."""
+        self.recording = after.startswith("record")
+        if before != "record" and self.recording:
+            self.snapshot_state("start")
 
     def stop_marks(self) -> None:
         """Stop the watch's own marks for good (their points stay for :meth:`take`)."""
@@ -90,15 +104,26 @@ class MemoryWatch:
         self._guarded(kind, lambda: list(self._state_entries()), device=kind == "start")
 
     def _after_root_call(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if not self.recording:
+            return
         self._guarded("forward", lambda: [*_saved_entries(output), *_input_entries(args, kwargs)])
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if optimizer not in self.optimizers:
             self.optimizers.append(optimizer)
-        grads = (p.grad for group in optimizer.param_groups for p in group["params"])
-        self._guarded("optimizer_pre", lambda: list(_entries(grads, "gradient")))
+        if not self.recording:
+            return
+        self._guarded(
+            "optimizer_pre",
+            lambda: [
+                *_entries(_params_of(optimizer), "parameter"),
+                *_entries((p.grad for p in _params_of(optimizer)), "gradient"),
+            ],
+        )
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.recording:
+            return
         self._guarded("optimizer_post", lambda: list(_entries(_state_tensors(optimizer), "optimizer_state")))
 
     def _guarded(self, kind: str, take: Any, device: bool = False) -> None:
@@ -123,6 +148,8 @@ class MemoryWatch:
             yield from _entries(self.model.buffers(), "parameter")
             yield from _entries((p.grad for p in self.model.parameters()), "gradient")
         for optimizer in self.optimizers:
+            yield from _entries(_params_of(optimizer), "parameter")  # global mode knows no model
+            yield from _entries((p.grad for p in _params_of(optimizer)), "gradient")
             yield from _entries(_state_tensors(optimizer), "optimizer_state")
 
     # ----- results -----------------------------------------------------------------------------------
@@ -177,6 +204,10 @@ def _storage_entry(tensor: Any, category: str, seq: int = -1) -> StorageEntry | 
     if not addr:  # meta tensors and empty storages hold no memory
         return None
     return StorageEntry(addr, storage.nbytes(), category, not tensor.is_cpu, seq)
+
+
+def _params_of(optimizer: torch.optim.Optimizer) -> list[Any]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[Any]:
@@ -253,16 +284,19 @@ def _saved_values(node: Any, kind: _NodeKind) -> Iterator[Any]:
 
 
 def _optimizers_of(model: nn.Module | None) -> list[torch.optim.Optimizer]:
-    """The optimizers that already exist over the model's parameters (their state is live before
-    the block; those created later are found at their first step)."""
-    if model is None:
+    """The optimizers that already exist over the model's parameters, or every optimizer without a
+    model (global mode): their state is live before the block. Those created later are found at
+    their first step."""
+    params = {id(p) for p in model.parameters()} if model is not None else None
+    if params is not None and not params:
         return []
-    params = {id(p) for p in model.parameters()}
-    if not params:
-        return []
-    return [
-        obj
-        for obj in gc.get_objects()
-        if issubclass(type(obj), torch.optim.Optimizer)  # type(): some objects warn on __class__
-        and any(id(p) in params for group in obj.param_groups for p in group["params"])
-    ]
+    found = []
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.optim.Optimizer):  # type(): some objects warn on __class__
+            continue
+        try:  # a subclass instance half built (its __init__ failed) has no param_groups
+            if params is None or any(id(p) in params for p in _params_of(obj)):
+                found.append(obj)
+        except Exception:
+            continue
+    return found

@@ -183,7 +183,7 @@ class profile:
             stack.callback(self._scopes.remove)
             self._scopes.install()
             if self._watch is not None:
-                self._watch.start(self._marks, stack)
+                self._watch.start(self._marks, stack, recording=self.action().startswith("record"))
         except BaseException:
             self._finished = True
             stack.close()
@@ -217,14 +217,15 @@ class profile:
         self._wall_ns = time.perf_counter_ns() - self._started_ns
         if self._watch is not None:
             self._watch.snapshot_state("end")
-        if exc is not None:
-            self._block_error = block_error(exc, self.model)
         try:
             self._stack.__exit__(exc_type, exc, tb)
         finally:
             self._finished = True
+            if exc is not None:
+                self._block_error = block_error(exc, self.model)
             # what was recorded stays readable even when a clean-up step failed
             self._context = self._recording_context()
+            self._watch = None  # it holds the optimizers: they must not outlive the user's
 
     def _recording_context(self) -> RecordingContext:
         assert self._scopes is not None and self._plan is not None
@@ -246,14 +247,15 @@ class profile:
         """Mark the end of a training step (drives the schedule, like torch.profiler's ``step``)."""
         if not self.is_running:
             raise CaptureError("prof.step() belongs inside the `with layerscope.profile(...)` block")
-        watch, before = self._watch, self.action()
-        if watch is not None and before == "record_and_save":  # the cycle ends with this step
-            watch.snapshot_state("end")
+        watch = self._watch
+        before = self.action() if watch is not None else ""
+        if watch is not None:
+            watch.before_step(before)
         with _quiet_cycle_warning():
             self.torch_profiler.step()
         self.step_count += 1
-        if watch is not None and before != "record" and self.action().startswith("record"):
-            watch.snapshot_state("start")  # a cycle starts recording
+        if watch is not None:
+            watch.after_step(before, self.action())
 
     def step_before_next_top_level_call(self, then: Callable[[], None] | None = None) -> None:
         """End the current step just before the next top-level module call (global mode only).

@@ -352,3 +352,14 @@ def test_device_section_of_a_gpu_trace_in_the_browser(browser: Any, tmp_path: Pa
     assert (
         len(steps) == 3 and HOSTILE in steps[0] and all(s.rstrip().endswith("CPU-bound") for s in steps[1:])
     )
+
+
+def test_the_memory_peak_panel_draws_a_bar_per_live_row(browser_page: Any, profile: ls.Profile) -> None:
+    rows = len(profile.memory_at_peak().rows)
+    drawn = browser_page.evaluate(
+        """[...document.querySelectorAll('#memorypeak .peakrow')].map(
+            row => row.children[1].firstElementChild.getBoundingClientRect().width)"""
+    )
+    assert len(drawn) == min(rows, 20) > 0
+    assert all(width > 0 for width in drawn)
+    assert drawn[0] >= max(drawn)  # rows come largest first, so the first bar is the longest

@@ -139,7 +139,8 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
                 rows,
                 ascii_only=ascii_only,
                 total_cpu_us=profile.totals.cpu_us,
-                title=f"Top {len(rows)} ops by {args.op_sort}",
+                title=f"Top {len(rows)} ops by {args.op_sort}"
+                + (f" (totals over {len(profile.steps)} steps)" if len(profile.steps) > 1 else ""),
             )
         )
 

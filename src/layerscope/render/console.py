@@ -189,8 +189,10 @@ def _title(profile: Profile, per_step: bool = False) -> str:
     parts = []
     if meta.get("model"):
         parts.append(str(meta["model"]))
+    steps = len(profile.steps)
     if meta.get("wall_us"):
-        parts.append(f"wall {fmt_time_us(float(meta['wall_us']))}")
+        over = f" for {steps} steps" if steps > 1 else ""
+        parts.append(f"wall {fmt_time_us(float(meta['wall_us']))}{over}")
     parts.append(f"CPU {fmt_time_us(profile.totals.cpu_us) or '0'}")
     if profile.has_device_time:
         parts.append(f"device {fmt_time_us(profile.totals.device_us)}")
@@ -202,9 +204,9 @@ def _title(profile: Profile, per_step: bool = False) -> str:
         where = "device" if watched["device"] else "CPU"
         parts.append(f"{where} peak live {fmt_bytes(watched['peak_bytes'])}")
     if per_step:
-        parts.append(f"mean per step of {len(profile.steps)} steps")
-    elif len(profile.steps) > 1:
-        parts.append(f"{len(profile.steps)} steps")
+        parts.append(f"rows: mean per step of {steps} steps")
+    elif steps > 1:
+        parts.append(f"rows: totals over {steps} steps")
     return "layerscope · " + " · ".join(parts)
 
 

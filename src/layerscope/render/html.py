@@ -124,6 +124,15 @@ def write_html_report(profile: Profile, path: Path) -> Path:
     return write_atomic(path, html_report(profile).encode())
 
 
+def _totals_note(profile: Profile) -> str:
+    """Which figures the page shows when there are several steps: totals (the console's tree shows
+    means per step)."""
+    steps = len(profile.steps)
+    if steps < 2:
+        return ""
+    return f'<p class="muted">Totals over {steps} steps (the Steps section has each step).</p>'
+
+
 def html_report(profile: Profile) -> str:
     """The whole page as one string."""
     flames = []
@@ -163,7 +172,7 @@ def html_report(profile: Profile) -> str:
 <main>
 <section id="summary"><h2>Summary</h2><div class="cards" id="cards"></div>
 <p class="muted">Hottest modules:</p><ol id="hot"></ol></section>
-<section id="modules"><h2>Modules</h2>
+<section id="modules"><h2>Modules</h2>{_totals_note(profile)}
 <div class="controls"><span id="phase"><button data-phase="forward">forward</button>
 <button data-phase="backward">backward</button><button data-phase="both" class="on">both</button></span>
 <input type="search" id="treefilter" placeholder="filter modules by name"></div>
@@ -171,7 +180,7 @@ def html_report(profile: Profile) -> str:
 <section id="flames"><h2>Flame chart</h2>
 <div class="controls">weigh by <select id="flamemetric">{"".join(options)}</select>{frames_pick}
 <span class="muted">click a frame to zoom, "Reset zoom" to go back</span></div>{"".join(flames)}</section>
-<section id="opsection"><h2>Ops</h2>
+<section id="opsection"><h2>Ops</h2>{_totals_note(profile)}
 <div class="controls">group by <select id="opgroup"><option value="name">name</option>
 <option value="shapes">name and input shapes</option><option value="module">name and module</option>
 {source_group}</select>

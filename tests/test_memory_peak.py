@@ -329,3 +329,24 @@ def test_every_hook_is_removed_when_the_block_raises() -> None:
     )
     assert after == before
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (lambda c: c.update(peak_bytes=c["baseline_bytes"] - 1), "below what was live before"),
+        (lambda c: c["rows"].append(["other", "x", "", 1]), "adds up to"),
+        (lambda c: c["steps"].append([99, c["peak_bytes"] + 1, 0, 0]), "step 99's peak"),
+    ],
+)
+def test_validate_catches_impossible_memory_figures(
+    adamw_run: dict[str, Any], tamper: Any, message: str
+) -> None:
+    import copy
+    from dataclasses import replace
+
+    profile = adamw_run["profile"]
+    meta = copy.deepcopy(profile.meta)
+    tamper(meta["memory"]["classes"][0])
+    with pytest.raises(ls.ValidationError, match=message):
+        replace(profile, meta=meta).validate()

@@ -201,7 +201,7 @@ def _memory_report(
         buckets,
         catalog,
         snapshots,
-        nested.swept.step_spans,
+        nested.swept,
         nested.parent,
     )
 
@@ -273,16 +273,7 @@ def _bucket_metrics(
     mem = bucket_memory(table, owners, nested.bucket, outside_bucket, nb)
     peaks = [[0, 0] for _ in range(nb)]  # per bucket: [cpu, device]
     if table.mem_ts:
-        w = peak_windows(
-            table,
-            order,
-            nested.parent,
-            nested.bucket,
-            buckets,
-            swept.module_windows,
-            swept.backward_windows,
-            swept.step_spans,
-        )
+        w = peak_windows(table, order, nested.parent, nested.bucket, buckets, swept)
         window_peaks(table, w.tid, w.start, w.end, w.bucket, peaks)
     per_bucket = {  # lists, not arrays: read one element at a time
         "cpu_us": (self_cpu_ns / 1000.0).tolist(),

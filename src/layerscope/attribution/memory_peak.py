@@ -14,7 +14,7 @@ from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.memory import innermost_spans
 from layerscope.attribution.memory_story import MemoryStory, placement_of
-from layerscope.attribution.nesting import forward_ops
+from layerscope.attribution.nesting import Sweep
 from layerscope.attribution.steps import step_number
 from layerscope.events.memory_snapshots import Snapshot
 from layerscope.events.table import EventTable
@@ -30,8 +30,8 @@ def memory_report(
     for story in stories:
         peak, k = story.peak()
         rows: dict[tuple[str, str, str], int] = defaultdict(int)
-        for category, where, nbytes in story.live_at(k, peak):
-            rows[(category, where.module, where.phase)] += nbytes
+        for category, module, phase, nbytes in story.live_at(k, peak):
+            rows[(category, module, phase)] += nbytes
         peak_where = _where_of(story, k)
         classes.append(
             {
@@ -49,13 +49,10 @@ def memory_report(
 
 
 def _where_of(story: MemoryStory, k: int) -> dict[str, str] | None:
+    """The module, phase and op of the event that reached the peak (None: the peak is the start)."""
     if k < 0:
         return None
-    storage = story.storages.get(k)
-    if storage is not None:
-        where = storage.where
-    else:  # the peak is reached by a free only when every event is a free: nothing ran
-        return None
+    where = story.place(int(story.owner[k]))
     return {"module": where.module, "phase": where.phase, "op": where.op}
 
 
@@ -63,7 +60,7 @@ def _step_peaks(story: MemoryStory, windows: list[tuple[int, int, int]]) -> list
     """Per step window (number, start, end): [number, absolute peak, bytes allocated, net change]."""
     if not windows:
         return []
-    running = story.baseline.running(story)
+    running = story.running
     out = []
     for number, start, end in windows:
         lo = int(np.searchsorted(story.ts, start, side="left"))
@@ -130,7 +127,7 @@ def build_memory_report(
     buckets: Buckets,
     catalog: list[ModuleInfo],
     snapshots: list[Snapshot] | None,
-    step_spans: list[int],
+    swept: Sweep,
     parent: np.ndarray,
 ) -> dict[str, Any]:
     """``meta["memory"]``: baseline, peak and live-at-peak per device class, per-step peaks, and
@@ -144,12 +141,13 @@ def build_memory_report(
         for device in (False, True)
         if bool((on_device == device).any())
     ]
-    steps = sorted(step_spans, key=lambda i: int(ts[i]))
+    steps = sorted(swept.step_spans, key=lambda i: int(ts[i]))
     windows = [(step_number(table.names[table.span_name[i]]), int(ts[i]), int(ts[i] + dur[i])) for i in steps]
-    ops = forward_ops(table, order)
-    by_seq: dict[int, int] = {}
-    for (_, seq), span in ops.items():
-        by_seq.setdefault(seq, span)
+    ops = swept.forward_op_of
+    by_seq: dict[int, int] = {}  # for snapshots whose thread is unknown (no marks)
+    if any(s.tid < 0 for s in snaps if s.kind == "forward"):
+        for (_, seq), span in ops.items():
+            by_seq.setdefault(seq, span)
 
     def keeper_of(tid: int, seq: int) -> str | None:
         span = ops.get((tid, seq), by_seq.get(seq, -1) if tid < 0 else -1)
@@ -207,7 +205,7 @@ def _out_of_memory(
         live = None
         if story is not None:
             k = int(np.searchsorted(story.ts, oom.ts, side="right")) - 1
-            live = int(story.baseline.running(story)[k]) if k >= 0 else story.baseline.total
+            live = int(story.running[k]) if k >= 0 else story.baseline.total
         found.append(
             {
                 "requested_bytes": oom.requested_bytes,

@@ -12,7 +12,6 @@ counts as freed when an allocation inside the block reuses its address (before t
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +24,6 @@ from layerscope.events.table import EventTable
 from layerscope.model.memory_view import BEFORE_BLOCK, UNPAIRED
 
 _NEVER = np.iinfo(np.int64).max
-#: Which category wins when one storage is seen as several (a parameter saved for backward).
-_PRIORITY = {"parameter": 0, "gradient": 1, "optimizer_state": 2, "input": 3, "activation": 4}
 
 
 @dataclass(frozen=True)
@@ -38,19 +35,17 @@ class Placement:
     op: str
 
 
-@dataclass
-class _Storage:
-    """One allocation seen live: bytes, allocation time, free time, category, owner."""
-
-    nbytes: int
-    t_alloc: int
-    t_free: int
-    category: str
-    where: Placement
+#: Category codes, in priority order: when one storage is seen as several (a parameter saved for
+#: backward), the lowest code wins. Allocations start as temporary or other.
+_CODES = ("parameter", "gradient", "optimizer_state", "input", "activation", "temporary", "other")
+_CODE = {name: code for code, name in enumerate(_CODES)}
+_KEY = [("addr", np.int64), ("t", np.int64)]
 
 
 class MemoryStory:
-    """The memory events of one device class paired into allocations, with snapshots placed on them.
+    """The memory events of one device class, in time order, paired into allocations, with the
+    snapshots' categories placed on them; columns over the allocations (``alloc``: their event
+    indices), so that no Python runs per event.
 
     ``place(span)`` gives the Placement of a span index (-1: outside every op).
     """
@@ -65,22 +60,34 @@ class MemoryStory:
         bucket: np.ndarray,
     ) -> None:
         picked = np.flatnonzero(table.array("mem_on_device") == on_device)
-        ts = table.array("mem_ts")[picked]
-        by_time = picked[np.argsort(ts, kind="stable")]
+        by_time = picked[np.argsort(table.array("mem_ts")[picked], kind="stable")]
         self.ts = table.array("mem_ts")[by_time]
         self.nbytes = table.array("mem_bytes")[by_time]
         self.addr = table.array("mem_addr")[by_time]
         self.owner = owners[by_time] if owners.size else np.full(by_time.size, -1)
+        self.owner_bucket = np.full(self.owner.size, -1, dtype=np.int64)
+        owned = self.owner >= 0
+        self.owner_bucket[owned] = bucket[self.owner[owned]]
         self.on_device = on_device
+        self.place = place
         before = table.meta.get("allocated_before_bytes") or {}
         #: What the allocator held before the first event, where the source says (traces).
         self.allocated_before: int | None = before.get("device" if on_device else "cpu")
         #: Whether every event has an address (else nothing is paired: see ``live_at``).
         self.addressed = bool(self.addr.size) and bool((self.addr != 0).all())
         self.free_at = self._pair_frees()
-        self.storages = self._allocations(place, bucket)
+        empty = np.zeros(0, dtype=np.int64)
+        self.alloc = np.flatnonzero(self.nbytes > 0) if self.addressed else empty
+        freed = self.free_at[self.alloc]
+        self.t_free = np.where(freed >= 0, self.ts[np.maximum(freed, 0)], _NEVER)
+        # Freed by the work that allocated it (the same module and phase, or unattributed entry).
+        ob = self.owner_bucket
+        temporary = (freed >= 0) & (ob[self.alloc] >= 0) & (ob[self.alloc] == ob[np.maximum(freed, 0)])
+        self.code = np.where(temporary, _CODE["temporary"], _CODE["other"]).astype(np.int64)
         unmatched = self._categorise(snapshots) if self.addressed else _start_entries(snapshots, on_device)
         self.baseline = _baseline(snapshots, unmatched, on_device, self)
+        #: Live bytes just after each event (the baseline included).
+        self.running = self.baseline.running(self)
 
     def _pair_frees(self) -> np.ndarray:
         """For each allocation (positive bytes), the index of the free of its address that follows
@@ -93,81 +100,79 @@ class MemoryStory:
         same_next = self.addr[by_addr[1:]] == self.addr[by_addr[:-1]]
         is_alloc = self.nbytes[by_addr[:-1]] > 0
         next_is_free = self.nbytes[by_addr[1:]] < 0
-        pairs = np.flatnonzero(same_next & is_alloc & next_is_free & (self.addr[by_addr[:-1]] != 0))
+        pairs = np.flatnonzero(same_next & is_alloc & next_is_free)
         free_at[by_addr[pairs]] = by_addr[pairs + 1]
         return free_at
 
-    def _allocations(self, place: Any, bucket: np.ndarray) -> dict[int, _Storage]:
-        """Every allocation by event index; one freed by the work that allocated it (the same
-        module and phase, or the same unattributed entry) is temporary."""
-        found: dict[int, _Storage] = {}
-        if not self.addressed:
-            return found
-        owner_bucket = np.full(self.owner.size, -1, dtype=np.int64)
-        owned = self.owner >= 0
-        owner_bucket[owned] = bucket[self.owner[owned]]
-        for i in np.flatnonzero(self.nbytes > 0).tolist():
-            j = int(self.free_at[i])
-            t_free = int(self.ts[j]) if j >= 0 else int(_NEVER)
-            temporary = j >= 0 and owner_bucket[i] >= 0 and owner_bucket[i] == owner_bucket[j]
-            category = "temporary" if temporary else "other"
-            found[i] = _Storage(
-                int(self.nbytes[i]), int(self.ts[i]), t_free, category, place(int(self.owner[i]))
-            )
-        return found
-
     def _categorise(self, snapshots: list[Snapshot]) -> dict[int, tuple[int, str]]:
-        """Name each allocation after the snapshot entries at its address while it was live; return
-        the entries no allocation of the recording holds (storages from before it), by address."""
-        by_addr: dict[int, list[int]] = defaultdict(list)
-        for i in self.storages:
-            by_addr[int(self.addr[i])].append(i)
+        """Name each allocation after the snapshot entries at its address while it was live (one
+        sorted search for all entries); return the entries no allocation of the recording holds
+        (storages from before it), by address."""
+        found = [
+            (entry, snapshot.ts)
+            for snapshot in snapshots
+            if snapshot.ts > 0 or snapshot.kind == "start"  # without a watch point: no time to match
+            for entry in snapshot.entries
+            if entry.on_device == self.on_device
+        ]
+        if not found:
+            return {}
+        keys = np.array([(entry.addr, ts) for entry, ts in found], dtype=_KEY)
+        allocations = np.empty(self.alloc.size, dtype=_KEY)
+        allocations["addr"], allocations["t"] = self.addr[self.alloc], self.ts[self.alloc]
+        order = np.argsort(allocations, order=("addr", "t"))
+        # The allocation at the entry's address that began last at or before the snapshot, if it
+        # was still live then: allocations at one address never overlap in time.
+        pos = np.searchsorted(allocations[order], keys, side="right") - 1
+        hit = order[np.maximum(pos, 0)]
+        matched = (pos >= 0) & (allocations["addr"][hit] == keys["addr"]) & (keys["t"] < self.t_free[hit])
+        codes = np.array([_CODE.get(entry.category, _CODE["other"]) for entry, _ in found], dtype=np.int64)
+        np.minimum.at(self.code, hit[matched], codes[matched])
         unmatched: dict[int, tuple[int, str]] = {}
-        for snapshot in snapshots:
-            if snapshot.ts <= 0 and snapshot.kind != "start":
-                continue  # no watch point placed it in time: nothing to match it against
-            for entry in snapshot.entries:
-                if entry.on_device != self.on_device:
-                    continue
-                for i in by_addr.get(entry.addr, ()):
-                    storage = self.storages[i]
-                    if storage.t_alloc <= snapshot.ts < storage.t_free:
-                        if _PRIORITY.get(entry.category, 9) < _PRIORITY.get(storage.category, 9):
-                            storage.category = entry.category
-                        break
-                else:
-                    known = unmatched.get(entry.addr)
-                    if known is None or _PRIORITY.get(entry.category, 9) < _PRIORITY.get(known[1], 9):
-                        unmatched[entry.addr] = (entry.nbytes, entry.category)
+        for k in np.flatnonzero(~matched).tolist():
+            entry = found[k][0]
+            known = unmatched.get(entry.addr)
+            if known is None or _CODE[entry.category] < _CODE[known[1]]:
+                unmatched[entry.addr] = (entry.nbytes, entry.category)
         return unmatched
 
     def peak(self) -> tuple[int, int]:
         """(absolute peak bytes, index of the event that reached it; -1: before any event)."""
         if not self.ts.size:
             return self.baseline.total, -1
-        running = self.baseline.running(self)
-        k = int(np.argmax(running))
-        if running[k] <= self.baseline.total:
+        k = int(np.argmax(self.running))
+        if self.running[k] <= self.baseline.total:
             return self.baseline.total, -1
-        return int(running[k]), k
+        return int(self.running[k]), k
 
-    def live_at(self, k: int, peak: int) -> list[tuple[str, Placement, int]]:
-        """(category, placement, bytes) of every storage live just after event ``k`` (-1: before
-        the first), which add up to ``peak``, the live total then."""
-        rows: list[tuple[str, Placement, int]] = []
+    def live_at(self, k: int, peak: int) -> list[tuple[str, str, str, int]]:
+        """(category, module, phase, bytes) of what was live just after event ``k`` (-1: before the
+        first), grouped; they add up to ``peak``, the live total then."""
+        rows: list[tuple[str, str, str, int]] = []
+        freed = self.free_at[self.alloc]
+        live = (self.alloc <= k) & ((freed < 0) | (freed > k))
+        if live.any():
+            owner = self.owner[self.alloc][live]
+            # one row per (category, owner bucket); the bucket's first owner span places it
+            key = (
+                self.code[live] * (int(self.owner_bucket.max()) + 2) + self.owner_bucket[self.alloc][live] + 1
+            )
+            groups, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            sums = np.bincount(inverse, weights=self.nbytes[self.alloc][live]).astype(np.int64)
+            codes = self.code[live][first]
+            for g in range(groups.size):
+                where = self.place(int(owner[first[g]]))
+                rows.append((_CODES[int(codes[g])], where.module, where.phase, int(sums[g])))
         t = int(self.ts[k]) if k >= 0 else -1
-        for i, storage in self.storages.items():
-            if i <= k and (int(self.free_at[i]) < 0 or int(self.free_at[i]) > k):
-                rows.append((storage.category, storage.where, storage.nbytes))
         for addr, (nbytes, category) in self.baseline.entries.items():
             if self.baseline.freed_at.get(addr, _NEVER) > t:
-                rows.append((category, Placement(BEFORE_BLOCK, "", ""), nbytes))
+                rows.append((category, BEFORE_BLOCK, "", nbytes))
         unknown = self.baseline.unknown_live(t)
         if unknown > 0:
-            rows.append(("other", Placement(BEFORE_BLOCK, "", ""), unknown))
-        rest = peak - sum(nbytes for _, _, nbytes in rows)
+            rows.append(("other", BEFORE_BLOCK, "", unknown))
+        rest = peak - sum(row[3] for row in rows)
         if rest:  # events without addresses (a trace that lacks them) cannot be told apart
-            rows.append(("other", Placement(UNPAIRED, "", ""), rest))
+            rows.append(("other", UNPAIRED, "", rest))
         return rows
 
 
@@ -232,11 +237,12 @@ def _baseline(
             unknown_frees.append((t, -int(story.nbytes[k])))
     # A baseline storage whose address an allocation reuses was freed by then, silently (the CPU).
     silent: set[int] = set()
-    for k in np.flatnonzero(story.nbytes > 0).tolist() if story.addressed else []:
-        addr = int(story.addr[k])
-        if addr in entries and addr not in freed_at:
-            freed_at[addr] = int(story.ts[k])
-            silent.add(addr)
+    if story.addressed and entries:
+        reused = story.alloc[np.isin(story.addr[story.alloc], np.fromiter(entries, dtype=np.int64))]
+        for addr, t in zip(story.addr[reused].tolist(), story.ts[reused].tolist(), strict=True):
+            if addr not in freed_at:  # the first reuse, in time order
+                freed_at[addr] = t
+                silent.add(addr)
     baseline = _Baseline(entries, sum(b for _, b in unknown_frees), freed_at, silent, unknown_frees)
     # What the allocator itself says it held: torch.cuda.memory_allocated() at the start snapshot,
     # or a trace's "Total Allocated" before its first event.

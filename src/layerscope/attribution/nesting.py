@@ -58,6 +58,8 @@ class Sweep:
     module_calls: list[int]
     module_windows: list[int] = field(default_factory=list)  # module-range spans, in time order
     backward_windows: list[int] = field(default_factory=list)  # backward-node spans
+    #: Forward ops by (thread, sequence number): what backward nodes and saved tensors point at.
+    forward_op_of: dict[tuple[int, int], int] = field(default_factory=dict)
     step_spans: list[int] = field(default_factory=list)  # ProfilerStep#N spans
     # "## Call CompiledFxGraph ##" spans (their kernels are children)
     compiled_graph_spans: list[int] = field(default_factory=list)
@@ -84,7 +86,7 @@ def sweep(
     found = Sweep.start(table.span_count, span_dur, buckets.module_count)
     parent, excl, bucket, module_calls = found.parent, found.excl, found.bucket, found.module_calls
     module_windows, backward_windows = found.module_windows, found.backward_windows
-    forward_op_of = forward_ops(table, order)
+    forward_op_of = found.forward_op_of = forward_ops(table, order)
     # Bucket numbers from tables that Buckets makes once: no method call per event.
     forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_forward()
     compiling = -1  # the bucket of compilation, once seen

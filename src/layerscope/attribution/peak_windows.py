@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layerscope.attribution.buckets import Buckets
-from layerscope.attribution.nesting import forward_ops
+from layerscope.attribution.nesting import Sweep
 from layerscope.events.table import EventTable
 
 
@@ -28,6 +28,15 @@ class Windows:
     end: np.ndarray
     bucket: np.ndarray
 
+    def joined(self, other: Windows) -> Windows:
+        """These windows and ``other``'s."""
+        return Windows(
+            np.concatenate([self.tid, other.tid]),
+            np.concatenate([self.start, other.start]),
+            np.concatenate([self.end, other.end]),
+            np.concatenate([self.bucket, other.bucket]),
+        )
+
 
 def peak_windows(
     table: EventTable,
@@ -35,54 +44,40 @@ def peak_windows(
     parent: np.ndarray,
     bucket: np.ndarray,
     buckets: Buckets,
-    module_windows: list[int],
-    backward_windows: list[int],
-    step_spans: list[int],
+    swept: Sweep,
 ) -> Windows:
     """Entries into buckets plus the backward stretch of every module call (module docstring)."""
     ts, dur, tids = table.array("span_ts"), table.array("span_dur"), table.array("span_tid")
     p = parent[order]
     entry = (p < 0) | (bucket[np.maximum(p, 0)] != bucket[order])
     entries = order[entry & (bucket[order] >= 0)]
-    if step_spans:
-        entries = entries[~np.isin(entries, np.asarray(step_spans, dtype=np.int64))]
-    s_tid, s_start, s_end, s_bucket = _backward_stretches(
-        table, order, parent, bucket, buckets, module_windows, backward_windows
-    )
+    if swept.step_spans:
+        entries = entries[~np.isin(entries, np.asarray(swept.step_spans, dtype=np.int64))]
+    entry_windows = Windows(tids[entries], ts[entries], (ts + dur)[entries], bucket[entries])
+    stretches = _backward_stretches(table, parent, bucket, buckets, swept)
     return Windows(
-        tid=np.concatenate([tids[entries], s_tid]),
-        start=np.concatenate([ts[entries], s_start]),
-        end=np.concatenate([(ts + dur)[entries], s_end]),
-        bucket=np.concatenate([bucket[entries], s_bucket]),
+        *(
+            np.concatenate([getattr(entry_windows, f), getattr(stretches, f)])
+            for f in ("tid", "start", "end", "bucket")
+        )
     )
 
 
 def _backward_stretches(
-    table: EventTable,
-    order: np.ndarray,
-    parent: np.ndarray,
-    bucket: np.ndarray,
-    buckets: Buckets,
-    module_windows: list[int],
-    backward_windows: list[int],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    table: EventTable, parent: np.ndarray, bucket: np.ndarray, buckets: Buckets, swept: Sweep
+) -> Windows:
     empty = np.zeros(0, dtype=np.int64)
-    if not module_windows or not backward_windows:
-        return empty, empty, empty, empty
-    ts, dur = table.array("span_ts"), table.array("span_dur")
-    seq, fwd_tid, tids = table.array("span_seq"), table.array("span_fwd_tid"), table.array("span_tid")
-    ops = forward_ops(table, order)
-    nodes = np.asarray(backward_windows, dtype=np.int64)
-    owner = np.array(
-        [
-            ops.get((int(f), int(q)), -1)
-            for f, q in zip(fwd_tid[nodes].tolist(), seq[nodes].tolist(), strict=True)
-        ],
-        dtype=np.int64,
-    )
+    none = Windows(empty, empty, empty, empty)
+    if not swept.module_windows or not swept.backward_windows:
+        return none
+    ts, dur, tids = table.array("span_ts"), table.array("span_dur"), table.array("span_tid")
+    nodes = np.asarray(swept.backward_windows, dtype=np.int64)
+    seq, fwd_tid = table.array("span_seq")[nodes].tolist(), table.array("span_fwd_tid")[nodes].tolist()
+    ops = swept.forward_op_of  # each node's forward op, as the sweep found it
+    owner = np.array([ops.get(key, -1) for key in zip(fwd_tid, seq, strict=True)], dtype=np.int64)
     nodes, cand = nodes[owner >= 0], owner[owner >= 0]
     is_call = np.zeros(table.span_count, dtype=bool)
-    is_call[np.asarray(module_windows, dtype=np.int64)] = True
+    is_call[np.asarray(swept.module_windows, dtype=np.int64)] = True
     pair_call: list[np.ndarray] = []
     pair_node: list[np.ndarray] = []
     # Walk every node's forward op up through its ancestors at once, one nesting level per step,
@@ -94,11 +89,11 @@ def _backward_stretches(
         up = parent[cand]
         nodes, cand = nodes[up >= 0], up[up >= 0]
     if not pair_call:
-        return empty, empty, empty, empty
+        return none
     calls = np.concatenate(pair_call)
     node_of = np.concatenate(pair_node)
     if not calls.size:
-        return empty, empty, empty, empty
+        return none
     unique_calls, slot = np.unique(calls, return_inverse=True)
     start = np.full(unique_calls.size, np.iinfo(np.int64).max, dtype=np.int64)
     end = np.zeros(unique_calls.size, dtype=np.int64)
@@ -111,4 +106,4 @@ def _backward_stretches(
         [backward_of.get(int(b), -1) for b in bucket[unique_calls].tolist()], dtype=np.int64
     )
     keep = stretch_bucket >= 0
-    return tids[first_node][keep], start[keep], end[keep], stretch_bucket[keep]
+    return Windows(tids[first_node][keep], start[keep], end[keep], stretch_bucket[keep])

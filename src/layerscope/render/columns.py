@@ -247,6 +247,7 @@ def _step_note(r: StepRow) -> str:
 
 def step_columns(rows: Sequence[StepRow]) -> tuple[Column[StepRow], ...]:
     """The step table's columns; outlier steps' numbers in bold red."""
+    memory = any(r.peak_bytes is not None for r in rows)  # steps of a profile with memory
     return (
         Column(
             "step",
@@ -265,20 +266,8 @@ def step_columns(rows: Sequence[StepRow]) -> tuple[Column[StepRow], ...]:
         ),
         Column("forward", "Forward", lambda r: fmt_time_us(r.forward_us), drop=4),
         Column("backward", "Backward", lambda r: fmt_time_us(r.backward_us), drop=3),
-        Column(
-            "peak",
-            "Peak live",
-            lambda r: fmt_bytes(r.peak_bytes or 0),
-            drop=6,
-            shown=any(r.peak_bytes is not None for r in rows),
-        ),
-        Column(
-            "net",
-            "Net",
-            lambda r: fmt_bytes(r.net_bytes or 0),
-            drop=5,
-            shown=any(r.net_bytes is not None for r in rows),
-        ),
+        Column("peak", "Peak live", lambda r: fmt_bytes(r.peak_bytes or 0), drop=6, shown=memory),
+        Column("net", "Net", lambda r: fmt_bytes(r.net_bytes or 0), drop=5, shown=memory),
         Column("vs_median", "vs median", lambda r: f"{r.ratio_to_median:.2f}x"),
         Column("note", "Note", _step_note, justify="left"),
     )

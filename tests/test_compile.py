@@ -25,8 +25,8 @@ from torch._dynamo.utils import counters
 
 import layerscope as ls
 from layerscope.attribution.compiled import LABEL_COMPILING, kernel_key
-from layerscope.capture import compiled as compiled_capture
-from layerscope.capture.compiled import common_ancestor, module_path
+from layerscope.capture import compile_watch
+from layerscope.capture.compiled import common_ancestor, inductor_kernel_key, module_path
 from tests.fixtures.models import WideAmongNarrow
 from tests.test_recording import assert_same_tree
 
@@ -258,7 +258,7 @@ def test_cycle_traces_of_a_compiled_model_read_back_to_its_tree(whole: Scenario,
 def test_code_compiled_before_the_block_gives_an_honest_tree(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(compiled_capture, "_registry", [])  # nothing learnt yet in this process
+    compile_watch.forget_graphs()  # nothing learnt yet in this process
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = torch.compile(WideAmongNarrow())
@@ -281,7 +281,7 @@ def test_code_compiled_before_the_block_gives_an_honest_tree(
 
 @needs_provenance
 def test_compile_info_learns_graphs_for_later_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compiled_capture, "_registry", [])
+    compile_watch.forget_graphs()
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = torch.compile(WideAmongNarrow())
@@ -313,8 +313,8 @@ def test_module_paths_from_dynamo_stacks(entry: str, path: str) -> None:
 def test_kernel_names_meet_on_both_sides() -> None:
     assert kernel_key("graph_0_cpp_fused_gelu_0") == "cpp_fused_gelu_0"
     assert kernel_key("aten::addmm") == "addmm"
-    assert compiled_capture.inductor_kernel_key("extern_kernels.addmm") == "addmm"
-    assert compiled_capture.inductor_kernel_key("torch.ops.aten.mm.default") == "mm"
+    assert inductor_kernel_key("extern_kernels.addmm") == "addmm"
+    assert inductor_kernel_key("torch.ops.aten.mm.default") == "mm"
     assert common_ancestor(["wide.act", "wide.up"]) == "wide"
     assert common_ancestor(["wide.act", "narrow.0"]) == ""
     assert common_ancestor([]) == ""
@@ -367,5 +367,5 @@ def test_a_torch_without_the_provenance_hook_still_profiles(monkeypatch: pytest.
     with ls.profile(model) as prof:
         model(torch.randn(4, 8)).sum().backward()
     prof.profile.validate()
-    assert compiled_capture._unsupported  # why watching failed is kept (a missing hook or config key)
+    assert compile_watch._unsupported  # why watching failed is kept (a missing hook or config key)
     assert inductor_config.cpp.enable_kernel_profile is False  # flags set before the failure are undone

@@ -21,7 +21,7 @@ from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, StepSt
 from layerscope.version import __version__
 
 if TYPE_CHECKING:
-    from layerscope.capture.compiled import compile_info
+    from layerscope.capture.compile_watch import compile_info, watch_compiles
     from layerscope.capture.schedule import schedule
     from layerscope.capture.session import CompileInfoWarning, Cycle, profile
 
@@ -32,10 +32,10 @@ def __getattr__(name: str) -> Any:
         from layerscope.capture import session
 
         return getattr(session, name)
-    if name == "compile_info":
-        from layerscope.capture.compiled import compile_info
+    if name in ("compile_info", "watch_compiles"):
+        from layerscope.capture import compile_watch
 
-        return compile_info
+        return getattr(compile_watch, name)
     if name == "schedule":
         from layerscope.capture.schedule import schedule
 
@@ -69,4 +69,19 @@ __all__ = [
     "profile",
     "save_to",
     "schedule",
+    "watch_compiles",
 ]
+
+
+def _watch_compiles_when_asked() -> None:
+    # LAYERSCOPE_WATCH_COMPILES=1: the opt-in of watch_compiles() for scripts one cannot edit. Checked
+    # here so that torch is imported only when it is set.
+    import os
+
+    if os.environ.get("LAYERSCOPE_WATCH_COMPILES"):
+        from layerscope.capture.compile_watch import watch_from_environment
+
+        watch_from_environment()
+
+
+_watch_compiles_when_asked()

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+#: The type of global mode's synthetic root, which holds the top-level modules called.
+GLOBAL_ROOT_TYPE = "(all modules)"
+
 
 @dataclass(frozen=True, slots=True)
 class ModuleInfo:

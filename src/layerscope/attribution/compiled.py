@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from layerscope.attribution.catalog import ModuleInfo
+from layerscope.attribution.catalog import GLOBAL_ROOT_TYPE, ModuleInfo
+from layerscope.model.profile import Phase
 
 if TYPE_CHECKING:  # buckets.py imports this module (for the names of compiled graph ranges)
     from layerscope.attribution.buckets import Buckets
@@ -159,22 +160,22 @@ def attribute_compiled_kernels(
             children[p].append(i)
     cache: dict[tuple[str, ...], tuple[CompiledGraph, list[int]] | None] = {}
     changed: dict[int, tuple[int, int]] = {}  # span -> (old bucket, new bucket)
+    model_root = bool(catalog) and catalog[0].path == "" and catalog[0].type_name != GLOBAL_ROOT_TYPE
     for g in graph_spans:
-        root_bucket = bucket[g]
-        if not buckets.is_module(root_bucket):
-            continue  # a graph outside every module: nothing to place its kernels under
         kids = children[g]
         keys = tuple(kernel_key(names[span_name[c]]) for c in kids)
         if keys not in cache:
             cache[keys] = _best_graph(keys, graphs)
         found = cache[keys]
-        if found is None:
+        placement = _compiled_root(bucket[g], buckets, model_root)
+        if found is None or placement is None:
             continue
         graph, matched = found
-        result.matched_calls += 1
-        root = buckets.module_of(root_bucket)
+        root, phase_bit, scoped = placement
         root_path = catalog[root].path
-        phase_bit = buckets.phase_bit(root_bucket)  # kernels stay in the phase of the graph call
+        if not scoped and not all(not m or m in index for m in graph.modules):
+            continue  # outside every module and not a graph of this model's modules
+        result.matched_calls += 1
         called: set[int] = set()
         for child, k in zip(kids, matched, strict=True):
             if k < 0:
@@ -189,13 +190,30 @@ def attribute_compiled_kernels(
                 bucket[child] = new_bucket
                 result.moved += 1
             called.add(target)
-        # a forward graph call is one call of each module it ran kernels of
-        if buckets.is_forward(root_bucket):
+        # a forward graph call is one call of each module it ran kernels of (and of the root, when
+        # no scope of its own ran)
+        if phase_bit == 0:
             for m in _with_ancestors(called, catalog, index, root):
                 module_calls[m] += 1
+            if not scoped:
+                module_calls[root] += 1
     if changed:
         _children_follow(in_time_order, parent, bucket, changed)
     return result
+
+
+def _compiled_root(graph_bucket: int, buckets: Buckets, model_root: bool) -> tuple[int, int, bool] | None:
+    """Which module a graph call's kernels are placed under, the phase bit, and whether that module's
+    scope holds the call: the module whose scope the call ran in, else (a model compiled where no
+    scope of ours can run, e.g. a compiled training step) the model's root, in the call's phase."""
+    if buckets.is_module(graph_bucket):
+        return buckets.module_of(graph_bucket), buckets.phase_bit(graph_bucket), True
+    if not model_root or graph_bucket < 0:
+        return None
+    phase = buckets.phase_of(graph_bucket)
+    if phase == Phase.OTHER:
+        return None
+    return 0, int(phase == Phase.BACKWARD), False
 
 
 def _with_ancestors(

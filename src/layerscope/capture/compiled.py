@@ -5,31 +5,30 @@ Inside a compiled region the module hooks do not run (they are traced away), so 
 kernel has to come from the compiler. While Inductor emits a kernel call it calls
 ``torch._inductor.debug.set_kernel_post_grad_provenance_tracing(nodes, kernel_name)`` with the
 post-grad FX nodes the kernel computes, whether provenance tracking is on or not. We wrap that
-function: each node's ``meta["nn_module_stack"]`` names the module of forward nodes, and backward
-nodes carry the ``seq_nr`` of the forward op they differentiate, which leads back to that module.
-A kernel fused from nodes of several modules goes to their deepest common ancestor.
+function: each node's ``meta["nn_module_stack"]`` names the module of forward nodes; backward nodes
+carry the forward op's stack (``fwd_nn_module_stack``) or its ``seq_nr``, which leads back to that
+module; a node a pass made without metadata (a gradient addition fused into a matmul) takes the
+modules of the nodes it computes from. A kernel fused from nodes of several modules goes to their
+deepest common ancestor.
 
 Kernels are recorded per graph, in the order the generated wrapper calls them; attribution later
 matches them, in order, with the children of each ``## Call CompiledFxGraph ##`` range.
 
-Only compilation that happens while collecting is seen. Around it a few Inductor flags are set and
-restored: CPU kernels get profiler ranges (``cpp.enable_kernel_profile``, otherwise they are
-invisible to the profiler) and the FX-graph and AOTAutograd caches are bypassed (a cache hit skips
-code generation, so nothing could be learnt). The generated code computes the same values either way.
+Only compilation that happens while collecting is seen (``compile_watch.py`` decides when). Around
+it a few Inductor flags are set and restored: CPU kernels get profiler ranges
+(``cpp.enable_kernel_profile``, otherwise they are invisible to the profiler) and the FX-graph and
+AOTAutograd caches are bypassed (a cache hit skips code generation, so nothing could be learnt).
+The generated code computes the same values either way.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-import sys
 import threading
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from typing import Any
-
-from torch import nn
 
 from layerscope.attribution.compiled import kernel_key
 
@@ -96,13 +95,13 @@ class _Graph:
     kernels: list[_Kernel] = field(default_factory=list)
 
 
-class _Collector:
-    """Graphs seen while collecting, by the identity of the GraphLowering that generated them."""
+class Collector:
+    """Graphs seen while collecting, by the identity of the GraphLowering that generated them (the
+    newest :data:`MAX_GRAPHS`: a process-wide watch collects for as long as the process runs)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.graphs: dict[int, _Graph] = {}
-        self.order: list[int] = []
         self.module_of_seq: dict[int, str] = {}
 
     def record(self, node_schedule: Any, kernel_name: str, is_extern: bool) -> None:
@@ -111,34 +110,85 @@ class _Collector:
         seqs: list[int] = []
         for node in nodes:
             meta = getattr(node, "meta", None) or {}
-            stack = meta.get("nn_module_stack")
+            path = _stack_path(meta.get("nn_module_stack"))
             seq = meta.get("seq_nr")
-            if stack:
-                path = module_path(str(list(stack.values())[-1][0]))
+            if path is not None:
                 modules.append(path)
                 if isinstance(seq, int):
                     self.module_of_seq.setdefault(seq, path)
+                continue
+            # a backward node: the module of the forward op it differentiates
+            path = _stack_path(meta.get("fwd_nn_module_stack"))
+            if path is not None:
+                modules.append(path)
             elif isinstance(seq, int):
                 seqs.append(seq)
+            else:
+                modules.extend(self._modules_of_inputs(node))
         graph_id = _current_graph_id()
         with self.lock:
             graph = self.graphs.get(graph_id)
             if graph is None:
                 graph = self.graphs[graph_id] = _Graph()
-                self.order.append(graph_id)
+                while len(self.graphs) > MAX_GRAPHS:
+                    del self.graphs[next(iter(self.graphs))]
             graph.kernels.append(_Kernel(inductor_kernel_key(kernel_name), modules, seqs))
+
+    def clear(self) -> None:
+        """Forget every graph recorded so far."""
+        with self.lock:
+            self.graphs.clear()
+            self.module_of_seq.clear()
+
+    def _modules_of_inputs(self, node: Any) -> list[str]:
+        """A node Inductor's passes made without metadata (e.g. a backward ``addmm`` fusing a
+        gradient addition into a matmul) computes from nodes that have it: their modules. For the
+        matmuls only the product's operands count (the addend is a gradient from elsewhere)."""
+        inputs = list(getattr(node, "all_input_nodes", ()))
+        target = str(getattr(node, "target", ""))
+        if _MATMUL_WITH_ADDEND.search(target):
+            args = getattr(node, "args", ())
+            inputs = [a for a in args[1:3] if hasattr(a, "meta")] or inputs
+        found: list[str] = []
+        for source in inputs:
+            meta = getattr(source, "meta", None) or {}
+            path = _stack_path(meta.get("nn_module_stack"))
+            if path is None:
+                path = _stack_path(meta.get("fwd_nn_module_stack"))
+            seq = meta.get("seq_nr")
+            if path is None and isinstance(seq, int):
+                path = self.module_of_seq.get(seq)
+            if path is not None:
+                found.append(path)
+        return [common_ancestor(found)] if found else []
 
     def finished(self) -> list[dict[str, Any]]:
         """Every graph as saved beside a trace: ``{"kernels": [[key, module path], ...]}``, module paths
         relative to the compiled root (a fused kernel: its modules' deepest common ancestor)."""
         result = []
-        for graph_id in self.order:
+        with self.lock:
+            graphs = list(self.graphs.values())
+        for graph in graphs:
             kernels = []
-            for k in self.graphs[graph_id].kernels:
+            for k in graph.kernels:
                 paths = k.modules + [self.module_of_seq[s] for s in k.seqs if s in self.module_of_seq]
                 kernels.append([k.key, common_ancestor(paths)])
             result.append({"kernels": kernels})
         return result
+
+
+_MATMUL_WITH_ADDEND = re.compile(r"\b(?:addmm|baddbmm)\b")
+
+
+def _stack_path(stack: Any) -> str | None:
+    """The innermost module of an ``nn_module_stack`` (a dict, outermost first), relative to the
+    compiled root; None without one."""
+    if not stack:
+        return None
+    try:
+        return module_path(str(list(stack.values())[-1][0]))
+    except (AttributeError, IndexError, TypeError):
+        return None
 
 
 def _origin_nodes(node_schedule: Any, is_extern: bool) -> list[Any]:
@@ -174,59 +224,9 @@ def _current_graph_id() -> int:
     return int(found)
 
 
-#: Why watching compilation failed on this torch, once per attempt (empty: it works).
-_unsupported: list[str] = []
-_registry_lock = threading.Lock()
-_registry: list[dict[str, Any]] = []
-_active: list[_Collector] = []
-
-
-def known_graphs() -> list[dict[str, Any]]:
-    """Every graph whose kernels' modules layerscope learnt in this process (oldest first), those of
-    blocks still collecting included (a schedule's cycle ends inside the block)."""
-    with _registry_lock:
-        return list(_registry) + [g for c in _active for g in c.finished()]
-
-
-def should_collect() -> bool:
-    """Collect only when torch.compile is in use in this process (importing Inductor takes seconds)."""
-    return "torch._dynamo" in sys.modules
-
-
-@contextmanager
-def collecting_compile_info() -> Iterator[None]:
-    """While open, compilation records which module each kernel comes from (see the module doc);
-    the graphs join :func:`known_graphs` when it closes. Flags and functions are restored on exit,
-    exceptions and interrupts included."""
-    collector = _Collector()
-    with ExitStack() as undo:
-        watching = True
-        try:
-            _watch_compilation(undo, collector)
-        except (AttributeError, ImportError, KeyError, RuntimeError) as exc:
-            # An older or newer torch without what this needs: profiling goes on; compiled regions
-            # then stay whole (their kernels with the compiled module), as for code compiled unwatched.
-            undo.close()
-            _unsupported.append(f"{type(exc).__name__}: {exc}")
-            del _unsupported[:-10]
-            watching = False
-        if not watching:
-            yield
-            return
-        with _registry_lock:
-            _active.append(collector)
-        try:
-            yield
-        finally:
-            graphs = collector.finished()
-            with _registry_lock:
-                _active.remove(collector)
-                _registry.extend(graphs)
-                del _registry[: max(0, len(_registry) - MAX_GRAPHS)]
-
-
-def _watch_compilation(undo: ExitStack, collector: _Collector) -> None:
-    """Set the Inductor flags and wrap the provenance hook (undone by ``undo``)."""
+def install(undo: ExitStack, collector: Collector) -> None:
+    """Set the Inductor flags and wrap the provenance hook so that ``collector`` records every
+    kernel generated (undone by ``undo``). Raises when this torch lacks what it needs."""
     import importlib
 
     import torch._functorch.config as functorch_config
@@ -254,28 +254,3 @@ def _watch_compilation(undo: ExitStack, collector: _Collector) -> None:
         if getattr(holder, _PROVENANCE_FUNCTION, None) is original:
             setattr(holder, _PROVENANCE_FUNCTION, traced)
             undo.callback(setattr, holder, _PROVENANCE_FUNCTION, original)
-
-
-def compile_info() -> Any:
-    """``with layerscope.compile_info(): model(x)``: learn the modules of the kernels of graphs that
-    compile in this block (e.g. a warm-up before a long job), for profiles taken later. Compilation
-    inside ``layerscope.profile`` is covered without it."""
-    return collecting_compile_info()
-
-
-# ----- compiled modules ---------------------------------------------------------------------------
-
-
-def unwrap_compiled(model: nn.Module) -> nn.Module:
-    """The module a ``torch.compile(model)`` wrapper (``OptimizedModule``) compiles, else ``model``."""
-    inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule" else model
-
-
-def is_compiled(model: nn.Module | None) -> bool:
-    """Whether ``model`` is, or contains, a compiled module (``torch.compile(m)``, ``m.compile()``)."""
-    if model is None:
-        return False
-    if unwrap_compiled(model) is not model:
-        return True
-    return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())

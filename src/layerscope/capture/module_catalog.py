@@ -10,9 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from layerscope.attribution.catalog import ModuleInfo
-
-GLOBAL_ROOT_TYPE = "(all modules)"
+from layerscope.attribution.catalog import GLOBAL_ROOT_TYPE, ModuleInfo
 
 #: Tensor shapes as taken on a module's first call; formatted only when the catalog is made.
 RawShapes = list[torch.Size] | None

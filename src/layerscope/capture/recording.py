@@ -21,7 +21,7 @@ import torch
 
 from layerscope.attribution.attribute import build_profile
 from layerscope.attribution.catalog import ModuleInfo
-from layerscope.capture.compiled import known_graphs
+from layerscope.capture.compile_watch import known_graphs
 from layerscope.capture.environment import device_meta, distributed_info, environment_meta
 from layerscope.capture.flops import FlopCalculator
 from layerscope.capture.kineto import table_from_kineto

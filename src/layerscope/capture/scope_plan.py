@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from layerscope.capture import native
-from layerscope.capture.compiled import unwrap_compiled
+from layerscope.capture.compiled_modules import has_compiled_methods, is_compiled, model_modules
 from layerscope.capture.options import ModuleSelection
 
 CLASS_WRAPPER = "class wrapper"
@@ -143,31 +143,34 @@ def plan_scopes(
     plan = ScopePlan(
         marks=marks_blocked_by is None, marks_reason=marks_blocked_by or "the native module's marks"
     )
-    inner = unwrap_compiled(model)
-    whole_model_compiled = inner is not model
-    if whole_model_compiled:
-        reason = "torch.compile(model): the wrapper's hooks run outside the compiled region"
-        scope = ModuleScope("", type(inner).__name__, HOOKS, RANGES, reason)
-        plan.modules.append(PlannedModule(scope, model, inner))
-    class_wrappers_blocked = _class_wrappers_blocked(inner, whole_model_compiled, module_scopes)
+    class_wrappers_blocked = _class_wrappers_blocked(model, module_scopes)
     compiled_roots: list[str] = []
-    for path, module in inner.named_modules():
-        if whole_model_compiled and path == "":
+    for entry in model_modules(model):
+        wrapper_scoped = selection.why_folded(entry.path) is None and not _inside(entry.path, compiled_roots)
+        if entry.is_wrapper and wrapper_scoped:
+            reason = "torch.compile(module): the wrapper's hooks run outside the compiled region"
+            scope = ModuleScope(entry.path, type(entry.inner).__name__, HOOKS, RANGES, reason)
+            plan.modules.append(PlannedModule(scope, entry.scoped, entry.inner))
+            compiled_roots.append(entry.path)
             continue
         planned = _plan_module(
-            path, module, selection, plan, compiled_roots, whole_model_compiled, class_wrappers_blocked
+            entry.path, entry.inner, selection, plan, compiled_roots, class_wrappers_blocked
         )
         plan.modules.append(planned)
-        if planned.scope.mechanism == COMPILED_CALL:
-            compiled_roots.append(path)
+        if planned.scope.mechanism == COMPILED_CALL or has_compiled_methods(entry.inner):
+            compiled_roots.append(entry.path)
     return plan
 
 
-def _class_wrappers_blocked(inner: nn.Module, whole_model_compiled: bool, module_scopes: str) -> str | None:
+def _inside(path: str, compiled_roots: list[str]) -> bool:
+    """Whether ``path`` runs inside the compiled code of one of ``compiled_roots``."""
+    return any(path != root and (root == "" or path.startswith(f"{root}.")) for root in compiled_roots)
+
+
+def _class_wrappers_blocked(model: nn.Module, module_scopes: str) -> str | None:
     if module_scopes == "hooks":
         return "module_scopes='hooks'"
-    has_compiled_parts = any(getattr(m, "_compiled_call_impl", None) is not None for m in inner.modules())
-    if whole_model_compiled or has_compiled_parts:
+    if is_compiled(model):
         # Dynamo guards on the forward functions it inlined: a patched class would cost recompiles.
         return "the model has compiled parts (a patched class would make them recompile)"
     return None
@@ -179,7 +182,6 @@ def _plan_module(
     selection: ModuleSelection,
     plan: ScopePlan,
     compiled_roots: list[str],
-    whole_model_compiled: bool,
     class_wrappers_blocked: str | None,
 ) -> PlannedModule:
     type_name = type(module).__name__
@@ -193,15 +195,19 @@ def _plan_module(
     if isinstance(module, torch.jit.ScriptModule):
         # A scripted submodule's work stays in its parent's self time; a scripted root is the tree.
         return planned(NO_SCOPE, None, "TorchScript runs no Python hooks", in_catalog=path == "")
-    inside = whole_model_compiled or any(
-        path != root and (root == "" or path.startswith(f"{root}.")) for root in compiled_roots
-    )
-    if inside:
+    if _inside(path, compiled_roots):
         # Hooks would not run there, and Dynamo guards on their ids (a recompile per module).
         return planned(NO_SCOPE, None, "inside compiled code: kernels placed by the compiler's provenance")
     if getattr(module, "_compiled_call_impl", None) is not None:
         why = "module.compile(): its hooks would run inside the compiled call"
         return planned(COMPILED_CALL, RANGES, why)
+    if has_compiled_methods(module):
+        # e.g. Lightning's from_compiled: the step that calls forward is compiled too, so even a
+        # hook on this module would run inside compiled code; its graph calls go to it by the
+        # compiler's provenance.
+        return planned(
+            NO_SCOPE, None, "forward compiled on the instance: no scope runs outside compiled code"
+        )
     if class_wrappers_blocked is not None:
         return planned(HOOKS, RANGES, class_wrappers_blocked)
     owner, why_not = forward_owner(module)

@@ -168,7 +168,10 @@ def test_most_time_lands_below_the_root_and_the_heaviest_module_matches_eager(
     profile = scenario.profile
     root = profile.root
     below = sum(c.total.cpu_us for c in root.children)
-    assert below >= 0.8 * root.total.cpu_us, (below, root.total.cpu_us)
+    assert below >= 0.8 * root.total.cpu_us, (below, root.total.cpu_us)  # ~90%: benchmarks/compile.py
+    # every kernel of the graphs is placed: only the compiled runtime's own ranges stay on the root
+    on_root = {r.name for r in profile.ops(group_by=("name", "module")) if r.module == ""}
+    assert not {n for n in on_root if n.startswith(("aten::", "graph_"))}, on_root
     compiled_leaves, eager_leaves = _leaf_total_cpu(profile), _leaf_total_cpu(eager)
     assert max(eager_leaves, key=eager_leaves.__getitem__) == HEAVIEST
     assert max(compiled_leaves, key=compiled_leaves.__getitem__) == HEAVIEST
@@ -271,7 +274,8 @@ def test_code_compiled_before_the_block_gives_an_honest_tree(
         profile = session.profile
     profile.validate()
     notes = [w for w in caught if issubclass(w.category, ls.CompileInfoWarning)]
-    assert len(notes) == 1 and "layerscope.compile_info()" in str(notes[0].message)
+    message = str(notes[0].message)
+    assert len(notes) == 1 and "layerscope.watch_compiles()" in message and "torch._dynamo.reset()" in message
     assert notes[0].filename == __file__  # the user's line that asked for the profile
     assert profile.meta["compiled"]["mapped_graph_calls"] == 0
     # the compiled region is one node holding its kernels: nothing placed in a wrong module
@@ -304,6 +308,8 @@ def test_compile_info_learns_graphs_for_later_profiles(monkeypatch: pytest.Monke
         ("L['self']._modules['wide']._modules['mid']", "wide.mid"),
         ("L['self']", ""),
         ("L['mod'].up", "up"),
+        ("G['model'].wide.mid", "wide.mid"),  # a compiled function calling a global model
+        ("L['self'].forward._torchdynamo_inline.__self__.head", "head"),  # Lightning's compiled forward
     ],
 )
 def test_module_paths_from_dynamo_stacks(entry: str, path: str) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._inductor.debug
 from torch import nn
 
 from tests.fixtures.models import tiny_resnet
@@ -68,7 +69,9 @@ def test_torchprof_backward_option_and_disabled() -> None:
 
 # ----- Hugging Face Transformers ------------------------------------------------------------------------
 @needs("transformers")
-def test_transformers_trainer_callback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _train_tiny_gpt2(output_dir: Path, profiled: bool = True, **training: object) -> tuple[nn.Module, object]:
+    """Six Trainer steps of a one-layer GPT-2 built from a config (no download), profiled by the
+    callback over steps 2-3 (unless not ``profiled``); returns the model and the callback."""
     try:
         from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
     except ImportError as exc:  # the pinned transformers needs a newer torch than some we test on
@@ -85,7 +88,7 @@ def test_transformers_trainer_callback(tmp_path: Path, capsys: pytest.CaptureFix
         {"input_ids": torch.randint(0, 64, (16,)), "labels": torch.randint(0, 64, (16,))} for _ in range(16)
     ]
     args = TrainingArguments(
-        output_dir=str(tmp_path),
+        output_dir=str(output_dir),
         max_steps=6,
         per_device_train_batch_size=2,
         report_to=[],
@@ -93,11 +96,17 @@ def test_transformers_trainer_callback(tmp_path: Path, capsys: pytest.CaptureFix
         save_strategy="no",
         logging_strategy="no",
         disable_tqdm=True,
+        **training,  # type: ignore[arg-type]
     )
     callback = LayerscopeCallback(wait=1, warmup=1, active=2, repeat=1)
-    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
-    assert len(callback.cycles) == 1
-    profile = callback.cycles[0].profile
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback] if profiled else []).train()
+    return model, callback
+
+
+def test_transformers_trainer_callback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model, callback = _train_tiny_gpt2(tmp_path)
+    assert len(callback.cycles) == 1  # type: ignore[attr-defined]
+    profile = callback.cycles[0].profile  # type: ignore[attr-defined]
     profile.validate()
     assert len(profile.steps) == 2
     attention = profile.find("transformer.h.0.attn")
@@ -108,6 +117,38 @@ def test_transformers_trainer_callback(tmp_path: Path, capsys: pytest.CaptureFix
     assert not any(m._forward_hooks for m in model.modules())  # hooks gone after training
     (said,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("layerscope:")]
     assert said.endswith(f" in {tmp_path / 'layerscope'}") and all(name in said for name in names)
+
+
+@pytest.mark.skipif(
+    not hasattr(torch._inductor.debug, "set_kernel_post_grad_provenance_tracing"),
+    reason=f"torch {torch.__version__} has no Inductor provenance hook",
+)
+def test_transformers_trainer_with_torch_compile(tmp_path: Path) -> None:
+    """torch_compile=True: the Trainer compiles the model it was given and runs the compiled wrapper,
+    while the callback is handed the uncompiled model; the profile must still show its modules."""
+    from torch._dynamo.utils import counters
+
+    def dynamo_counts() -> tuple[int, int, int]:
+        stats = counters["stats"]
+        return stats["unique_graphs"], stats["calls_captured"], sum(counters["graph_break"].values())
+
+    torch._dynamo.reset()
+    counters.clear()
+    _train_tiny_gpt2(tmp_path / "unprofiled", profiled=False, torch_compile=True)
+    unprofiled = dynamo_counts()
+    torch._dynamo.reset()
+    counters.clear()
+    _, callback = _train_tiny_gpt2(tmp_path, torch_compile=True)
+    profile = callback.cycles[0].profile  # type: ignore[attr-defined]
+    profile.validate()
+    compiled = profile.meta["compiled"]
+    assert compiled["mapped_graph_calls"] == compiled["graph_calls"] > 0 and "note" not in compiled
+    assert profile.root.calls == 2  # the wrapper's scope: one call a step
+    for path in ("transformer.h.0.attn.c_attn", "transformer.h.0.mlp.c_fc", "lm_head"):
+        node = profile.find(path)
+        assert node.forward.self_cpu_us > 0 and node.backward.self_cpu_us > 0, path
+        assert node.forward.flops > 0, path
+    assert dynamo_counts() == unprofiled  # watching and profiling compiled nothing more
 
 
 # ----- Hugging Face Accelerate --------------------------------------------------------------------------
@@ -145,8 +186,8 @@ def test_accelerate_profile_kwargs(tmp_path: Path) -> None:
 
 
 # ----- PyTorch Lightning ---------------------------------------------------------------------------------
-@needs("lightning")
-def test_lightning_profiler(tmp_path: Path) -> None:
+def _fit_tiny_lightning_module(dirpath: Path, compile_it: bool = False) -> object:
+    """Seven Lightning steps of a small module, profiled over steps 2-4; returns the profiler."""
     import lightning as L
 
     from layerscope.integrations.lightning import LayerscopeProfiler
@@ -157,14 +198,17 @@ def test_lightning_profiler(tmp_path: Path) -> None:
             self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
             self.head = nn.Linear(16, 2)
 
+        def forward(self, batch: torch.Tensor) -> torch.Tensor:
+            return self.head(self.encoder(batch))
+
         def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-            return self.head(self.encoder(batch)).sum()
+            return self(batch).sum()
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     data = torch.utils.data.DataLoader(torch.randn(32, 8), batch_size=4)
-    profiler = LayerscopeProfiler(dirpath=tmp_path, wait=1, warmup=1, active=3, repeat=1)
+    profiler = LayerscopeProfiler(dirpath=dirpath, wait=1, warmup=1, active=3, repeat=1)
     trainer = L.Trainer(
         max_steps=7,
         profiler=profiler,
@@ -174,15 +218,43 @@ def test_lightning_profiler(tmp_path: Path) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(TinyModule(), data)
-    assert len(profiler.cycles) == 1
-    p = profiler.cycles[0].profile
+    module = TinyModule()
+    trainer.fit(torch.compile(module) if compile_it else module, data)
+    return profiler
+
+
+@needs("lightning")
+def test_lightning_profiler(tmp_path: Path) -> None:
+    profiler = _fit_tiny_lightning_module(tmp_path)
+    assert len(profiler.cycles) == 1  # type: ignore[attr-defined]
+    p = profiler.cycles[0].profile  # type: ignore[attr-defined]
     p.validate()
     assert len(p.steps) == 3
     assert p.find("encoder.0").type_name == "Linear" and p.find("head").backward.cpu_us > 0
     files = sorted((tmp_path / "layerscope").iterdir())
     assert [f.name.startswith("rank0_steps2-4_") for f in files] == [True, True, True]  # json.gz, html, txt
-    assert "encoder" in profiler.summary()
+    assert "encoder" in profiler.summary()  # type: ignore[attr-defined]
+
+
+@needs("lightning")
+@pytest.mark.skipif(
+    not hasattr(torch._inductor.debug, "set_kernel_post_grad_provenance_tracing"),
+    reason=f"torch {torch.__version__} has no Inductor provenance hook",
+)
+def test_lightning_fit_of_a_compiled_module(tmp_path: Path) -> None:
+    """trainer.fit(torch.compile(module)): Lightning compiles the module's forward and training_step
+    on the instance, so no scope of ours can run; the compiled kernels still reach their modules."""
+    torch._dynamo.reset()
+    profiler = _fit_tiny_lightning_module(tmp_path, compile_it=True)
+    p = profiler.cycles[0].profile  # type: ignore[attr-defined]
+    p.validate()
+    compiled = p.meta["compiled"]
+    assert compiled["mapped_graph_calls"] == compiled["graph_calls"] > 0 and "note" not in compiled
+    assert p.root.calls == 3  # one compiled forward a step
+    for path in ("encoder.0", "head"):
+        node = p.find(path)
+        assert node.forward.self_cpu_us > 0 and node.backward.self_cpu_us > 0 and node.forward.flops > 0
+    assert not profiler.compile_watch  # type: ignore[attr-defined]  # the watch ended with training
 
 
 def test_layerscope_works_without_the_frameworks(tmp_path: Path) -> None:

@@ -205,15 +205,13 @@ def attribute_compiled_kernels(
 def _compiled_root(graph_bucket: int, buckets: Buckets, model_root: bool) -> tuple[int, int, bool] | None:
     """Which module a graph call's kernels are placed under, the phase bit, and whether that module's
     scope holds the call: the module whose scope the call ran in, else (a model compiled where no
-    scope of ours can run, e.g. a compiled training step) the model's root, in the call's phase."""
+    scope of ours can run: a compiled function or training step calling it) the model's root, in
+    the backward inside autograd's nodes and in the forward elsewhere."""
     if buckets.is_module(graph_bucket):
         return buckets.module_of(graph_bucket), buckets.phase_bit(graph_bucket), True
     if not model_root or graph_bucket < 0:
         return None
-    phase = buckets.phase_of(graph_bucket)
-    if phase == Phase.OTHER:
-        return None
-    return 0, int(phase == Phase.BACKWARD), False
+    return 0, int(buckets.phase_of(graph_bucket) == Phase.BACKWARD), False
 
 
 def _with_ancestors(

@@ -38,8 +38,10 @@ _HOLDERS = ("torch._inductor.debug", "torch._inductor.codegen.cpp", "torch._indu
 #: Graphs kept per process (oldest dropped first): each is a few hundred bytes per kernel.
 MAX_GRAPHS = 512
 
-_ROOT_TOKEN = re.compile(r"^(?:L\[['\"][^'\"]*['\"]\]|L__self__|self)(?=\.|$|\[|_modules)")
+_ROOT_TOKEN = re.compile(r"^(?:[LG]\[['\"][^'\"]*['\"]\]|L__self__|self)(?=\.|$|\[|_modules)")
 _GETATTR = re.compile(r"getattr\(([^()]*?),\s*['\"]([^'\"]+)['\"]\)")
+# A method Dynamo wrapped on the instance (Lightning's compiled forward) leads back to the module.
+_WRAPPED_METHOD = re.compile(r"\.?[A-Za-z_]\w*\._torchdynamo_(?:inline|orig_callable)\.__self__")
 _SUBSCRIPT = re.compile(r"(?:\._modules)?\[['\"]?([^'\"\]]+)['\"]?\]")
 
 
@@ -52,6 +54,7 @@ def module_path(stack_entry: str) -> str:
         if found is None:
             break
         text = f"{text[: found.start()]}{found.group(1)}.{found.group(2)}{text[found.end() :]}"
+    text = _WRAPPED_METHOD.sub("", text)
     text = _ROOT_TOKEN.sub("", text, count=1)
     text = _SUBSCRIPT.sub(lambda m: "." + m.group(1), text)
     return text.strip(".")

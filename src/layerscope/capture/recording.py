@@ -182,9 +182,10 @@ def _warn_unmapped_compiled_calls(profile: Profile) -> None:
     unmapped = compiled["graph_calls"] - compiled["mapped_graph_calls"]
     note = (
         f"{unmapped} of {compiled['graph_calls']} compiled graph calls ran code compiled before "
-        "layerscope could watch, so their kernels stay with the compiled module; make the first "
-        "call of the compiled model inside layerscope.profile(...) or layerscope.compile_info() "
-        "to see the modules inside"
+        "layerscope could watch, so their kernels stay with the compiled module: call "
+        "layerscope.watch_compiles() before the first call of the compiled model (or set "
+        "LAYERSCOPE_WATCH_COMPILES=1), or run the script under `layerscope run`; in a process that "
+        "already ran it (a notebook), call torch._dynamo.reset() first so that it compiles again"
     )
     compiled["note"] = note
     warnings.warn(note, CompileInfoWarning, stacklevel=_first_frame_outside_layerscope())

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from layerscope.attribution.catalog import ModuleInfo
+from layerscope.capture.compiled_modules import model_modules, unwrap_compiled
 from layerscope.capture.forward_ranges import ForwardRanges
 from layerscope.capture.module_catalog import RawShapes, global_catalog, model_catalog, shapes_of
 from layerscope.capture.module_marks import ModuleMarks
@@ -233,20 +234,27 @@ class ModuleScopes:
         stack = self._stack()
         parent_path: str | None = self._paths.get(stack[-1][0]) if stack else None
         if parent_path is None:
-            base = type(module).__name__
+            base = type(unwrap_compiled(module)).__name__
             name, k = base, 1
             while name in self._root_names:
                 name, k = f"{base}_{k}", k + 1
             self._root_names.add(name)
         else:
             # Not a registered child of the open module: name it by class under that module.
-            base = f"{parent_path}.{type(module).__name__}"
+            base = f"{parent_path}.{type(unwrap_compiled(module)).__name__}"
             name, k = base, 1
             while name in self._modules:
                 name, k = f"{base}_{k}", k + 1
-        for sub, child in module.named_modules(prefix=name):
-            if id(child) not in self._names:
-                self._register(child, sub)
+        for entry in model_modules(module):
+            if id(entry.scoped) in self._names:
+                continue
+            path = f"{name}.{entry.path}" if entry.path else name
+            self._register(entry.scoped, path, type(entry.inner).__name__, entry.inner)
+            if entry.is_wrapper:
+                # The wrapper's range stands for the module it compiles; were that module ever run
+                # eagerly (a graph break), its children's ranges still name their paths.
+                self._paths[id(entry.inner)] = path
+                self._names[id(entry.inner)] = None
 
     # ----- results -----------------------------------------------------------------------------
     def catalog(self) -> list[ModuleInfo]:

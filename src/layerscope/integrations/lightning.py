@@ -8,6 +8,9 @@ two: with automatic optimisation, ``training_step`` runs inside the optimizer's 
 Modules are named by their attribute path in the LightningModule. Each cycle is saved (profile,
 text report, optionally the Chrome trace) into ``dirpath`` (default: the Trainer's log dir), with
 the rank in the names; ``summary()`` is the last cycle's report.
+
+``torch.compile`` is watched from ``setup`` (before Lightning compiles and first runs the model),
+so ``trainer.fit(torch.compile(model))`` shows the model's modules.
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ class LayerscopeProfiler(Profiler):
         self.session: Any = None
         self.handler: Any = None
         self._lightning_module: Any = None  # set by Lightning's trainer
+        self.compile_watch: Any = None
+
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        from layerscope.capture.compile_watch import CompileWatch
+
+        super().setup(stage=stage, local_rank=local_rank, log_dir=log_dir)
+        if self.compile_watch is None:
+            self.compile_watch = CompileWatch().start()
 
     @property
     def cycles(self) -> list[Any]:
@@ -88,4 +99,7 @@ class LayerscopeProfiler(Profiler):
     def teardown(self, stage: str | None) -> None:
         if self.session is not None and self.session.is_running:
             self.session.stop()
+        if self.compile_watch is not None:
+            self.compile_watch.stop()
+            self.compile_watch = None
         super().teardown(stage=stage)

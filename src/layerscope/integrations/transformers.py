@@ -3,6 +3,10 @@
 Profiles chosen steps of ``Trainer.train()`` with a schedule and saves, per cycle, the profile, a
 text report and optionally the Chrome trace into ``<output_dir>/layerscope`` (names carry the rank);
 the main process says on stderr, one line per cycle, which files it wrote where.
+
+``torch.compile`` is watched from ``on_train_begin`` (before the first forward, where a model the
+Trainer compiles with ``torch_compile=True`` is compiled), and the compiled wrapper the Trainer runs
+is the one profiled, so compiled models show their modules.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class LayerscopeCallback(TrainerCallback):
         self.session: Any = None
         self.handler: Any = None
         self.announce = False
+        self.compile_watch: Any = None
 
     @property
     def cycles(self) -> list[Any]:
@@ -59,7 +64,9 @@ class LayerscopeCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         import layerscope as ls
+        from layerscope.capture.compile_watch import CompileWatch
 
+        self.compile_watch = CompileWatch().start()
         folder = self.output_dir or os.path.join(args.output_dir, "layerscope")
         rank = int(getattr(args, "process_index", 0) or 0)
         self.handler = save_with_report(folder, trace=self.trace, rank=rank)
@@ -89,3 +96,5 @@ class LayerscopeCallback(TrainerCallback):
         """Stop profiling and remove every hook (on_train_end does this; call it if training died)."""
         if self.session is not None and self.session.is_running:
             self.session.stop()
+        if self.compile_watch is not None:
+            self.compile_watch.stop()

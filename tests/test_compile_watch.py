@@ -255,3 +255,16 @@ def test_a_compiled_submodule_shows_its_inner_modules() -> None:
     assert first.forward.flops == STEPS * 2 * 1024 * 32 * 512
     assert not any("_orig_mod" in n.path for n in profile.modules())
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_layerscope_profile_watches_its_warm_up(tmp_path: Path) -> None:
+    from layerscope.cli import main
+
+    torch._dynamo.reset()
+    saved = tmp_path / "p.json.gz"
+    factory = str(REPO / "tests" / "fixtures" / "factory.py")
+    assert main(["profile", f"{factory}:compiled_mlp", "--input", "4x8", "-q", "-o", str(saved)]) == 0
+    profile = ls.load(saved)
+    assert profile.meta["compiled"]["mapped_graph_calls"] == profile.meta["compiled"]["graph_calls"] > 0
+    first = profile.find("0")
+    assert first.type_name == "Linear" and first.forward.self_cpu_us > 0 and first.backward.self_cpu_us > 0

@@ -185,14 +185,16 @@ def run(args: argparse.Namespace) -> int:
             with torch.no_grad():
                 model(*inputs)
 
-    for _ in range(args.warmup):
-        step()
-        model.zero_grad(set_to_none=True)
-    with ls.profile(model, memory=args.memory, with_stack=args.with_stack) as prof:
-        for k in range(args.steps):
+    # A compiled model compiles in the warm-up: watched, so that the profile places its kernels.
+    with ls.watch_compiles():
+        for _ in range(args.warmup):
             step()
-            if k < args.steps - 1:
-                prof.step()  # ProfilerStep#N ranges: per-step means, spread and the step table
+            model.zero_grad(set_to_none=True)
+        with ls.profile(model, memory=args.memory, with_stack=args.with_stack) as prof:
+            for k in range(args.steps):
+                step()
+                if k < args.steps - 1:
+                    prof.step()  # ProfilerStep#N ranges: per-step means, spread and the step table
     profile = prof.profile
     written: list[Path] = []
     if args.output:

@@ -24,6 +24,7 @@ from torch._dynamo.utils import counters
 import layerscope as ls
 from layerscope.capture import compile_watch
 from tests.fixtures.models import WideAmongNarrow
+from tests.test_compile import _dynamo_counts, _inputs
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch._inductor.debug, "set_kernel_post_grad_provenance_tracing"),
@@ -33,18 +34,6 @@ pytestmark = pytest.mark.skipif(
 REPO = Path(__file__).resolve().parents[1]
 HEAVIEST = "wide.mid"
 STEPS = 2
-
-
-def _inputs() -> torch.Tensor:
-    return torch.randn(1024, 32, generator=torch.Generator().manual_seed(1))
-
-
-def _dynamo_counts() -> dict[str, int]:
-    return {
-        "graph_breaks": sum(counters["graph_break"].values()),
-        "unique_graphs": counters["stats"]["unique_graphs"],
-        "calls_captured": counters["stats"]["calls_captured"],
-    }
 
 
 def _train(call: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, steps: int = STEPS) -> None:
@@ -167,6 +156,7 @@ def test_the_environment_variable_watches_lazily_from_import(tmp_path: Path) -> 
         import layerscope as ls
         from layerscope.capture import compile_watch
         from tests.fixtures.models import WideAmongNarrow
+from tests.test_compile import _dynamo_counts, _inputs
 
         waiting = compile_watch._watch.on and not compile_watch._watch.collecting
         inductor_imported = "torch._inductor.codegen.cpp" in sys.modules
@@ -195,6 +185,7 @@ def test_the_environment_variable_watches_lazily_from_import(tmp_path: Path) -> 
 TRAIN_SCRIPT = """
 import torch
 from tests.fixtures.models import WideAmongNarrow
+from tests.test_compile import _dynamo_counts, _inputs
 
 torch.manual_seed(0)
 model = torch.compile(WideAmongNarrow())

@@ -78,7 +78,7 @@ def test_run_script_with_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert [c.path for c in p.root.children] == ["Net", "CrossEntropyLoss"]
     assert p.find("Net.encoder.0").type_name == "Linear" and p.find("Net.head").backward.cpu_us > 0
     assert len(p.steps) == 3 and p.find("Net").calls == 3
-    assert "mean per step of 3 steps" in captured.err and "saved" in captured.err
+    assert "rows: totals over 3 steps" in captured.err and "saved" in captured.err
     for step in p.steps:  # steps end between optimizer steps, so no range straddles two steps
         assert step.cpu_us <= step.wall_us * 1.001
 

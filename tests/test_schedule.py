@@ -74,14 +74,22 @@ def test_step_stats_split_by_module_and_label() -> None:
     (Path(__file__).parent / ".steps.json").unlink()
 
 
-def test_multi_step_tree_shows_means_and_spread() -> None:
+def test_multi_step_tree_shows_totals_by_default_and_means_when_asked() -> None:
     model = TinyMLP()
     with ls.profile(model, schedule=ls.schedule(active=4, repeat=1)) as prof:
         train(model, prof, 4)
-    text = render_to_text(tree_table(prof.profile, ascii_only=True), width=200)
-    assert "mean per step of 4 steps" in text and "± step" in text
-    fc1 = next(line for line in text.splitlines() if "-- fc1" in line)
-    assert [c.strip() for c in fc1.split(" | ")][2] == "1"  # calls per step
+
+    def fc1_calls(text: str) -> str:
+        fc1 = next(line for line in text.splitlines() if "-- fc1" in line)
+        return [c.strip() for c in fc1.split(" | ")][2]
+
+    # the default agrees with the op table and the HTML report: totals over the steps
+    totals = render_to_text(tree_table(prof.profile, ascii_only=True), width=200)
+    assert "rows: totals over 4 steps" in totals and "± step" in totals
+    assert fc1_calls(totals) == "4"
+    means = render_to_text(tree_table(prof.profile, ascii_only=True, per_step=True), width=200)
+    assert "rows: mean per step of 4 steps" in means and "± step" in means
+    assert fc1_calls(means) == "1"
 
 
 def test_save_to_names_and_never_overwrites(tmp_path: Path) -> None:

@@ -335,6 +335,7 @@ def _report(session: Any, written: list[Path], args: argparse.Namespace, outcome
                 min_share=args.min_share,
                 sort_by=args.sort,
                 ascii_only=True if args.ascii else None,
+                per_step=args.per_step,
             )
         )
         if len(profile.steps) > 1:

@@ -50,6 +50,11 @@ def add_view_options(parser: argparse.ArgumentParser) -> None:
         "cpu_alloc_bytes) instead of execution order",
     )
     group.add_argument(
+        "--per-step",
+        action="store_true",
+        help="tree rows as means per step (default: totals over the steps, as the op table and HTML)",
+    )
+    group.add_argument(
         "--top", type=int, default=15, metavar="N", help="rows of the op table (0 hides it; default 15)"
     )
     group.add_argument(
@@ -114,6 +119,7 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
             min_share=args.min_share,
             sort_by=args.sort,
             ascii_only=ascii_only,
+            per_step=args.per_step,
             peak_tflops=args.peak_tflops,
         )
     )

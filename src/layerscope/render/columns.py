@@ -113,7 +113,7 @@ def tree_columns(v: TreeView) -> tuple[Column[TreeRow], ...]:
         Column("mfu", "MFU", lambda r: v.mfu_cell(r.both), drop=3, shown=v.flops and bool(v.peak_rate)),
         Column("params", "Params", lambda r: r.params, drop=4),
         Column("share", "Share", lambda r: r.share, style="bold"),
-        Column("step_spread", "± step", lambda r: v.spread_cell(r.path), shown=v.per_step),
+        Column("step_spread", "± step", lambda r: v.spread_cell(r.path), shown=bool(v.spread)),
     )
 
 
@@ -134,13 +134,13 @@ def tree_row(
     return TreeRow(label, type_name, calls, params, fwd, bwd, fwd.merged(bwd), share, path)
 
 
-def tree_view(view: Profile, per_step: bool | None, peak_tflops: float | None) -> TreeView:
+def tree_view(view: Profile, per_step: bool, peak_tflops: float | None) -> TreeView:
     """Which optional columns the profile has data for, and the whole the shares are of."""
     device = view.has_device_time
     flops = view.totals.flops > 0
     share_field = "device_us" if device else "cpu_us"
     steps = len(view.steps)
-    per_step = (steps > 1 if per_step is None else per_step) and steps > 1
+    per_step = bool(per_step) and steps > 1
     return TreeView(
         device=device,
         memory=view.has_memory,
@@ -150,7 +150,7 @@ def tree_view(view: Profile, per_step: bool | None, peak_tflops: float | None) -
         whole=float(getattr(view.totals, share_field)),
         steps=steps,
         per_step=per_step,
-        spread=module_spread(view) if per_step else {},
+        spread=module_spread(view),
         saved=_saved_inclusive(view.meta),
     )
 

@@ -131,7 +131,7 @@ def tree_table(
     sort_by: str = "execution",
     ascii_only: bool | None = None,
     max_unattributed: int = 6,
-    per_step: bool | None = None,
+    per_step: bool = False,
     peak_tflops: float | None = None,
 ) -> RenderableType:
     """The module tree: one row per module with forward/backward time, device, memory, FLOPs, params.
@@ -140,8 +140,9 @@ def tree_table(
     MFU column: achieved FLOP/s over the peak.
 
     ``depth`` and ``min_share`` (percent of the run's total) fold modules into their ancestors.
-    ``per_step`` (default: when the profile holds several steps) shows means per step and a
-    "± step" column, the relative standard deviation of each module's time across steps.
+    Rows are totals over the profile's steps, as in the op table and the HTML report; ``per_step``
+    shows means per step instead. With several steps a "± step" column gives the relative standard
+    deviation of each module's time across steps.
     """
     if ascii_only is None:
         ascii_only = wants_ascii()

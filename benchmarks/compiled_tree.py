@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fixtures.models import WideAmongNarrow
 
 import layerscope as ls
+from layerscope.capture.compile_watch import CompileWatch
 
 
 def whole(model: nn.Module) -> nn.Module:
@@ -62,10 +63,10 @@ def measure(name: str, compile_model: Callable[[nn.Module], nn.Module], rounds: 
     weights = WideAmongNarrow()
     x = torch.randn(1024, 32, generator=torch.Generator().manual_seed(1))
     unwatched_s = compile_seconds(compile_model, weights, x)
-    with ls.watch_compiles():
+    with CompileWatch():
         watched_s = compile_seconds(compile_model, weights, x)
     torch._dynamo.reset()
-    with ls.watch_compiles():
+    with CompileWatch():
         model = compile_model(copy.deepcopy(weights))
         train(model, x, 2)  # compiles forward and backward, before any profile
     shares: list[float] = []

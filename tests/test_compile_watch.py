@@ -23,6 +23,7 @@ from torch._dynamo.utils import counters
 
 import layerscope as ls
 from layerscope.capture import compile_watch
+from layerscope.capture.compile_watch import CompileWatch
 from tests.fixtures.models import WideAmongNarrow
 from tests.test_compile import _dynamo_counts, _inputs
 
@@ -71,7 +72,7 @@ def _compile_then_profile(
     torch._dynamo.reset()
     counters.clear()
     compile_watch.forget_graphs()
-    with ls.watch_compiles():
+    with CompileWatch():
         call, profiled = build(copy.deepcopy(weights))
         _train(call, x)  # compiled here, before the profile
         before = _dynamo_counts()
@@ -88,11 +89,6 @@ def _whole(model: nn.Module) -> tuple[Callable[[torch.Tensor], torch.Tensor], nn
     return compiled, compiled
 
 
-def _wrapped_elsewhere(model: nn.Module) -> tuple[Callable[[torch.Tensor], torch.Tensor], nn.Module]:
-    # what the Trainer and Accelerate do: they compile the model, the user's code profiles its own
-    return torch.compile(model), model
-
-
 def _function(model: nn.Module) -> tuple[Callable[[torch.Tensor], torch.Tensor], nn.Module]:
     @torch.compile
     def step(x: torch.Tensor) -> torch.Tensor:
@@ -101,9 +97,10 @@ def _function(model: nn.Module) -> tuple[Callable[[torch.Tensor], torch.Tensor],
     return step, model
 
 
-@pytest.fixture(scope="module", params=["whole", "wrapped_elsewhere", "function"])
+# (A model compiled by the Trainer while the profile is handed the uncompiled one: test_integrations.)
+@pytest.fixture(scope="module", params=["whole", "function"])
 def compiled(request: pytest.FixtureRequest) -> Iterator[Compiled]:
-    build = {"whole": _whole, "wrapped_elsewhere": _wrapped_elsewhere, "function": _function}[request.param]
+    build = {"whole": _whole, "function": _function}[request.param]
     yield _compile_then_profile(build)
 
 
@@ -156,7 +153,6 @@ def test_the_environment_variable_watches_lazily_from_import(tmp_path: Path) -> 
         import layerscope as ls
         from layerscope.capture import compile_watch
         from tests.fixtures.models import WideAmongNarrow
-from tests.test_compile import _dynamo_counts, _inputs
 
         waiting = compile_watch._watch.on and not compile_watch._watch.collecting
         inductor_imported = "torch._inductor.codegen.cpp" in sys.modules
@@ -185,7 +181,6 @@ from tests.test_compile import _dynamo_counts, _inputs
 TRAIN_SCRIPT = """
 import torch
 from tests.fixtures.models import WideAmongNarrow
-from tests.test_compile import _dynamo_counts, _inputs
 
 torch.manual_seed(0)
 model = torch.compile(WideAmongNarrow())
@@ -259,3 +254,36 @@ def test_layerscope_profile_watches_its_warm_up(tmp_path: Path) -> None:
     assert profile.meta["compiled"]["mapped_graph_calls"] == profile.meta["compiled"]["graph_calls"] > 0
     first = profile.find("0")
     assert first.type_name == "Linear" and first.forward.self_cpu_us > 0 and first.backward.self_cpu_us > 0
+
+
+def test_watches_stopped_in_any_order_give_torch_compile_back() -> None:
+    original = torch.compile
+    first, second = CompileWatch(), CompileWatch()
+    if compile_watch.should_collect():  # Dynamo is in use in this process: watches collect at once
+        first.start(lazy=True), second.start(lazy=True)
+    else:
+        first.start(), second.start()
+    first.stop()
+    second.stop()
+    assert torch.compile is original
+    assert not first.on and not second.on and not compile_watch._installation.holders
+
+
+def test_a_compiled_loss_outside_the_model_stays_out_of_it() -> None:
+    """A graph call outside every module goes to the model only where the model itself ran no scope
+    of its own; here the model ran eagerly and the compiled loss is someone else's."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+
+    @torch.compile
+    def loss(y: torch.Tensor) -> torch.Tensor:
+        return (y * y).mean()
+
+    x = _inputs()
+    with ls.profile(model) as session:
+        for _ in range(2):
+            loss(model(x)).backward()
+    profile = session.profile
+    profile.validate()
+    assert profile.root.calls == 2  # the model's own calls, none added by the loss's graph calls
+    assert profile.meta["compiled"]["kernels_placed"] == 0

@@ -160,7 +160,14 @@ def attribute_compiled_kernels(
             children[p].append(i)
     cache: dict[tuple[str, ...], tuple[CompiledGraph, list[int]] | None] = {}
     changed: dict[int, tuple[int, int]] = {}  # span -> (old bucket, new bucket)
-    model_root = bool(catalog) and catalog[0].path == "" and catalog[0].type_name != GLOBAL_ROOT_TYPE
+    # Graph calls outside every scope go to the model's root only where the root's own scope never
+    # ran (a model called only from compiled code); otherwise they are someone else's (a compiled loss).
+    model_root = (
+        bool(catalog)
+        and catalog[0].path == ""
+        and catalog[0].type_name != GLOBAL_ROOT_TYPE
+        and not module_calls[0]
+    )
     for g in graph_spans:
         kids = children[g]
         keys = tuple(kernel_key(names[span_name[c]]) for c in kids)
@@ -173,7 +180,7 @@ def attribute_compiled_kernels(
         graph, matched = found
         root, phase_bit, scoped = placement
         root_path = catalog[root].path
-        if not scoped and not all(not m or m in index for m in graph.modules):
+        if not scoped and not (any(graph.modules) and all(not m or m in index for m in graph.modules)):
             continue  # outside every module and not a graph of this model's modules
         result.matched_calls += 1
         called: set[int] = set()
@@ -204,9 +211,9 @@ def attribute_compiled_kernels(
 
 def _compiled_root(graph_bucket: int, buckets: Buckets, model_root: bool) -> tuple[int, int, bool] | None:
     """Which module a graph call's kernels are placed under, the phase bit, and whether that module's
-    scope holds the call: the module whose scope the call ran in, else (a model compiled where no
-    scope of ours can run: a compiled function or training step calling it) the model's root, in
-    the backward inside autograd's nodes and in the forward elsewhere."""
+    scope holds the call: the module whose scope the call ran in, else (``model_root``: a model
+    compiled where no scope of ours can run, called from a compiled function or training step) the
+    model's root, in the backward inside autograd's nodes and in the forward elsewhere."""
     if buckets.is_module(graph_bucket):
         return buckets.module_of(graph_bucket), buckets.phase_bit(graph_bucket), True
     if not model_root or graph_bucket < 0:

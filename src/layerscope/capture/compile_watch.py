@@ -2,14 +2,15 @@
 and process-wide from ``layerscope.watch_compiles()`` (also ``LAYERSCOPE_WATCH_COMPILES=1``,
 ``layerscope run`` and the framework integrations).
 
-Each of these holds the one installation of ``compiled.install`` (Inductor's provenance hook wrapped,
-its flags set): the first to open installs it, the last to close undoes it, so they nest in any
-order. The graphs learnt join a per-process registry that profiles read when they are built.
+Each of these holds the one installation of ``compiled.install`` (Inductor's provenance hook
+wrapped, its flags set around every compilation, in the compiling thread): the first to open
+installs it, the last to close undoes it, so they nest in any order. The graphs learnt join a
+per-process registry that profiles read when they are built.
 
-A process-wide watch is lazy: until ``torch.compile`` is first called it only stands in front of
-that function (importing Inductor takes seconds, and most scripts never compile); compilation
-happens at a compiled model's first call, after ``torch.compile`` has returned, so starting there
-sees every graph.
+A process-wide watch is lazy: until ``torch.compile`` is first called, one stand-in shared by every
+waiting watch stands in front of that function (importing Inductor takes seconds, and most scripts
+never compile); compilation happens at a compiled model's first call, after ``torch.compile`` has
+returned, so starting there sees every graph.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from layerscope.capture.compiled import MAX_GRAPHS, Collector, install
+from layerscope.capture.compiled import MAX_GRAPHS, Collector, CompileFlags, install
 
 #: Set to 1 (true, yes, on) to watch compiles from the moment layerscope is imported.
 ENV_VARIABLE = "LAYERSCOPE_WATCH_COMPILES"
@@ -39,16 +40,19 @@ class _Installation:
         self.holders = 0
         self.undo: ExitStack | None = None
         self.collector: Collector | None = None
+        self.flags = CompileFlags()
         self.registry: list[dict[str, Any]] = []  # graphs of collectors already closed
 
     def acquire(self) -> None:
         with self.lock:
             self.holders += 1
             if self.holders > 1:
+                if self.undo is not None:
+                    self.flags.ensure()  # a torch._dynamo.reset() may have dropped the callbacks
                 return
             undo, collector = ExitStack(), Collector()
             try:
-                install(undo, collector)
+                install(undo, collector, self.flags)
             except (AttributeError, ImportError, KeyError, RuntimeError) as exc:
                 # An older or newer torch without what this needs: profiling goes on; compiled
                 # regions then stay whole (their kernels with the compiled module).
@@ -56,19 +60,25 @@ class _Installation:
                 _unsupported.append(f"{type(exc).__name__}: {exc}")
                 del _unsupported[:-10]
                 return
+            except BaseException:
+                undo.close()
+                self.holders -= 1
+                raise
             self.undo, self.collector = undo, collector
 
     def release(self) -> None:
         with self.lock:
-            self.holders -= 1
+            self.holders = max(0, self.holders - 1)
             if self.holders > 0 or self.undo is None:
                 return
             undo, collector = self.undo, self.collector
             self.undo = self.collector = None
-            undo.close()
-            if collector is not None:
-                self.registry.extend(collector.finished())
-                del self.registry[: max(0, len(self.registry) - MAX_GRAPHS)]
+            try:
+                undo.close()
+            finally:
+                if collector is not None:
+                    self.registry.extend(collector.finished())
+                    del self.registry[: max(0, len(self.registry) - MAX_GRAPHS)]
 
     def graphs(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -120,44 +130,102 @@ def compile_info() -> Any:
     return collecting_compile_info()
 
 
+class _FirstCompile:
+    """The one stand-in for ``torch.compile`` while watches wait for its first call: it starts every
+    waiting watch, then puts torch's function back (also when the last waiting watch stops)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting: list[CompileWatch] = []
+        self.original: Callable[..., Any] | None = None
+        self.stand_in: Callable[..., Any] | None = None
+
+    def wait(self, watch: CompileWatch) -> None:
+        import torch
+
+        with self.lock:
+            self.waiting.append(watch)
+            if self.stand_in is not None:
+                return
+            original: Callable[..., Any] = torch.compile
+
+            @functools.wraps(original)
+            def compile_watched(*args: Any, **kwargs: Any) -> Any:
+                self.fire()
+                return original(*args, **kwargs)
+
+            self.original, self.stand_in = original, compile_watched
+            torch.compile = compile_watched
+
+    def forget(self, watch: CompileWatch) -> None:
+        with self.lock:
+            if watch in self.waiting:
+                self.waiting.remove(watch)
+            if not self.waiting:
+                self._restore()
+
+    def fire(self) -> None:
+        with self.lock:
+            waiting, self.waiting = self.waiting, []
+            self._restore()
+        for watch in waiting:
+            try:
+                watch.begin_collecting()
+            except Exception as exc:  # never let watching break the user's torch.compile
+                _unsupported.append(f"{type(exc).__name__}: {exc}")
+
+    def _restore(self) -> None:
+        import torch
+
+        if self.stand_in is not None and torch.compile is self.stand_in:
+            torch.compile = self.original  # type: ignore[assignment]
+        self.original = self.stand_in = None
+
+
+_first_compile = _FirstCompile()
+
+
 class CompileWatch:
-    """The process-wide watch (:func:`watch_compiles`): on until :meth:`stop`, or the process ends."""
+    """A process-wide watch (:func:`watch_compiles`, ``layerscope run``, the integrations each hold
+    one): on until :meth:`stop`, or the process ends; ``with CompileWatch(): ...`` for a block (a
+    watch of its own, so it never stops another's)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._undo: ExitStack | None = None
-        self._collecting = False
+        self._on = False
+        self._collecting: ExitStack | None = None
 
     @property
     def on(self) -> bool:
         """Whether the watch is on (waiting for ``torch.compile``, or collecting)."""
-        return self._undo is not None
+        return self._on
 
     @property
     def collecting(self) -> bool:
         """Whether compilation is being watched now (not only waiting for ``torch.compile``)."""
-        return self._collecting
+        return self._collecting is not None
 
     def start(self, *, lazy: bool = True) -> CompileWatch:
         """Turn the watch on: collect now when ``torch.compile`` was already used in this process
         (or ``lazy`` is false), else from the first call of ``torch.compile``. Idempotent."""
         with self._lock:
-            if self._undo is None:
-                self._undo = ExitStack()
-                if lazy and not should_collect():
-                    self._wait_for_torch_compile(self._undo)
-                    return self
-            if not self._collecting:
-                self._begin_collecting()
+            if self._on:
+                return self
+            self._on = True
+        if lazy and not should_collect():
+            _first_compile.wait(self)
+        else:
+            self.begin_collecting()
         return self
 
     def stop(self) -> None:
         """Turn the watch off: flags and functions as they were (graphs learnt stay known)."""
+        _first_compile.forget(self)
         with self._lock:
-            undo, self._undo = self._undo, None
-            self._collecting = False
-        if undo is not None:
-            undo.close()
+            self._on = False
+            collecting, self._collecting = self._collecting, None
+        if collecting is not None:
+            collecting.close()
 
     def __enter__(self) -> CompileWatch:
         return self.start()
@@ -165,32 +233,14 @@ class CompileWatch:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _begin_collecting(self) -> None:
-        assert self._undo is not None
-        self._undo.enter_context(collecting_compile_info())
-        self._collecting = True
-
-    def _wait_for_torch_compile(self, undo: ExitStack) -> None:
-        import torch
-
-        original: Callable[..., Any] = torch.compile
-
-        @functools.wraps(original)
-        def compile_watched(*args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                if self._undo is not None and not self._collecting:
-                    if torch.compile is compile_watched:
-                        torch.compile = original  # only the first call passes through here
-                    self._begin_collecting()
-            return original(*args, **kwargs)
-
-        torch.compile = compile_watched
-
-        def restore() -> None:
-            if torch.compile is compile_watched:
-                torch.compile = original
-
-        undo.callback(restore)
+    def begin_collecting(self) -> None:
+        """Collect from now on (the watch is on)."""
+        with self._lock:
+            if not self._on or self._collecting is not None:
+                return
+            stack = ExitStack()
+            stack.enter_context(collecting_compile_info())
+            self._collecting = stack
 
 
 _watch = CompileWatch()
@@ -200,9 +250,9 @@ def watch_compiles(on: bool = True) -> CompileWatch:
     """Watch every ``torch.compile`` of this process from now on, so that profiles taken later place
     compiled kernels in their modules: one line at the top of a script, before the compiled model's
     first call (``layerscope run`` and the integrations do it themselves). While it watches,
-    Inductor's FX-graph and AOTAutograd caches are bypassed (compiles take their full time) and C++
-    kernels carry profiler ranges. ``watch_compiles(False)`` turns it off. Also as a context manager:
-    ``with layerscope.watch_compiles(): ...``."""
+    Inductor's FX-graph and AOTAutograd caches are bypassed around each compilation (compiles take
+    their full time) and C++ kernels carry profiler ranges. ``watch_compiles(False)`` turns it off.
+    For one block only, use ``with layerscope.compile_info():``."""
     if on:
         return _watch.start()
     _watch.stop()

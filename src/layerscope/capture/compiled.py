@@ -118,6 +118,8 @@ class Collector:
             if path is not None:
                 modules.append(path)
                 if isinstance(seq, int):
+                    if len(self.module_of_seq) >= _MAX_SEQUENCE_NUMBERS:
+                        self.module_of_seq.clear()  # a process-wide watch runs for ever
                     self.module_of_seq.setdefault(seq, path)
                 continue
             # a backward node: the module of the forward op it differentiates
@@ -180,6 +182,7 @@ class Collector:
         return result
 
 
+_MAX_SEQUENCE_NUMBERS = 1 << 20
 _MATMUL_WITH_ADDEND = re.compile(r"\b(?:addmm|baddbmm)\b")
 
 
@@ -227,16 +230,75 @@ def _current_graph_id() -> int:
     return int(found)
 
 
-def install(undo: ExitStack, collector: Collector) -> None:
-    """Set the Inductor flags and wrap the provenance hook so that ``collector`` records every
-    kernel generated (undone by ``undo``). Raises when this torch lacks what it needs."""
+class CompileFlags:
+    """The Inductor flags collecting needs, set around each compilation in the thread that compiles
+    (torch keeps config per thread, and the lazy backward compile may run on autograd's thread), by
+    Dynamo's compile start/end callbacks. ``torch._dynamo.reset()`` clears those callbacks:
+    :meth:`ensure` registers them again (each new watcher calls it)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.handler: Any = None
+
+    def flags(self) -> ExitStack:
+        """The flags set, in this thread, until the returned stack closes."""
+        import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
+
+        stack = ExitStack()
+        stack.enter_context(
+            inductor_config.patch({"cpp.enable_kernel_profile": True, "fx_graph_cache": False})
+        )
+        stack.enter_context(functorch_config.patch({"enable_autograd_cache": False}))
+        return stack
+
+    def started(self, _args: object) -> None:
+        stacks = self.local.__dict__.setdefault("stacks", [])
+        stacks.append(self.flags())
+
+    def ended(self, _args: object) -> None:
+        stacks = self.local.__dict__.get("stacks")
+        if stacks:
+            stacks.pop().close()
+
+    def ensure(self) -> None:
+        """Register the callbacks unless they are (again after a ``torch._dynamo.reset()``)."""
+        handler = self.handler
+        if handler is not None and self.started not in handler.start_callbacks:
+            handler.register_start_callback(self.started)
+            handler.register_end_callback(self.ended)
+
+    def install(self, undo: ExitStack) -> None:
+        """Set the flags around every compilation from now on (undone by ``undo``); on a torch without
+        compile callbacks, in this thread for as long as ``undo`` is open."""
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:
+            undo.enter_context(self.flags())
+            return
+        self.handler = callback_handler
+        self.ensure()
+        undo.callback(self._remove)
+
+    def _remove(self) -> None:
+        with suppress(ValueError):  # already cleared by torch._dynamo.reset()
+            self.handler.remove_start_callback(self.started)
+        with suppress(ValueError):
+            self.handler.remove_end_callback(self.ended)
+
+
+def install(undo: ExitStack, collector: Collector, flags: CompileFlags) -> None:
+    """Set the Inductor flags around compilations and wrap the provenance hook so that ``collector``
+    records every kernel generated (undone by ``undo``). Raises when this torch lacks what it needs."""
     import importlib
 
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    undo.enter_context(inductor_config.patch({"cpp.enable_kernel_profile": True, "fx_graph_cache": False}))
-    undo.enter_context(functorch_config.patch({"enable_autograd_cache": False}))
+    # fail early, before anything is installed, on a torch without one of the flags
+    for config, name in ((inductor_config, "fx_graph_cache"), (functorch_config, "enable_autograd_cache")):
+        getattr(config, name)
+    inductor_config.cpp.enable_kernel_profile  # noqa: B018
     # Import every holder before patching: a codegen imported while the function is patched
     # would bind our wrapper for good.
     holders = []
@@ -247,6 +309,7 @@ def install(undo: ExitStack, collector: Collector) -> None:
             continue
     debug = importlib.import_module("torch._inductor.debug")
     original = getattr(debug, _PROVENANCE_FUNCTION)
+    flags.install(undo)
 
     def traced(node_schedule: Any, kernel_name: str, is_extern: bool = False) -> int | None:
         with suppress(Exception):  # never let bookkeeping break a compilation

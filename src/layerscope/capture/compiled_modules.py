@@ -10,10 +10,10 @@ Three shapes of compiled module reach a profile:
 - methods compiled on the instance (Lightning's ``from_compiled``: ``forward`` and ``training_step``
   replaced by Dynamo-wrapped functions): nothing of the module runs outside compiled code.
 
-A model the user passes uncompiled may also run through a wrapper made elsewhere (the Hugging Face
-Trainer and Accelerate compile the model they were given): :func:`compiled_wrapper_of` finds it, so
-that the profile scopes the wrapper rather than patching modules inside compiled code (which would
-make Dynamo recompile).
+A model may also run through a wrapper made elsewhere (the Hugging Face Trainer compiles the model it
+hands its callbacks): :func:`compiled_wrapper_of` finds it, so that the integration profiles the
+wrapper rather than patching modules inside compiled code (which would make Dynamo recompile). It is
+not done for every profile: a wrapper may exist while the eager model is what runs.
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ def is_compiled_wrapper(module: object) -> bool:
 
 
 def unwrap_compiled(model: nn.Module) -> nn.Module:
-    """The module a ``torch.compile(model)`` wrapper compiles, else ``model``."""
-    return getattr(model, _WRAPPED_ATTRIBUTE) if is_compiled_wrapper(model) else model
+    """The module a ``torch.compile(model)`` wrapper compiles (through wrappers of wrappers), else
+    ``model``."""
+    while is_compiled_wrapper(model):
+        model = getattr(model, _WRAPPED_ATTRIBUTE)
+    return model
 
 
 def has_compiled_methods(module: nn.Module) -> bool:

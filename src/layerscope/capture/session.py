@@ -24,7 +24,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 from layerscope.capture import native
 from layerscope.capture.block_error import block_error
 from layerscope.capture.compile_watch import collecting_compile_info, should_collect
-from layerscope.capture.compiled_modules import compiled_wrapper_of, is_compiled, unwrap_compiled
+from layerscope.capture.compiled_modules import is_compiled, unwrap_compiled
 from layerscope.capture.memory_watch import MemoryWatch
 from layerscope.capture.module_marks import ModuleMarks
 from layerscope.capture.options import (
@@ -163,9 +163,8 @@ class profile:
         stack.callback(_release, self)
         try:
             self._torch_profiler = self._make_torch_profiler()
-            scoped = self._scoped_model()
             plan = self._plan = plan_scopes(
-                scoped,
+                self.model,
                 self.options.selection,
                 self.options.module_scopes,
                 marks_blocker(self.options.module_scopes, self.model is None, self.scheduled),
@@ -174,7 +173,7 @@ class profile:
             self._marks = ModuleMarks(module) if module is not None else None
             self._scopes = ModuleScopes(plan, self.options.selection, self._marks)
             self._watch = MemoryWatch.prepare(self.model) if self.options.memory else None
-            if should_collect() or is_compiled(scoped):
+            if should_collect() or is_compiled(self.model):
                 stack.enter_context(collecting_compile_info())
             with _quiet_cycle_warning():
                 self._torch_profiler.__enter__()  # type: ignore[no-untyped-call]
@@ -192,16 +191,6 @@ class profile:
             raise
         self._started_ns = time.perf_counter_ns()
         return self
-
-    def _scoped_model(self) -> nn.Module | None:
-        """The module whose calls are scoped: the model, or the ``torch.compile`` wrapper that runs
-        it when one was made elsewhere (e.g. by the Trainer): scopes patched inside compiled code
-        would make Dynamo recompile, and would never run."""
-        model = self.model
-        if model is None or not should_collect() or is_compiled(model):
-            return model
-        wrapper = compiled_wrapper_of(model)
-        return model if wrapper is None else wrapper
 
     def _make_torch_profiler(self) -> torch.profiler.profile:
         cycle_kwargs: dict[str, Any] = {}

@@ -185,8 +185,10 @@ def run(args: argparse.Namespace) -> int:
             with torch.no_grad():
                 model(*inputs)
 
+    from layerscope.capture.compile_watch import CompileWatch
+
     # A compiled model compiles in the warm-up: watched, so that the profile places its kernels.
-    with ls.watch_compiles():
+    with CompileWatch():
         for _ in range(args.warmup):
             step()
             model.zero_grad(set_to_none=True)

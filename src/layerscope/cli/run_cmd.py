@@ -251,9 +251,9 @@ def run(args: argparse.Namespace) -> int:
         on_trace_ready=saver,
     )
     repeat = schedule_args["repeat"] if schedule_args is not None else 0
+    session.start()
     # From the script's first line: a model compiled before the recorded steps still gets its modules.
     watch = ls.watch_compiles()
-    session.start()
     steps = _Steps(session, progress, repeat if repeat > 0 else None)
     steps.show()
     exit_code, outcome = 0, ""

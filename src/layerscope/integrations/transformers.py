@@ -5,8 +5,8 @@ text report and optionally the Chrome trace into ``<output_dir>/layerscope`` (na
 the main process says on stderr, one line per cycle, which files it wrote where.
 
 ``torch.compile`` is watched from ``on_train_begin`` (before the first forward, where a model the
-Trainer compiles with ``torch_compile=True`` is compiled), and the compiled wrapper the Trainer runs
-is the one profiled, so compiled models show their modules.
+Trainer compiles with ``torch_compile=True`` is compiled), and with ``torch_compile=True`` the
+compiled wrapper the Trainer runs is the one profiled, so compiled models show their modules.
 """
 
 from __future__ import annotations
@@ -65,8 +65,15 @@ class LayerscopeCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         import layerscope as ls
         from layerscope.capture.compile_watch import CompileWatch
+        from layerscope.capture.compiled_modules import compiled_wrapper_of
 
-        self.compile_watch = CompileWatch().start()
+        if self.compile_watch is None:
+            self.compile_watch = CompileWatch().start()
+        if model is not None and getattr(args, "torch_compile", False):
+            # The Trainer runs a torch.compile wrapper of the model it hands us: scope the wrapper
+            # (patching modules inside compiled code would make Dynamo recompile, and never run).
+            wrapper = compiled_wrapper_of(model)
+            model = model if wrapper is None else wrapper
         folder = self.output_dir or os.path.join(args.output_dir, "layerscope")
         rank = int(getattr(args, "process_index", 0) or 0)
         self.handler = save_with_report(folder, trace=self.trace, rank=rank)
@@ -98,3 +105,4 @@ class LayerscopeCallback(TrainerCallback):
             self.session.stop()
         if self.compile_watch is not None:
             self.compile_watch.stop()
+            self.compile_watch = None

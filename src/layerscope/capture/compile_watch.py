@@ -85,10 +85,6 @@ class _Installation:
             live = self.collector.finished() if self.collector is not None else []
             return (self.registry + live)[-MAX_GRAPHS:]
 
-    @property
-    def watching(self) -> bool:
-        return self.collector is not None
-
 
 _installation = _Installation()
 

@@ -29,7 +29,17 @@ from layerscope.errors import UsageError
 from layerscope.model.metrics import FIELD_NAMES, Metrics
 from layerscope.model.profile import ModuleNode, Profile
 
-TABLES = ("modules", "ops", "unattributed", "steps", "memory_peak", "streams", "device_steps", "copies")
+TABLES = (
+    "modules",
+    "ops",
+    "lines",
+    "unattributed",
+    "steps",
+    "memory_peak",
+    "streams",
+    "device_steps",
+    "copies",
+)
 
 
 def achieved_flops_per_s(metrics: Metrics) -> float | None:
@@ -47,6 +57,8 @@ def _metric_columns(metrics: Metrics, prefix: str = "") -> dict[str, Any]:
 
 def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
     """The rows of one table as plain dicts (what ``to_pandas`` hands to pandas)."""
+    if table == "lines":
+        return _line_rows(profile)
     if table == "modules":
         rows = []
         # parent and depth from the tree itself (with folding, a parent is not always the path's prefix)
@@ -123,6 +135,24 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
             )
         return [dict(row) for row in device["steps" if table == "device_steps" else table]]
     raise UsageError(f"unknown table {table!r}; choose from {', '.join(TABLES)}")
+
+
+def _line_rows(profile: Profile) -> list[dict[str, Any]]:
+    """Source lines (``Profile.lines()``), heaviest first: forward and backward self figures."""
+    from layerscope.analysis.lines import line_table
+
+    rows = []
+    for r in line_table(profile):
+        row: dict[str, Any] = {"file": r.file, "line": r.line, "function": r.function, "calls": r.calls}
+        for phase, metrics in (("forward", r.forward), ("backward", r.backward)):
+            row[f"{phase}_self_cpu_us"] = metrics.self_cpu_us
+            row[f"{phase}_self_device_us"] = metrics.self_device_us
+            row[f"{phase}_flops"] = metrics.self_flops
+            row[f"{phase}_alloc_bytes"] = metrics.self_cpu_alloc_bytes + metrics.self_device_alloc_bytes
+        row["module"] = r.modules[0] if r.modules else None
+        row["modules"] = list(r.modules)
+        rows.append(row)
+    return rows
 
 
 def to_pandas(profile: Profile, table: str = "modules") -> Any:

@@ -22,6 +22,7 @@ from layerscope.attribution.buckets import (
     NameRoles,
     name_roles,
 )
+from layerscope.attribution.call_lines import call_line_stacks
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.compiled import (
     CompiledAttribution,
@@ -234,7 +235,10 @@ def _op_rows(
     not_ops = _step_names(named)
     if not named.regions:
         not_ops.update(named.module_ranges)
-    stacks = op_stacks(table)  # Python call stacks (with_stack); None when none were recorded
+    # Call lines (lines=True) when recorded, else Python call stacks (with_stack), else None.
+    stacks = call_line_stacks(table, nested.parent, nested.levels, nested.swept.forward_op_of)
+    if stacks is None:
+        stacks = op_stacks(table)
     return op_rows(
         table,
         nested.order,

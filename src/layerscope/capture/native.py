@@ -33,6 +33,8 @@ from types import ModuleType
 from layerscope.errors import LayerscopeError
 
 SOURCE = Path(__file__).with_name("native_reader.cpp")
+#: Every source compiled into the module (the reader and marks; call lines).
+SOURCES = (SOURCE, Path(__file__).with_name("native_lines.cpp"))
 _MODULE_PREFIX = "_layerscope_native_"
 
 #: The loaded module, or the reason there is none; looked up once per process.
@@ -67,7 +69,7 @@ def _build_key() -> str:
     import torch
 
     parts = [
-        SOURCE.read_bytes(),
+        *(source.read_bytes() for source in SOURCES),
         Path(__file__).read_bytes(),  # the compile command lives here
         torch.__version__.encode(),
         str(getattr(torch.version, "git_version", "")).encode(),
@@ -125,7 +127,7 @@ def compile_command(output: Path) -> list[str]:
     command += [f"-DTORCH_EXTENSION_NAME={_module_name()}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     for include in [*includes, sysconfig.get_paths()["include"]]:
         command += ["-isystem", str(include)]
-    command += [str(SOURCE), "-o", str(output), f"-L{torch_dir / 'lib'}"]
+    command += [*(str(source) for source in SOURCES), "-o", str(output), f"-L{torch_dir / 'lib'}"]
     command += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
     if sys.platform == "darwin":
         command += ["-undefined", "dynamic_lookup"]

@@ -173,7 +173,7 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   const size_t n = events.size();
 
   std::vector<int64_t> span_index, span_name, span_activity, span_ts, span_dur;
-  std::vector<int64_t> span_tid, span_seq, span_fwd_tid, span_corr, span_linked, span_shapes;
+  std::vector<int64_t> span_tid, span_seq, span_fwd_tid, span_corr, span_linked, span_shapes, span_handle;
   std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device, mem_addr;
   std::vector<int64_t> oom_bytes, oom_ts, oom_tid, oom_device, oom_allocated;
   span_index.reserve(n);
@@ -215,6 +215,10 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
     span_fwd_tid.push_back(seq >= 0 ? static_cast<int64_t>(e.fwdThreadId()) : 0);
     span_corr.push_back(static_cast<int64_t>(e.correlationId()));
     span_linked.push_back(static_cast<int64_t>(e.linkedCorrelationId()));
+    // The RecordFunction handle of an op: what call lines (native_lines.cpp) are recorded against.
+    const Result* op_result = result_of_event(e);
+    const auto* op = op_result ? std::get_if<ExtraFields<EventType::TorchOp>>(&op_result->extra_fields_) : nullptr;
+    span_handle.push_back(op ? static_cast<int64_t>(op->record_function_id_) : 0);
     if (with_shapes && e.hasShapes()) {
       shapes_text.clear();
       append_shapes(shapes_text, e.shapes());
@@ -238,6 +242,7 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   out["span_corr"] = column(span_corr);
   out["span_linked"] = column(span_linked);
   out["span_shapes"] = column(span_shapes);
+  out["span_handle"] = column(span_handle);
   out["mem_bytes"] = column(mem_bytes);
   out["mem_ts"] = column(mem_ts);
   out["mem_tid"] = column(mem_tid);
@@ -391,6 +396,10 @@ py::object activity_name(int64_t code) {
 
 }  // namespace
 
+namespace layerscope_lines {
+void register_functions(py::module_& m);  // native_lines.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
@@ -400,4 +409,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("marks_start", &marks_start);
   m.def("mark", &mark, py::arg("code"));
   m.def("marks_stop", &marks_stop);
+  layerscope_lines::register_functions(m);
 }

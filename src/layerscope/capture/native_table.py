@@ -48,6 +48,8 @@ def table_from_native(
     if bad_local:
         table.meta["undecodable_names"] = int(np.isin(span_local_name, bad_local).sum())
     arrays["span_name"] = span_name
+    if "span_handle" in cols:
+        table.op_handles = _column(cols["span_handle"])
 
     kinds = arrays["span_kind"] = _span_kinds(module, kineto_results, cols, cpu_only)
     for column in ("span_ts", "span_dur", "span_tid", "span_seq", "span_fwd_tid"):

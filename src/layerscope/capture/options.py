@@ -119,6 +119,8 @@ class CaptureOptions:
     all_threads: bool
     module_scopes: str
     profiler_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Record the line of the user's code that called each op (``capture/call_lines.py``).
+    lines: bool = False
 
     def torch_kwargs(self) -> dict[str, Any]:
         """The arguments of ``torch.profiler.profile`` these options stand for (no schedule)."""
@@ -138,6 +140,7 @@ class CaptureOptions:
             "shapes": self.shapes,
             "flops": self.flops,
             "with_stack": self.with_stack,
+            "lines": self.lines,
             "paths": list(self.selection.paths) if self.selection.paths is not None else None,
             "depth": self.selection.depth,
             "all_threads": self.all_threads,
@@ -163,6 +166,7 @@ def check_options(
     all_threads: bool | None,
     profiler_kwargs: dict[str, Any] | None,
     module_scopes: str | None,
+    lines: bool = False,
 ) -> CaptureOptions:
     """Check ``ls.profile``'s arguments (a :class:`UsageError` naming the first bad one) and return
     them as :class:`CaptureOptions`."""
@@ -191,6 +195,7 @@ def check_options(
         all_threads=want_all and _enable_all_threads(kwargs),
         module_scopes=module_scopes_option(module_scopes),
         profiler_kwargs=kwargs,
+        lines=bool(lines),
     )
 
 

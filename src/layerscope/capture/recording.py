@@ -29,6 +29,7 @@ from layerscope.capture.module_marks import ModuleMarks
 from layerscope.capture.options import CaptureOptions
 from layerscope.capture.scope_plan import ScopePlan
 from layerscope.errors import CaptureError, LayerscopeWarning
+from layerscope.events.call_lines import CallLines
 from layerscope.events.memory_snapshots import Snapshot
 from layerscope.gcpause import gc_paused
 from layerscope.model.profile import Profile
@@ -48,6 +49,8 @@ class RecordingContext:
     called_modules: list[tuple[str, str]]
     model_type: str | None
     marks: ModuleMarks | None = None
+    #: Call lines recorded during this recording (``lines=True``), else None.
+    call_lines: CallLines | None = None
     #: The memory watch's snapshots of this recording (None without ``memory``).
     snapshots: list[Snapshot] | None = None
     watch_errors: list[str] = field(default_factory=list)
@@ -98,7 +101,10 @@ class Recording:
         table = table_from_kineto(results, calculator, shapes=options.shapes, cpu_only=options.cpu_only)
         if marks is not None:
             marks.add_to(table)
+        table.call_lines = self.context.call_lines
         meta = self._meta()
+        if table.call_lines is not None:
+            meta["call_lines"] = {"ops": table.call_lines.op_count, "stacks": len(table.call_lines.stacks)}
         meta["reader"] = table.meta["reader"]
         meta["module_scopes"] = self.context.plan.kinds()
         if marks is not None and marks.unmatched:  # calls still running at the end

@@ -23,6 +23,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 
 from layerscope.capture import native
 from layerscope.capture.block_error import block_error
+from layerscope.capture.call_lines import CallLineRecorder, start_call_lines
 from layerscope.capture.compile_watch import collecting_compile_info, should_collect
 from layerscope.capture.compiled_modules import is_compiled, unwrap_compiled
 from layerscope.capture.memory_watch import MemoryWatch
@@ -84,6 +85,7 @@ class profile:
         on_trace_ready: Callable[[Cycle], Any] | None = None,
         profiler_kwargs: dict[str, Any] | None = None,
         module_scopes: str | None = None,
+        lines: bool = False,
     ) -> None:
         self.options: CaptureOptions = check_options(
             model,
@@ -97,6 +99,7 @@ class profile:
             all_threads=all_threads,
             profiler_kwargs=profiler_kwargs,
             module_scopes=module_scopes,
+            lines=lines,
         )
         if schedule is not None and not callable(schedule):
             raise UsageError("schedule must be layerscope.schedule(...) or a torch.profiler.schedule")
@@ -110,6 +113,7 @@ class profile:
         self._torch_profiler: torch.profiler.profile | None = None
         self._scopes: ModuleScopes | None = None
         self._marks: ModuleMarks | None = None
+        self._lines: CallLineRecorder | None = None
         self._watch: MemoryWatch | None = None
         self._block_error: dict[str, Any] | None = None
         self._plan: ScopePlan | None = None
@@ -181,6 +185,8 @@ class profile:
             if self._marks is not None:
                 stack.callback(self._marks.stop)  # safe on a session that never started
                 self._marks.start()
+            if self.options.lines:
+                self._lines = start_call_lines(stack)
             stack.callback(self._scopes.remove)
             self._scopes.install()
             if self._watch is not None:
@@ -238,6 +244,7 @@ class profile:
             called_modules=self._scopes.called_modules(),
             model_type=model_type,
             marks=self._marks,
+            call_lines=self._lines.take() if self._lines is not None else None,
             snapshots=self._watch.take() if self._watch is not None else None,
             watch_errors=list(self._watch.errors) if self._watch is not None else [],
             block_error=self._block_error,

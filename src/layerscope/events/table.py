@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.events.call_lines import CallLines
+
 
 class EventKind(IntEnum):
     """What a span event is. CPU-side kinds come first; ``is_device`` marks device activity."""
@@ -105,6 +107,11 @@ class EventTable:
     #: For trace files: this table's thread id -> the trace's (pid, tid); on GPU events the pid is
     #: the device and the tid the stream.
     threads: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    #: Live captures read natively: each span's RecordFunction handle as read (0 for non-ops); spans
+    #: appended later (marks) have none. What call lines are matched against.
+    op_handles: np.ndarray | None = None
+    #: Call lines recorded with ``lines=True`` (``events/call_lines.py``), else None.
+    call_lines: CallLines | None = None
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 

@@ -174,7 +174,7 @@ class Profile:
 
     @property
     def has_stacks(self) -> bool:
-        """Whether op rows carry Python call stacks (recorded ``with_stack``)."""
+        """Whether op rows carry Python call stacks (recorded with ``lines`` or ``with_stack``)."""
         return any(r.stack for r in self.op_rows)
 
     def modules(self) -> Iterator[ModuleNode]:
@@ -220,9 +220,19 @@ class Profile:
             internal_frames=internal_frames,
         )
 
+    def lines(self, sort_by: str = "time", limit: int | None = None, module: str | None = None) -> Any:
+        """Source lines ranked by forward + backward time (a ``LineTable`` of ``LineStats``): per line
+        of the user's code that called ops (``lines=True``; with only ``with_stack``, per function),
+        the ops' forward and backward self figures and the modules it ran in. ``sort_by``: time,
+        cpu, device, flops, alloc, location; ``module`` keeps one subtree's work."""
+        from layerscope.analysis.lines import line_table
+
+        return line_table(self, sort_by=sort_by, limit=limit, module=module)
+
     def to_pandas(self, table: str = "modules") -> Any:
         """One table as a ``pandas.DataFrame``: ``"modules"`` (one row per module, ``{phase}_{metric}``
         columns such as ``forward_self_cpu_us`` and achieved ``{phase}_flops_per_s``), ``"ops"``,
+        ``"lines"`` (see :meth:`lines`),
         ``"unattributed"``, ``"steps"``, ``"memory_peak"`` (what was live at the peak, see
         :meth:`memory_at_peak`), or from a trace's device report ``"streams"``,
         ``"device_steps"``, ``"copies"``. Needs pandas (imported here, not before)."""

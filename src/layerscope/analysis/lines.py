@@ -1,0 +1,165 @@
+"""Source lines: a Profile's op rows summed by the line of the user's code that called them.
+
+Each op row carries its Python stack (innermost first). With call lines (``ls.profile(lines=True)``)
+the innermost frame is the exact line that called the op, and an op's backward carries the line of
+the forward op that created it, so a line has forward and backward figures. With only
+``with_stack`` stacks, torch names frames by their function's definition line: the table still
+works, one row per function (``LineTable.call_lines`` tells which kind a table is).
+
+Only self figures are summed (exclusive CPU time, device time the ops launched, FLOPs, allocations),
+so nothing is counted twice and the totals equal the op table's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from layerscope.attribution.stacks import user_frames
+from layerscope.errors import UsageError
+from layerscope.model.metrics import Metrics
+from layerscope.model.profile import OpStats, Phase, Profile
+
+#: ``path/to/file.py(LINE): function``, as torch's tracer and layerscope's call lines write frames.
+_FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<function>.*)$")
+#: The row of ops no line of the user's called (C++ only, or recorded without stacks).
+NO_LINE = "(no Python line)"
+LINE_SORT_KEYS = ("time", "cpu", "device", "flops", "alloc", "location")
+
+
+@dataclass(frozen=True)
+class LineStats:
+    """One source line: the ops it called (``forward``: forward work, or work outside every module
+    such as the loss and the optimizer) and the backward of the ops it created (``backward``).
+
+    ``line`` is None for the row of ops that no line of the user's called. ``modules`` are the
+    modules (or unattributed entries) the line's work ran in, heaviest first. Only the self fields of
+    the metrics are meaningful (inclusive ones would count nested ops twice)."""
+
+    file: str
+    line: int | None
+    function: str
+    forward: Metrics
+    backward: Metrics
+    calls: int
+    modules: tuple[str, ...]
+
+    @property
+    def location(self) -> str:
+        """``file:line`` (or the no-line label)."""
+        return f"{self.file}:{self.line}" if self.line is not None else NO_LINE
+
+    @property
+    def cpu_us(self) -> float:
+        """Exclusive CPU time of the line's ops, forward and backward."""
+        return self.forward.self_cpu_us + self.backward.self_cpu_us
+
+    @property
+    def device_us(self) -> float:
+        """Device time of the work the line's ops launched, forward and backward."""
+        return self.forward.self_device_us + self.backward.self_device_us
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of the line's ops, forward and backward."""
+        return self.forward.self_flops + self.backward.self_flops
+
+    @property
+    def alloc_bytes(self) -> int:
+        """Bytes the line's ops allocated (CPU and device), forward and backward."""
+        f, b = self.forward, self.backward
+        return (
+            f.self_cpu_alloc_bytes
+            + f.self_device_alloc_bytes
+            + b.self_cpu_alloc_bytes
+            + b.self_device_alloc_bytes
+        )
+
+
+class LineTable(list[LineStats]):
+    """The rows ``Profile.lines()`` returns, heaviest first; ``call_lines`` says whether the lines are
+    exact call lines (``lines=True``) or torch's function definition lines (``with_stack``)."""
+
+    call_lines: bool = False
+    #: The time the table ranks by: ``device`` when the profile has device time, else ``cpu``.
+    time_kind: str = "cpu"
+
+    def _repr_html_(self) -> str:
+        from layerscope.render.html_tables import lines_html
+
+        return lines_html(self)
+
+
+def parse_frame(frame: str) -> tuple[str, int, str] | None:
+    """``(file, line, function)`` of a frame string, or None when it names no line."""
+    found = _FRAME.match(frame)
+    if found is None:
+        return None
+    return found["file"], int(found["line"]), found["function"]
+
+
+def line_table(
+    profile: Profile, sort_by: str = "time", limit: int | None = None, module: str | None = None
+) -> LineTable:
+    """Op rows summed per innermost user frame (see the module's docstring). ``module`` keeps the
+    work that ran in that module's subtree; ``sort_by`` is one of :data:`LINE_SORT_KEYS`."""
+    if not profile.has_stacks:
+        raise UsageError(
+            "this profile has no source lines: record with lines=True (`--lines`), or with_stack=True"
+        )
+    if sort_by not in LINE_SORT_KEYS:
+        raise UsageError(f"cannot sort lines by {sort_by!r}; choose from {', '.join(LINE_SORT_KEYS)}")
+    if limit is not None and limit < 0:
+        raise UsageError(f"limit must be >= 0, not {limit}")
+    groups: dict[tuple[str, int | None, str], list[OpStats]] = {}
+    frame_of: dict[tuple[str, ...], tuple[str, int | None, str]] = {}
+    for row in profile.op_rows:
+        if module is not None and not _in_subtree(row.module, module):
+            continue
+        key = frame_of.get(row.stack)
+        if key is None:
+            frames = user_frames(row.stack, depth=1)
+            parsed = parse_frame(frames[0]) if frames else None
+            key = frame_of[row.stack] = parsed if parsed is not None else (NO_LINE, None, "")
+        groups.setdefault(key, []).append(row)
+    time_kind = "device" if profile.has_device_time else "cpu"
+    table = LineTable(_line_stats(key, rows) for key, rows in groups.items())
+    table.sort(key=_sort_key(sort_by, time_kind))
+    result = LineTable(table[:limit] if limit is not None else table)
+    result.call_lines = bool(profile.meta.get("call_lines"))
+    result.time_kind = time_kind
+    return result
+
+
+def _line_stats(key: tuple[str, int | None, str], rows: list[OpStats]) -> LineStats:
+    forward, backward = Metrics(), Metrics()
+    weight: dict[str, float] = {}
+    calls = 0
+    for row in rows:
+        if row.phase is Phase.BACKWARD:
+            backward = backward.merged(row.metrics)
+        else:
+            forward = forward.merged(row.metrics)
+            calls += row.calls
+        where = row.module if row.module is not None else row.scope
+        weight[where] = weight.get(where, 0.0) + row.metrics.self_cpu_us + row.metrics.self_device_us
+    modules = tuple(sorted(weight, key=lambda m: -weight[m]))
+    return LineStats(key[0], key[1], key[2], forward, backward, calls, modules)
+
+
+def _sort_key(sort_by: str, time_kind: str):  # type: ignore[no-untyped-def]
+    if sort_by == "location":
+        return lambda r: (r.line is None, r.file, r.line or 0)
+    if sort_by == "time":
+        sort_by = time_kind
+    attribute = {"cpu": "cpu_us", "device": "device_us", "flops": "flops", "alloc": "alloc_bytes"}[sort_by]
+    return lambda r: -getattr(r, attribute)
+
+
+def _in_subtree(path: str | None, root: str) -> bool:
+    if path is None:
+        return False
+    return root == "" or path == root or path.startswith(root + ".")
+
+
+__all__ = ["LINE_SORT_KEYS", "NO_LINE", "LineStats", "LineTable", "line_table", "parse_frame"]

@@ -1,0 +1,70 @@
+"""Call lines as torch-free data: which stack of the user's call lines each top-level op ran under,
+keyed by the op's RecordFunction handle (the id torch's profiler keeps on the op's event).
+
+Made by ``capture/call_lines.py``; read by ``attribution/call_lines.py``. Frames are spelled as torch's
+tracer spells them, ``/path/file.py(LINE): function``, innermost first, but LINE is the line that
+was executing in that frame (the call), not the function's first line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CallLines:
+    """Recorded ops (``handles``, sorted) and the stack each ran under (``stack_ids`` into ``stacks``)."""
+
+    handles: np.ndarray
+    stack_ids: np.ndarray
+    stacks: list[tuple[str, ...]]
+
+    @classmethod
+    def from_nodes(
+        cls,
+        handles: np.ndarray,
+        nodes: np.ndarray,
+        node_code: np.ndarray,
+        node_line: np.ndarray,
+        node_parent: np.ndarray,
+        files: list[str],
+        functions: list[str],
+    ) -> CallLines:
+        """From the recorder's tree of (code, line, parent) nodes: each distinct node ops ran under
+        becomes one stack (built once; a node's tuple is its frame plus its parent's)."""
+        codes, lines, parents = node_code.tolist(), node_line.tolist(), node_parent.tolist()
+        tuples: dict[int, tuple[str, ...]] = {}
+
+        def stack_of(node: int) -> tuple[str, ...]:
+            chain: list[int] = []
+            n = node
+            while n >= 0 and n not in tuples:
+                chain.append(n)
+                n = parents[n]
+            tail = tuples[n] if n >= 0 else ()
+            for m in reversed(chain):
+                tail = tuples[m] = (f"{files[codes[m]]}({lines[m]}): {functions[codes[m]]}", *tail)
+            return tuples[node]
+
+        distinct, stack_ids = np.unique(nodes, return_inverse=True)
+        stacks = [stack_of(int(n)) for n in distinct.tolist()]
+        order = np.argsort(handles, kind="stable")
+        return cls(handles[order], stack_ids.reshape(-1)[order].astype(np.int64), stacks)
+
+    @property
+    def op_count(self) -> int:
+        """How many ops were recorded with a line."""
+        return int(self.handles.size)
+
+    def stacks_of(self, op_handles: np.ndarray) -> np.ndarray:
+        """The stack id of each handle in ``op_handles`` (-1 where none was recorded; 0 is no op)."""
+        out = np.full(op_handles.size, -1, dtype=np.int64)
+        if not self.handles.size or not op_handles.size:
+            return out
+        at = np.searchsorted(self.handles, op_handles)
+        at_clipped = np.minimum(at, self.handles.size - 1)
+        found = (self.handles[at_clipped] == op_handles) & (op_handles != 0)
+        out[found] = self.stack_ids[at_clipped[found]]
+        return out

@@ -9,6 +9,7 @@ leaving the profiler and post-processing are not (post-processing is benchmarks/
     python benchmarks/overhead.py --only calls     # µs per module call, within one profiler session
     python benchmarks/overhead.py --device cuda    # the same on a GPU (steps end with a synchronize)
     python benchmarks/overhead.py --memory         # both profilers record memory (profile_memory)
+    python benchmarks/overhead.py --only lines     # source lines against torch's with_stack
 
 Ratios: of the median step times, of the fastest rounds, and the median of the per-round ratios
 (every configuration runs once per round, back to back: the paired ratio resists the VM's drift).
@@ -226,11 +227,51 @@ def training_call_cost(rounds: int = 15, steps: int = 5) -> dict[str, Any]:
     return result
 
 
+def lines_cost(rounds: int, steps: int) -> dict[str, Any]:
+    """What source lines cost on the MLP workload (``--only mlp``'s model): torch.profiler with and
+    without ``with_stack`` (torch's Python tracer) against layerscope with and without ``lines``,
+    all with the flags layerscope passes torch, rounds interleaved in a shuffled order."""
+    model, x = tiny_transformer_mlps(), torch.randn(1, 64)
+    probe = ls.profile(model)
+    torch_kwargs: dict[str, Any] = {"record_shapes": True, **probe.profiler_kwargs}
+    configs: dict[str, Callable[[], AbstractContextManager[Any]]] = {
+        "torch.profiler": lambda: torch.profiler.profile(**torch_kwargs),
+        "torch with_stack": lambda: torch.profiler.profile(with_stack=True, **torch_kwargs),
+        "layerscope": lambda: ls.profile(model),
+        "layerscope lines": lambda: ls.profile(model, lines=True),
+    }
+    for make in configs.values():
+        timed_steps(model, x, 1, make)
+    samples: dict[str, list[float]] = {k: [] for k in configs}
+    order = list(configs)
+    shuffle = random.Random(0)
+    for _ in range(rounds):
+        shuffle.shuffle(order)
+        for key in order:
+            gc.collect()
+            samples[key].append(timed_steps(model, x, steps, configs[key]))
+    median = {k: statistics.median(v) for k, v in samples.items()}
+
+    def paired(a: str, b: str) -> float:
+        return round(statistics.median(x / y for x, y in zip(samples[a], samples[b], strict=True)), 3)
+
+    return {
+        "model": "48 x LN+Linear+GELU+Linear (1x64), training steps",
+        "step_ms": {k: round(v * 1000, 3) for k, v in median.items()},
+        "with_stack_vs_torch": paired("torch with_stack", "torch.profiler"),
+        "lines_vs_torch": paired("layerscope lines", "torch.profiler"),
+        "layerscope_vs_torch": paired("layerscope", "torch.profiler"),
+        "lines_vs_with_stack": paired("layerscope lines", "torch with_stack"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--only", choices=("resnet", "tiny", "mlp", "calls"), help="run one workload")
+    parser.add_argument(
+        "--only", choices=("resnet", "tiny", "mlp", "calls", "lines"), help="run one workload"
+    )
     parser.add_argument("--device", default="cpu", help="where the step workloads run (cpu, cuda)")
     parser.add_argument("--memory", action="store_true", help="both profilers record memory")
     args = parser.parse_args()
@@ -259,6 +300,10 @@ def main() -> None:
             args.steps * 5,
         ),
     }
+    if args.only == "lines":  # source lines: layerscope's lines=True against torch's with_stack
+        found = lines_cost(args.rounds, args.steps * 5)
+        print(json.dumps({"benchmark": "overhead-lines", "torch": torch.__version__, **found}, indent=1))
+        return
     results = [run() for key, run in workloads.items() if args.only in (None, key)]
     calls = module_call_cost() if args.only in (None, "calls") else None
     if calls is not None:

@@ -31,6 +31,7 @@ LAZY_UPWARD: dict[tuple[str, str], str] = {
     ("model/profile.py", "render"): "print(profile) / rich rendering / notebook convenience",
     ("analysis/ops.py", "render"): "notebooks show p.ops() as a table",
     ("analysis/diff.py", "render"): "notebooks show a diff as tables",
+    ("analysis/lines.py", "render"): "notebooks show p.lines() as a table",
 }
 
 

@@ -103,7 +103,7 @@ def line_table(
 ) -> LineTable:
     """Op rows summed per innermost user frame (see the module's docstring). ``module`` keeps the
     work that ran in that module's subtree; ``sort_by`` is one of :data:`LINE_SORT_KEYS`."""
-    if not profile.has_stacks:
+    if not profile.has_stacks and not profile.meta.get("call_lines"):
         raise UsageError(
             "this profile has no source lines: record with lines=True (`--lines`), or with_stack=True"
         )

@@ -40,12 +40,10 @@ def internal_prefixes() -> list[str]:
     (:func:`user_prefixes`: the longer prefix decides)."""
     import torch
 
-    import layerscope
-
     torch_dir = os.path.dirname(os.path.realpath(torch.__file__))
     packages = os.path.dirname(torch_dir)
     found = [torch_dir, os.path.join(packages, "torchgen"), os.path.join(packages, "functorch")]
-    found.append(os.path.dirname(os.path.realpath(layerscope.__file__)))
+    found.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # the layerscope package
     paths = sysconfig.get_paths()
     found += [os.path.realpath(paths["stdlib"]), os.path.realpath(paths["platstdlib"])]
     found += [

@@ -81,6 +81,11 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--with-stack", action="store_true", help="record Python stacks (for --group-by stack)"
     )
+    parser.add_argument(
+        "--lines",
+        action="store_true",
+        help="record the line of your code that called each op (for --by line, the HTML source view)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs")
     parser.add_argument("-o", "--output", metavar="PATH", help="save the profile (.json or .json.gz)")
@@ -192,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(args.warmup):
             step()
             model.zero_grad(set_to_none=True)
-        with ls.profile(model, memory=args.memory, with_stack=args.with_stack) as prof:
+        with ls.profile(model, memory=args.memory, with_stack=args.with_stack, lines=args.lines) as prof:
             for k in range(args.steps):
                 step()
                 if k < args.steps - 1:

@@ -78,6 +78,11 @@ def register(sub: Any) -> None:
         "--with-stack", action="store_true", help="record Python stacks (for --group-by stack)"
     )
     parser.add_argument(
+        "--lines",
+        action="store_true",
+        help="record the line of your code that called each op (for --by line, the HTML source view)",
+    )
+    parser.add_argument(
         "--activities",
         default=None,
         metavar="LIST",
@@ -246,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
         activities=activities,
         memory=args.memory,
         with_stack=args.with_stack,
+        lines=args.lines,
         depth=args.depth,
         schedule=ls.schedule(**schedule_args) if schedule_args is not None else None,
         on_trace_ready=saver,
@@ -328,16 +334,21 @@ def _report(session: Any, written: list[Path], args: argparse.Namespace, outcome
 
         console = make_console(stream)
         profile = session.cycles[-1].profile
-        console.print(
-            tree_table(
-                profile,
-                depth=args.depth,
-                min_share=args.min_share,
-                sort_by=args.sort,
-                ascii_only=True if args.ascii else None,
-                per_step=args.per_step,
+        if args.by == "line" and (profile.has_stacks or profile.meta.get("call_lines")):
+            from layerscope.render.lines import lines_table
+
+            console.print(lines_table(profile.lines(limit=args.top or None), ascii_only=args.ascii or None))
+        else:
+            console.print(
+                tree_table(
+                    profile,
+                    depth=args.depth,
+                    min_share=args.min_share,
+                    sort_by=args.sort,
+                    ascii_only=True if args.ascii else None,
+                    per_step=args.per_step,
+                )
             )
-        )
         if len(profile.steps) > 1:
             console.print(steps_table(step_rows(profile.steps), ascii_only=True if args.ascii else None))
     for path in written:

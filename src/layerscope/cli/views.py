@@ -11,6 +11,7 @@ from layerscope.analysis.steps import step_rows
 from layerscope.errors import UsageError
 from layerscope.model.profile import Profile
 from layerscope.render.console import TREE_SORT_KEYS, make_console, ops_table, steps_table, tree_table
+from layerscope.render.lines import lines_table
 
 _GROUP_ALIASES = {
     "name": ("name",),
@@ -34,6 +35,13 @@ class HelpFormatter(argparse.HelpFormatter):
 def add_view_options(parser: argparse.ArgumentParser) -> None:
     """--depth, --min-share, --sort, --top, --group-by, --ascii."""
     group = parser.add_argument_group("view")
+    group.add_argument(
+        "--by",
+        default="module",
+        choices=("module", "line"),
+        help="the main table: the module tree (default), or source lines ranked by forward + backward "
+        "time (profiles recorded with --lines, or --with-stack for function lines)",
+    )
     group.add_argument("--depth", type=int, metavar="N", help="fold modules deeper than N levels")
     group.add_argument(
         "--min-share",
@@ -109,9 +117,13 @@ def check_view_options(args: argparse.Namespace) -> None:
 
 
 def print_profile(profile: Profile, args: argparse.Namespace) -> None:
-    """The tree table, then the op table, on stdout."""
+    """The tree table, then the op table, on stdout (``--by line``: the source lines instead)."""
     console = make_console(sys.stdout)
     ascii_only = True if args.ascii else None
+    if args.by == "line":
+        limit = args.top or None
+        console.print(lines_table(profile.lines(limit=limit), ascii_only=ascii_only))
+        return
     console.print(
         tree_table(
             profile,

@@ -19,6 +19,7 @@ from layerscope.model.serialize import StringTable, write_atomic
 from layerscope.render.device_html import device_section_html
 from layerscope.render.flamegraph import flamegraph_svg
 from layerscope.render.memory_html import memory_peak_html
+from layerscope.render.source_view import source_data, source_section_html
 
 FLAME_METRICS = (
     ("cpu_us", "CPU time"),
@@ -95,6 +96,8 @@ def report_data(profile: Profile) -> dict[str, Any]:
                 else {}
             ),
         },
+        # the annotated source: the user's files read now, each line with its figures
+        "source": source_data(profile),
         "steps": [
             [
                 r.step,
@@ -163,6 +166,7 @@ def html_report(profile: Profile) -> str:
     source_group = '<option value="source">name and source location</option>' if has_stacks else ""
     summary = profile.meta.get("device")
     device = device_section_html(summary) if isinstance(summary, dict) else ""
+    data = report_data(profile)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>layerscope report</title>
@@ -187,6 +191,7 @@ def html_report(profile: Profile) -> str:
 <input type="search" id="opfilter" placeholder="filter ops or modules">
 <span class="muted" id="opcount"></span></div>
 <div class="scroll"><table id="ops"><thead><tr></tr></thead><tbody></tbody></table></div></section>
+{source_section_html(data["source"])}
 <section id="memory"><h2>Memory</h2><div id="memplot"></div>
 <table id="memtable"><thead><tr><th class="l">Module (forward)</th><th>Allocated</th>
 <th title="allocated minus freed inside the module: what it leaves alive (activations kept for
@@ -196,7 +201,7 @@ backward); negative when it frees more than it allocates">Net alloc</th><th>Peak
 <section id="steps"><h2>Steps</h2><table><thead><tr><th>Step</th><th>Wall</th><th>CPU</th><th>Device</th>
 <th>Forward</th><th>Backward</th><th class="l">Note</th></tr></thead><tbody></tbody></table></section>
 </main>
-<script type="application/json" id="data">{_embedded_json(report_data(profile))}</script>
+<script type="application/json" id="data">{_embedded_json(data)}</script>
 <script>{asset_text("report.js")}</script>
 </body></html>
 """

@@ -1,4 +1,5 @@
-"""Small static HTML tables for notebooks: op tables (``p.ops()``) and diffs (``ls.diff(a, b)``).
+"""Small static HTML tables for notebooks: op tables (``p.ops()``), source lines (``p.lines()``) and
+diffs (``ls.diff(a, b)``).
 
 No script and every value escaped: a notebook shows them as they are. The full interactive report
 is ``Profile._repr_html_`` (render/notebook.py).
@@ -10,8 +11,10 @@ import html
 from collections.abc import Sequence
 
 from layerscope.analysis.diff import ProfileDiff
+from layerscope.analysis.lines import LineStats, LineTable
 from layerscope.model.profile import OpStats
 from layerscope.render.diff import row_cells, summary_line, value_formatter
+from layerscope.render.source_view import line_module, line_time
 from layerscope.units import fmt_bytes, fmt_si, fmt_time_us
 
 _STYLE = "border-collapse:collapse;font:12px/1.4 ui-monospace,monospace"
@@ -63,6 +66,32 @@ def ops_html(rows: Sequence[OpStats], limit: int = 50) -> str:
     ]
     more = f"<p>{len(rows) - limit} more rows</p>" if len(rows) > limit else ""
     return static_table(headers, body, text_columns=4) + more
+
+
+def lines_html(rows: Sequence[LineStats], limit: int = 50) -> str:
+    """Source lines as an HTML table (the first ``limit``; a line says how many more). Times are a
+    :class:`LineTable`'s ``time_kind`` (device time, else exclusive CPU time)."""
+    kind = rows.time_kind if isinstance(rows, LineTable) else "cpu"
+    unit = "device" if kind == "device" else "self CPU"
+    headers = ["Location", "Function", "Module", "Calls", f"Forward ({unit})", f"Backward ({unit})", "FLOPs"]
+    body = [
+        [
+            r.location,
+            r.function,
+            line_module(r),
+            str(r.calls),
+            fmt_time_us(line_time(r.forward, kind)),
+            fmt_time_us(line_time(r.backward, kind)),
+            fmt_si(r.flops),
+        ]
+        for r in rows[:limit]
+    ]
+    note = ""
+    if isinstance(rows, LineTable):
+        what = "exact call lines" if rows.call_lines else "function definition lines (with_stack)"
+        note = f"<p>Source lines: {what}.</p>"
+    more = f"<p>{len(rows) - limit} more rows</p>" if len(rows) > limit else ""
+    return note + static_table(headers, body, text_columns=3) + more
 
 
 def diff_html(d: ProfileDiff, top: int = 15) -> str:

@@ -210,6 +210,66 @@
   document.getElementById("opfilter").addEventListener("input", function (e) { opFilter = e.target.value.toLowerCase(); renderOps(); });
   renderOps();
 
+  // ----- annotated source ---------------------------------------------------------------------
+  // Each file's listing: the lines of its windows and the lines with figures, in order, a gap row
+  // where lines are skipped; every cell (source text included) is set through textContent.
+  var SRC = D.source;
+  function sum(a) { var t = 0; for (var k = 0; k < a.length; k++) t += a[k]; return t; }
+  function sharePct(t, total) { return t > 0 ? (100 * t / total).toFixed(1) + "%" : ""; }
+  if (SRC) {
+    var srcTotal = SRC.total || 1, heaviest = 0;
+    SRC.files.forEach(function (f) { f.fwd.forEach(function (v, k) { heaviest = Math.max(heaviest, v + f.bwd[k]); }); });
+    var fhead = document.querySelector("#sourcefiles thead tr"), fbody = document.querySelector("#sourcefiles tbody");
+    ["File", "Forward", "Backward", "FLOPs", "Share", "Module"].forEach(function (h, k) { fhead.appendChild(el("th", k === 0 || k === 5 ? "l" : "", h)); });
+    var overview = function (cls, label, fwd, bwd, flops, module) {
+      var tr = el("tr", cls);
+      tr.appendChild(el("td", "l src", label));
+      [time(fwd), time(bwd), si(flops), sharePct(fwd + bwd, srcTotal)].forEach(function (v) { tr.appendChild(el("td", null, v)); });
+      tr.appendChild(el("td", "l", module));
+      fbody.appendChild(tr);
+    };
+    SRC.files.forEach(function (f) { overview("file", f.path + (f.note ? " (" + f.note + ")" : ""), sum(f.fwd), sum(f.bwd), sum(f.flops), ""); });
+    if (SRC.more) overview("more", SRC.more.files + " more files", SRC.more.fwd, SRC.more.bwd, SRC.more.flops, "");
+    if (SRC.no_line) overview("noline", SRC.no_line.label + ": ops no line of your code called", SRC.no_line.fwd, SRC.no_line.bwd, SRC.no_line.flops, SRC.no_line.module);
+    var listing = function (f) {
+      var table = el("table", "listing"), head = el("tr"), body = el("tbody"), text = {}, at = {}, shown = {};
+      ["Line", "Forward", "Backward", "FLOPs", "Share", "Module", "Source"].forEach(function (h, k) { head.appendChild(el("th", k >= 5 ? "l" : "", h)); });
+      var thead = el("thead"); thead.appendChild(head); table.appendChild(thead); table.appendChild(body);
+      f.windows.forEach(function (w) { w[1].forEach(function (t, k) { text[w[0] + k] = t; shown[w[0] + k] = 1; }); });
+      f.lines.forEach(function (ln, k) { at[ln] = k; shown[ln] = 1; });
+      var prev = 0;
+      Object.keys(shown).map(Number).sort(function (a, b) { return a - b; }).forEach(function (ln) {
+        if (ln > prev + 1) { var gap = el("tr", "gap"); var td = el("td", "l", "\u22ef " + (ln - prev - 1) + " lines"); td.colSpan = 7; gap.appendChild(td); body.appendChild(gap); }
+        prev = ln;
+        var k = at[ln], tr = el("tr", k === undefined ? "" : "fig");
+        tr.dataset.line = ln;
+        tr.appendChild(el("td", "ln", ln));
+        if (k === undefined) { for (var c = 0; c < 5; c++) tr.appendChild(el("td")); } else {
+          var t = f.fwd[k] + f.bwd[k];
+          [time(f.fwd[k]), time(f.bwd[k]), si(f.flops[k]), sharePct(t, srcTotal)].forEach(function (v) { tr.appendChild(el("td", null, v)); });
+          tr.appendChild(el("td", "l", f.module[k]));
+          tr.title = f["function"][k] + ": " + f.calls[k] + " calls";
+          // the heat: proportional to the line's share, the heaviest line of the section darkest
+          if (t > 0 && heaviest > 0) tr.style.backgroundColor = "rgba(240, 110, 30, " + (0.7 * t / heaviest).toFixed(3) + ")";
+        }
+        tr.appendChild(el("td", "l code", ln in text ? text[ln] : ""));
+        body.appendChild(tr);
+      });
+      return table;
+    };
+    var srcList = document.getElementById("sourcelist");
+    SRC.files.forEach(function (f, i) {
+      var box = el("details", "srcfile"), summary = el("summary");
+      box.open = i < 3;  // the three heaviest open; the rest one click away
+      summary.appendChild(el("span", "src", f.path));
+      summary.appendChild(el("span", "muted", "  " + time(sum(f.fwd) + sum(f.bwd)) + " \u00b7 " + sharePct(sum(f.fwd) + sum(f.bwd), srcTotal)));
+      if (f.note) summary.appendChild(el("span", "note", "  " + f.note));
+      box.appendChild(summary);
+      var wrap = el("div", "scroll"); wrap.appendChild(listing(f)); box.appendChild(wrap);
+      srcList.appendChild(box);
+    });
+  }
+
   // ----- memory -------------------------------------------------------------------------------
   var mem = D.memory, plot = document.getElementById("memplot");
   if (mem && mem.t_us.length) {

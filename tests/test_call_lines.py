@@ -1,0 +1,194 @@
+"""Call lines (``ls.profile(lines=True)``): the line of the user's code that called each op."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope as ls
+from layerscope.analysis.lines import NO_LINE
+from layerscope.capture import call_lines, native
+from layerscope.errors import LayerscopeWarning
+
+pytestmark = pytest.mark.skipif(
+    not call_lines.supported(native.load()), reason="call lines need the native module on CPython 3.11/3.12"
+)
+
+
+def scale(t: torch.Tensor) -> torch.Tensor:
+    return t * 2.0  # LINE: helper
+
+
+class TwoMatmuls(nn.Module):
+    """The same op on two lines of one forward, a submodule, and a helper function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(16, 16))
+        self.w2 = nn.Parameter(torch.randn(16, 16))
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.mm(x, self.w1)  # LINE: first mm
+        b = torch.mm(a.relu(), self.w2)  # LINE: second mm
+        return scale(self.fc(b))  # LINE: fc
+
+
+def line_of(marker: str) -> int:
+    """The line number of the line of this file marked ``# LINE: marker``."""
+    lines, first = inspect.getsourcelines(sys.modules[__name__])
+    for k, text in enumerate(lines):
+        if text.rstrip().endswith(f"# LINE: {marker}"):
+            return first + k if first else k + 1
+    raise AssertionError(marker)
+
+
+HERE = str(Path(__file__).resolve())
+
+
+@pytest.fixture(scope="module")
+def trained() -> ls.Profile:
+    torch.manual_seed(0)
+    model, x = TwoMatmuls(), torch.randn(8, 16)
+    with ls.profile(model, lines=True) as prof:
+        model(x).sum().backward()  # LINE: step
+    profile = prof.profile
+    profile.validate()
+    return profile
+
+
+def rows_by_line(profile: ls.Profile) -> dict[int | None, object]:
+    return {r.line: r for r in profile.lines() if r.file in (HERE, NO_LINE)}
+
+
+def test_each_call_line_is_its_own_row_forward_and_backward(trained: ls.Profile) -> None:
+    rows = rows_by_line(trained)
+    first, second, fc, helper = (line_of(m) for m in ("first mm", "second mm", "fc", "helper"))
+    mm_flops = 2 * 8 * 16 * 16
+    # forward: one mm on each line; backward: dW1 only on the first (x needs no gradient), dA and dW2
+    # on the second.
+    assert rows[first].forward.self_flops == mm_flops
+    assert rows[first].backward.self_flops == mm_flops
+    assert rows[second].forward.self_flops == mm_flops
+    assert rows[second].backward.self_flops == 2 * mm_flops
+    assert rows[fc].forward.self_flops == mm_flops  # the Linear's addmm ran under the fc line
+    assert rows[fc].backward.self_flops == 2 * mm_flops
+    assert rows[fc].modules[0] == "fc"
+    assert rows[first].modules == ("",)  # the root module's own code
+    assert rows[helper].function == "scale" and rows[helper].forward.self_cpu_us > 0
+    assert rows[line_of("step")].function == "trained"  # sum, backward seed, gradient accumulation
+    for line in (first, second, fc):
+        assert rows[line].backward.self_cpu_us > 0, line
+
+
+def test_line_totals_equal_the_op_table_and_the_tree(trained: ls.Profile) -> None:
+    lines = trained.lines()
+    assert sum(r.flops for r in lines) == trained.totals.flops
+    op_cpu = sum(r.metrics.self_cpu_us for r in trained.op_rows)
+    assert sum(r.cpu_us for r in lines) == pytest.approx(op_cpu)
+    assert trained.meta["call_lines"]["ops"] > 0
+
+
+def test_ops_grouped_by_stack_use_call_lines(trained: ls.Profile) -> None:
+    rows = trained.ops(group_by=("name", "stack"), stack_depth=1, phase="forward")
+    mm_lines = sorted(r.stack[0] for r in rows if r.name == "aten::mm")
+    assert mm_lines == sorted(
+        [f"{HERE}({line_of('first mm')}): forward", f"{HERE}({line_of('second mm')}): forward"]
+    )
+
+
+def test_lines_survive_save_and_load(trained: ls.Profile, tmp_path: Path) -> None:
+    loaded = ls.load(trained.save(tmp_path / "p.json"))
+    assert [(r.location, r.flops) for r in loaded.lines()] == [(r.location, r.flops) for r in trained.lines()]
+    frame = loaded.to_pandas("lines")
+    assert set(frame["line"].dropna().astype(int)) >= {line_of("first mm"), line_of("second mm")}
+
+
+def test_outputs_and_rng_unchanged_and_callback_removed_on_error() -> None:
+    torch.manual_seed(1)
+    model, x = TwoMatmuls(), torch.randn(8, 16)
+    expected = model(x)
+    state = torch.get_rng_state()
+    with ls.profile(model, lines=True):
+        got = model(x)
+    assert torch.equal(got, expected) and torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(RuntimeError, match="boom"), ls.profile(model, lines=True):
+        model(x)
+        raise RuntimeError("boom")
+    # A callback left behind would make the next start fail ("already being recorded").
+    with ls.profile(model, lines=True) as prof:
+        model(x)
+    assert prof.profile.meta["call_lines"]["ops"] > 0
+
+
+def test_threads_and_no_grad() -> None:
+    model, x = TwoMatmuls(), torch.randn(8, 16)
+
+    def worker() -> None:
+        with torch.no_grad():
+            model(x)  # LINE: thread
+
+    with ls.profile(model, lines=True) as prof:
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+    rows = rows_by_line(prof.profile)
+    assert rows[line_of("first mm")].forward.self_flops == 2 * 8 * 16 * 16
+    assert rows[line_of("first mm")].backward.self_cpu_us == 0  # no_grad: no backward
+    stacks = {r.stack for r in prof.profile.ops(group_by="stack", stack_depth=None)}
+    assert any(f"{HERE}({line_of('thread')}): worker" in s for s in stacks)
+
+
+@torch.jit.script
+def _scripted(x: torch.Tensor) -> torch.Tensor:
+    return torch.mm(x, x)
+
+
+@torch.jit.script
+def _parallel(x: torch.Tensor) -> torch.Tensor:
+    first = torch.jit.fork(_scripted, x)
+    second = torch.jit.fork(_scripted, x)
+    return torch.jit.wait(first) + torch.jit.wait(second)
+
+
+def test_ops_without_a_python_frame_get_the_no_line_row() -> None:
+    """TorchScript runs its ops from C++ (forks on the inter-op pool): no line of this file called
+    them, so they land in the no-line row, never under a wrong line."""
+    x = torch.randn(64, 64)
+    _parallel(x)  # compiled once before the block
+    with ls.profile(nn.Identity(), lines=True) as prof:
+        _parallel(x)  # LINE: scripted
+    mm = [r for r in prof.profile.op_rows if r.name == "aten::mm"]
+    assert sum(r.calls for r in mm) == 2
+    assert all(not r.stack for r in mm)
+    rows = {r.line: r for r in prof.profile.lines()}
+    assert rows[None].location == NO_LINE and rows[None].calls >= 2
+    assert line_of("scripted") not in rows
+
+
+def test_lines_without_the_native_module_warn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "load", lambda: None)
+    model, x = TwoMatmuls(), torch.randn(8, 16)
+    expected = pytest.warns(LayerscopeWarning, match="call lines are not recorded")
+    with expected, ls.profile(model, lines=True) as prof:
+        model(x)
+    assert "call_lines" not in prof.profile.meta
+
+
+def test_show_by_line_cli(trained: ls.Profile, tmp_path: Path) -> None:
+    saved = trained.save(tmp_path / "p.json")
+    done = subprocess.run(
+        [sys.executable, "-m", "layerscope", "show", str(saved), "--by", "line", "--ascii"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "Source call lines" in done.stdout
+    assert f"test_call_lines.py:{line_of('first mm')} " in done.stdout

@@ -192,3 +192,54 @@ def test_show_by_line_cli(trained: ls.Profile, tmp_path: Path) -> None:
     )
     assert "Source call lines" in done.stdout
     assert f"test_call_lines.py:{line_of('first mm')} " in done.stdout
+
+
+def test_each_scheduled_cycle_gets_its_own_lines() -> None:
+    model, x = TwoMatmuls(), torch.randn(8, 16)
+    cycles: list[ls.Profile] = []
+    schedule = ls.schedule(wait=1, warmup=0, active=1, repeat=2)
+    with ls.profile(
+        model, lines=True, schedule=schedule, on_trace_ready=lambda c: cycles.append(c.profile)
+    ) as prof:
+        for _ in range(4):
+            model(x).sum().backward()
+            prof.step()
+    assert len(cycles) == 2
+    for profile in cycles:
+        profile.validate()
+        rows = rows_by_line(profile)
+        assert rows[line_of("first mm")].forward.self_flops == 2 * 8 * 16 * 16  # one step's
+        assert profile.meta["call_lines"]["ops"] > 0
+
+
+def test_compiled_code_keeps_its_graph_and_gets_the_calling_line() -> None:
+    """The callback is invisible to Dynamo: no graph break, no recompile; ops inside compiled code
+    get the line that called the compiled model."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model, x = TwoMatmuls(), torch.randn(8, 16)
+    compiled = torch.compile(model, backend="eager")
+    compiled(x)
+    graphs = counters["stats"]["unique_graphs"]
+    with ls.profile(compiled, lines=True) as prof:
+        compiled(x)  # LINE: compiled call
+    assert counters["stats"]["unique_graphs"] == graphs and not counters["graph_break"]
+    profile = prof.profile
+    profile.validate()
+    mm = [r for r in profile.op_rows if r.name == "aten::mm"]
+    caller = (
+        f"{HERE}({line_of('compiled call')}): test_compiled_code_keeps_its_graph_and_gets_the_calling_line"
+    )
+    assert mm and all(r.stack[0] == caller for r in mm)
+
+
+def test_source_flame_graph_uses_call_lines(trained: ls.Profile) -> None:
+    from layerscope.render.exports import stack_values
+
+    stacks = stack_values(trained, "cpu_us", frames_of="source")
+    frames = {frame for stack in stacks for frame in stack}
+    assert f"{HERE}({line_of('first mm')}): forward" in frames
+    assert f"{HERE}({line_of('second mm')}): forward" in frames
+    backward = [s for s in stacks if s[0] == "[backward]"]
+    assert any(f"{HERE}({line_of('second mm')}): forward" in s for s in backward)

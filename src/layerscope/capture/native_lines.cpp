@@ -235,7 +235,17 @@ int64_t current_node(ThreadLines& lines) {
   return chain;
 }
 
+// Module ranges (`ls:<path>:<Type>`, profiler ranges in "ranges" mode) enclose ops without being
+// ops: the ops inside them are the top-level ones.
+bool is_module_range(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  return name != nullptr && name[0] == 'l' && name[1] == 's' && name[2] == ':';
+}
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  if (is_module_range(fn)) {
+    return nullptr;
+  }
   ThreadLines& lines = this_thread();
   const bool top_level = lines.depth++ == 0;
   if (top_level && fn.scope() == at::RecordScope::FUNCTION) {
@@ -249,7 +259,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-void on_op_end(const at::RecordFunction&, at::ObserverContext*) {
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (is_module_range(fn)) {
+    return;
+  }
   ThreadLines& lines = thread_lines;
   if (lines.session == session.load(std::memory_order_acquire) && lines.depth > 0) {
     --lines.depth;

@@ -33,6 +33,7 @@ TABLES = (
     "modules",
     "ops",
     "lines",
+    "types",
     "unattributed",
     "steps",
     "memory_peak",
@@ -59,6 +60,8 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
     """The rows of one table as plain dicts (what ``to_pandas`` hands to pandas)."""
     if table == "lines":
         return _line_rows(profile)
+    if table == "types":
+        return _type_rows(profile)
     if table == "modules":
         rows = []
         # parent and depth from the tree itself (with folding, a parent is not always the path's prefix)
@@ -151,6 +154,28 @@ def _line_rows(profile: Profile) -> list[dict[str, Any]]:
             row[f"{phase}_alloc_bytes"] = metrics.self_cpu_alloc_bytes + metrics.self_device_alloc_bytes
         row["module"] = r.modules[0] if r.modules else None
         row["modules"] = list(r.modules)
+        rows.append(row)
+    return rows
+
+
+def _type_rows(profile: Profile) -> list[dict[str, Any]]:
+    """Modules summed per type (``Profile.by_type()``): self figures, heaviest first."""
+    from layerscope.analysis.types import type_table
+
+    table = type_table(profile)
+    rows = []
+    for r in table:
+        row: dict[str, Any] = {
+            "type": r.type_name,
+            "modules": r.modules,
+            "calls": r.calls,
+            "params": r.params,
+        }
+        for phase, metrics in (("forward", r.forward), ("backward", r.backward)):
+            row[f"{phase}_cpu_us"] = metrics.cpu_us
+            row[f"{phase}_device_us"] = metrics.device_us
+            row[f"{phase}_flops"] = metrics.flops
+        row["share"] = table.share(r)
         rows.append(row)
     return rows
 

@@ -12,6 +12,7 @@ from layerscope.errors import UsageError
 from layerscope.model.profile import Profile
 from layerscope.render.console import TREE_SORT_KEYS, make_console, ops_table, steps_table, tree_table
 from layerscope.render.lines import lines_table
+from layerscope.render.types import types_table
 
 _GROUP_ALIASES = {
     "name": ("name",),
@@ -38,9 +39,10 @@ def add_view_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--by",
         default="module",
-        choices=("module", "line"),
-        help="the main table: the module tree (default), or source lines ranked by forward + backward "
-        "time (profiles recorded with --lines, or --with-stack for function lines)",
+        choices=("module", "line", "type"),
+        help="the main table: the module tree (default); source lines ranked by forward + backward "
+        "time (profiles recorded with --lines, or --with-stack for function lines); module types "
+        "(with --depth N: the types at depth N)",
     )
     group.add_argument("--depth", type=int, metavar="N", help="fold modules deeper than N levels")
     group.add_argument(
@@ -121,8 +123,10 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
     console = make_console(sys.stdout)
     ascii_only = True if args.ascii else None
     if args.by == "line":
-        limit = args.top or None
-        console.print(lines_table(profile.lines(limit=limit), ascii_only=ascii_only))
+        console.print(lines_table(profile.lines(limit=args.top or None), ascii_only=ascii_only))
+        return
+    if args.by == "type":
+        console.print(types_table(profile.by_type(depth=args.depth), ascii_only=ascii_only))
         return
     console.print(
         tree_table(

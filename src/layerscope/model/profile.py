@@ -229,10 +229,18 @@ class Profile:
 
         return line_table(self, sort_by=sort_by, limit=limit, module=module)
 
+    def by_type(self, depth: int | None = None, sort_by: str = "time") -> Any:
+        """Modules summed per type (a ``TypeTable`` of ``TypeStats``, heaviest first): calls,
+        forward and backward figures, FLOPs, parameters. Without ``depth`` every module's self
+        figures (the types add up to the tree); with it, the modules at that depth, inclusive."""
+        from layerscope.analysis.types import type_table
+
+        return type_table(self, depth=depth, sort_by=sort_by)
+
     def to_pandas(self, table: str = "modules") -> Any:
         """One table as a ``pandas.DataFrame``: ``"modules"`` (one row per module, ``{phase}_{metric}``
         columns such as ``forward_self_cpu_us`` and achieved ``{phase}_flops_per_s``), ``"ops"``,
-        ``"lines"`` (see :meth:`lines`),
+        ``"lines"`` (see :meth:`lines`), ``"types"`` (see :meth:`by_type`),
         ``"unattributed"``, ``"steps"``, ``"memory_peak"`` (what was live at the peak, see
         :meth:`memory_at_peak`), or from a trace's device report ``"streams"``,
         ``"device_steps"``, ``"copies"``. Needs pandas (imported here, not before)."""

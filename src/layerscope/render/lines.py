@@ -37,7 +37,8 @@ def _module(r: LineStats) -> str:
     if not r.modules:
         return ""
     first = r.modules[0] or "(root)"
-    return first + (f" +{len(r.modules) - 1}" if len(r.modules) > 1 else "")
+    more = f" +{len(r.modules) - 1}" if len(r.modules) > 1 else ""
+    return (first if len(first) <= 28 else first[:27] + "…") + more
 
 
 def line_columns(rows: Sequence[LineStats], time_kind: str) -> tuple[Column[LineStats], ...]:
@@ -52,14 +53,14 @@ def line_columns(rows: Sequence[LineStats], time_kind: str) -> tuple[Column[Line
     label = "device" if time_kind == "device" else "CPU"
     return (
         Column("location", "Line", _location, "left"),
-        Column("function", "Function", lambda r: r.function, "left", drop=4),
-        Column("module", "Module", _module, "left", style="cyan", drop=5),
+        Column("function", "Function", lambda r: r.function, "left", drop=3),
+        Column("module", "Module", _module, "left", style="cyan", drop=4),
         Column("forward", f"Forward {label}", lambda r: fmt_time_us(time(r.forward))),
         Column("backward", f"Backward {label}", lambda r: fmt_time_us(time(r.backward)), shown=backward),
-        Column("share", "Share", lambda r: fmt_share(time(r.forward) + time(r.backward), whole), drop=3),
-        Column("flops", "FLOPs", lambda r: fmt_si(r.flops), drop=2, shown=any(r.flops for r in rows)),
+        Column("share", "Share", lambda r: fmt_share(time(r.forward) + time(r.backward), whole), drop=6),
+        Column("flops", "FLOPs", lambda r: fmt_si(r.flops), drop=5, shown=any(r.flops for r in rows)),
         Column("alloc", "Alloc", lambda r: fmt_bytes(r.alloc_bytes), drop=1, shown=memory),
-        Column("calls", "Op calls", lambda r: str(r.calls), drop=6),
+        Column("calls", "Op calls", lambda r: str(r.calls), drop=2),
     )
 
 

@@ -260,11 +260,45 @@ def lines_cost(rounds: int, steps: int) -> dict[str, Any]:
         "model": "48 x LN+Linear+GELU+Linear (1x64), training steps",
         "step_ms": {k: round(v * 1000, 3) for k, v in median.items()},
         "build_ms": _build_ms(model, x, steps, rounds),
+        "lines_us_per_op": _lines_us_per_op(model, x, rounds),
         "with_stack_vs_torch": paired("torch with_stack", "torch.profiler"),
         "lines_vs_torch": paired("layerscope lines", "torch.profiler"),
         "layerscope_vs_torch": paired("layerscope", "torch.profiler"),
         "lines_vs_with_stack": paired("layerscope lines", "torch with_stack"),
     }
+
+
+def _lines_us_per_op(model: nn.Module, x: torch.Tensor, rounds: int) -> float | None:
+    """µs the call-line recorder adds per top-level op, inside one torch.profiler session: the
+    recorder started and stopped in alternation (paired), over the step's recorded op count."""
+    from layerscope.capture.call_lines import CallLineRecorder, supported
+
+    module = native.load()
+    if not supported(module):
+        return None
+    assert module is not None
+
+    def step() -> float:
+        start = time.perf_counter()
+        model(x).sum().backward()
+        return time.perf_counter() - start
+
+    recorder = CallLineRecorder(module)
+    bare: list[float] = []
+    lined: list[float] = []
+    with torch.profiler.profile(record_shapes=True, **ls.profile(model).profiler_kwargs):
+        step()
+        for _ in range(rounds * 3):
+            bare.append(min(step() for _ in range(5)))
+            recorder.start()
+            lined.append(min(step() for _ in range(5)))
+            recorder.stop()
+        recorder.start()
+        step()
+        recorder.stop()
+        ops = recorder.take().op_count  # the records of the last step alone are left
+    paired = statistics.median(a - b for a, b in zip(lined, bare, strict=True))
+    return round(paired * 1e6 / ops, 3)
 
 
 def _build_ms(model: nn.Module, x: torch.Tensor, steps: int, rounds: int) -> dict[str, float]:

@@ -295,9 +295,15 @@ def test_source_locations_in_the_report(browser: Any, tmp_path: Path) -> None:
     try:
         assert page.problems == []
         root_title = page.evaluate("document.querySelector('#tree tbody tr').title")
-        # the path is relative to the sys.path entry the fixture was imported from
-        assert root_title.startswith("TwoCallSites.forward defined at ")
+        # input and output shapes of the first call, then where forward is defined (the path relative
+        # to the sys.path entry the fixture was imported from)
+        assert root_title.split("\n")[:2] == ["input 8x8", "output 8x8"]
+        assert root_title.split("\n")[2].startswith("TwoCallSites.forward defined at ")
         assert root_title.endswith("fixtures/stack_models.py:18")
+        output_cells = page.evaluate(
+            "[...document.querySelectorAll('#tree tbody td.shape')].map(c => c.textContent)"
+        )
+        assert output_cells[0] == "8x8"
         page.select_option("#opgroup", "source")
         sources = [
             s

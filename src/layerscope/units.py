@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 
 def fmt_time_us(us: float) -> str:
     """``812.4µs``, ``12.35ms``, ``3.210s``; empty for zero."""
@@ -49,3 +51,17 @@ def fmt_share(part: float, whole: float) -> str:
     if whole <= 0:
         return ""
     return f"{100.0 * part / whole:.1f}%"
+
+
+def fmt_shapes(shapes: str | None) -> str:
+    """Recorded shapes (``[[5, 64, 56, 56], [5]]``) compact, torchinfo-like: ``5x64x56x56, 5``; a
+    scalar is ``()``, text that is no list of shapes comes back as it is."""
+    if not shapes:
+        return ""
+    try:
+        parsed = json.loads(shapes)
+    except ValueError:
+        return shapes
+    if not isinstance(parsed, list) or not all(isinstance(s, list) for s in parsed):
+        return shapes
+    return ", ".join("x".join(str(d) for d in s) if s else "()" for s in parsed)

@@ -77,6 +77,8 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
                 "calls": node.calls,
                 "params": node.params,
                 "params_total": node.params_total,
+                "input_shapes": node.input_shapes,
+                "output_shapes": node.output_shapes,
             }
             for phase, metrics in (("forward", node.forward), ("backward", node.backward)):
                 row.update(_metric_columns(metrics, f"{phase}_"))

@@ -1,37 +1,64 @@
-"""Peak FLOP/s of common accelerators, for model FLOPs utilisation (MFU = achieved / peak).
+"""Peak FLOP/s of common accelerators per dtype, for model FLOPs utilisation (MFU = achieved / peak).
 
-Dense bf16/fp16 tensor-core peaks from the vendors' datasheets (no sparsity), keyed by a substring
-of the device name torch records (``torch.cuda.get_device_properties(i).name`` in a live profile,
-``deviceProperties[].name`` in a trace). Work in fp32 runs far below these: pass your own peak
-(``--peak-tflops``, ``peak_tflops=``) for anything else.
+Dense peaks (no structured sparsity) from the vendors' datasheets, keyed by a substring of the device
+name torch records (``torch.cuda.get_device_properties(i).name`` in a live profile,
+``deviceProperties[].name`` in a trace). Sources: NVIDIA H100/H200 Tensor Core GPU datasheets (SXM and
+PCIe columns), A100 datasheet, L40S and L4 datasheets, A10 datasheet (A10G: AWS G5, half the A10's
+tensor rate), V100 and T4 datasheets (no bf16 tensor cores: bf16 work is held to the fp32 rate),
+AMD Instinct MI300X and MI250X datasheets (matrix rates). Sparse figures in the datasheets are twice
+these.
+
+A profile's FLOPs are split by the dtype each op ran in (``meta["flops_by_dtype"]``); the peak MFU
+compares against is the FLOP-weighted one (:func:`mixed_peak`): a run that is 90% bf16 and 10% fp32
+FLOPs is held to 0.9 of its time at the bf16 rate and 0.1 at the fp32 rate. fp32 matmuls count at the
+TF32 rate when the run allowed TF32 (``torch.get_float32_matmul_precision()`` not ``highest``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-#: (name substring, dense bf16/fp16 TFLOP/s), most specific first.
-PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989.0),
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),
-    ("A100", 312.0),
-    ("L40S", 362.0),
-    ("L4", 121.0),
-    ("A10G", 70.0),
-    ("V100", 125.0),
-    ("T4", 65.0),
-    ("MI300X", 1307.0),
-    ("MI250X", 383.0),
+#: (name substring, {dtype class: dense TFLOP/s}), most specific first.
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H200", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.5, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0}),
+    ("H100 PCIe", {"fp64": 51.0, "fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0}),
+    ("H100", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.5, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0}),
+    ("A100", {"fp64": 19.5, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    ("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05, "fp8": 733.0}),
+    ("L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.5}),
+    ("A10G", {"fp32": 31.2, "tf32": 35.0, "bf16": 70.0, "fp16": 70.0}),
+    ("V100", {"fp64": 7.8, "fp32": 15.7, "bf16": 15.7, "fp16": 125.0}),
+    ("T4", {"fp32": 8.1, "bf16": 8.1, "fp16": 65.0}),
+    ("MI300X", {"fp64": 163.4, "fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9}),
+    ("MI250X", {"fp64": 95.7, "fp32": 95.7, "bf16": 383.0, "fp16": 383.0}),
 )
 
+#: The dtype class whose peak stands in where the profile says nothing about dtypes.
+DEFAULT_CLASS = "bf16"
 
-def known_peak_tflops(device_name: str) -> float | None:
-    """The table's peak for a device name, or None."""
-    for key, tflops in PEAK_TFLOPS:
+
+@dataclass(frozen=True)
+class PeakChoice:
+    """The peak MFU is computed against, and how it was chosen (for the table's header)."""
+
+    flops_per_s: float
+    #: e.g. ``H100: bf16 989.5 TFLOP/s (92% of FLOPs), fp32 67 (8%)`` or ``--peak-tflops 312``.
+    description: str
+
+
+def known_peaks(device_name: str) -> dict[str, float] | None:
+    """The table's peaks (TFLOP/s by dtype class) for a device name, or None."""
+    for key, peaks in PEAK_TFLOPS:
         if key.lower() in device_name.lower():
-            return tflops
+            return peaks
     return None
+
+
+def known_peak_tflops(device_name: str, dtype: str = DEFAULT_CLASS) -> float | None:
+    """The table's peak for a device name and dtype class, or None."""
+    peaks = known_peaks(device_name)
+    return peaks.get(dtype) if peaks is not None else None
 
 
 def device_names(meta: dict[str, Any]) -> list[str]:
@@ -42,13 +69,43 @@ def device_names(meta: dict[str, Any]) -> list[str]:
     return [str(n) for n in found if n]
 
 
-def peak_flops_per_s(meta: dict[str, Any], peak_tflops: float | None = None) -> float | None:
+def mixed_peak(peaks: dict[str, float], flops_by_dtype: dict[str, int], tf32: bool) -> tuple[float, str]:
+    """The FLOP-weighted peak (TFLOP/s) for FLOPs split by dtype class, and its description. Classes
+    the device has no peak for (int, unknown) are held to the default class's peak."""
+    fallback = peaks.get(DEFAULT_CLASS) or max(peaks.values())
+    total = sum(flops_by_dtype.values())
+    seconds_per_tflop = 0.0
+    parts = []
+    for dtype, flops in flops_by_dtype.items():
+        used = "tf32" if dtype == "fp32" and tf32 and "tf32" in peaks else dtype
+        peak = peaks.get(used, fallback)
+        seconds_per_tflop += (flops / total) / peak
+        parts.append(f"{used} {peak:g} ({100 * flops / total:.0f}% of FLOPs)")
+    return 1.0 / seconds_per_tflop, ", ".join(parts)
+
+
+def choose_peak(meta: dict[str, Any], peak_tflops: float | None = None) -> PeakChoice | None:
     """The peak to compare against: the one given, else the table's for the profile's first known
-    device, else None (then no MFU is shown)."""
+    device, weighted by the profile's FLOPs per dtype (without them: the bf16/fp16 peak), else None
+    (then no MFU is shown)."""
     if peak_tflops is not None:
-        return peak_tflops * 1e12 if peak_tflops > 0 else None
+        return PeakChoice(peak_tflops * 1e12, f"--peak-tflops {peak_tflops:g}") if peak_tflops > 0 else None
     for name in device_names(meta):
-        found = known_peak_tflops(name)
-        if found is not None:
-            return found * 1e12
+        peaks = known_peaks(name)
+        if peaks is None:
+            continue
+        by_dtype = meta.get("flops_by_dtype")
+        if isinstance(by_dtype, dict) and sum(by_dtype.values()) > 0:
+            tf32 = meta.get("float32_matmul_precision", "highest") != "highest"
+            tflops, how = mixed_peak(peaks, by_dtype, tf32)
+            return PeakChoice(tflops * 1e12, f"{name} peak TFLOP/s: {how}")
+        fallback = peaks.get(DEFAULT_CLASS) or max(peaks.values())
+        how = f"{DEFAULT_CLASS} {fallback:g} TFLOP/s (dtypes unknown)"
+        return PeakChoice(fallback * 1e12, f"{name} peak: {how}")
     return None
+
+
+def peak_flops_per_s(meta: dict[str, Any], peak_tflops: float | None = None) -> float | None:
+    """The FLOP/s of :func:`choose_peak`, or None."""
+    chosen = choose_peak(meta, peak_tflops)
+    return chosen.flops_per_s if chosen is not None else None

@@ -31,6 +31,7 @@ from layerscope.attribution.compiled import (
     graphs_from_meta,
 )
 from layerscope.attribution.devices import DeviceWork, link_device_work
+from layerscope.attribution.flop_dtypes import flops_by_dtype
 from layerscope.attribution.memory import (
     bucket_memory,
     memory_owners,
@@ -126,6 +127,9 @@ def build_profile(
         drop_idle_last=not named.regions,
     )
     full_meta = _profile_meta(table, named, buckets, nested, owners, meta, modules_known)
+    by_dtype = flops_by_dtype(table, nested.flops)
+    if by_dtype:
+        full_meta["flops_by_dtype"] = by_dtype
     memory = _memory_report(table, owners, nested, buckets, named.catalog, snapshots)
     if memory is not None:
         full_meta["memory"] = memory

@@ -22,6 +22,7 @@ from layerscope.capture.event_columns import (
     flop_candidates,
     guess_activities,
     kind_of_activity,
+    set_flop_dtypes,
 )
 from layerscope.capture.flops import FlopCalculator
 from layerscope.events.module_ranges import MODULE_RANGE_PREFIX
@@ -261,4 +262,5 @@ def _read_flops(
         concrete = [spans[j].concrete_inputs() for j in picked]
         keys = [orjson.dumps(c, default=str) for c in concrete]
         count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
+        set_flop_dtypes(table, picked, [next((d for d in spans[j].dtypes() if d), "") for j in picked])
     return span_flops

@@ -23,6 +23,8 @@ def environment_meta() -> dict[str, Any]:
         "python_version": platform.python_version(),
         "source": "live",
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        # "highest": fp32 matmuls at the fp32 rate; "high"/"medium": TF32 (MFU's peak follows it)
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
 
 

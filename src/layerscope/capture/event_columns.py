@@ -134,3 +134,14 @@ def count_flops(
             values = orjson.loads(inputs) if isinstance(inputs, bytes) else inputs
             found = cache[key] = flops.count(table.names[key[0]], orjson.loads(shapes_json), values)
         span_flops[j] = found
+
+
+def set_flop_dtypes(table: EventTable, picked: list[int], dtypes: list[str]) -> None:
+    """Record the dtype (torch's spelling: ``float``, ``c10::BFloat16``...) of the FLOP-counted spans
+    at ``picked`` as name ids in ``table.span_dtype`` (-1 elsewhere)."""
+    column = np.full(table.span_count, -1, dtype=np.int64)
+    ids = {d: table.intern(d) for d in dict.fromkeys(dtypes) if d}
+    for j, dtype in zip(picked, dtypes, strict=True):
+        if dtype:
+            column[j] = ids[dtype]
+    table.span_dtype = column

@@ -287,6 +287,34 @@ py::list concrete_inputs(const py::object& results, const py::bytes& packed_indi
   return out;
 }
 
+// The dtype of the first typed input of the events at `packed_indices` ("" when none): what FLOPs
+// are counted in, for MFU against the peak of that dtype.
+py::list first_dtypes(const py::object& results, const py::bytes& packed_indices) {
+  const auto& events = result_of(results).events();
+  const std::string packed = packed_indices;
+  std::vector<int64_t> indices(packed.size() / sizeof(int64_t));
+  std::memcpy(indices.data(), packed.data(), indices.size() * sizeof(int64_t));
+  py::list out(indices.size());
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const auto index = indices[k];
+    if (index < 0 || static_cast<size_t>(index) >= events.size()) {
+      throw py::index_error("event index out of range");
+    }
+    const KinetoEvent& e = events[static_cast<size_t>(index)];
+    std::string found;
+    if (e.hasTypes()) {
+      for (const auto& dtype : e.dtypes()) {
+        if (!dtype.empty()) {
+          found = dtype;
+          break;
+        }
+      }
+    }
+    out[k] = py::str(found);
+  }
+  return out;
+}
+
 // torch's own Python object for one event (a copy), for what only torch's bindings can convert.
 py::object event_at(const py::object& results, int64_t index) {
   const auto& events = result_of(results).events();
@@ -404,6 +432,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
   m.def("concrete_inputs", &concrete_inputs, py::arg("results"), py::arg("packed_indices"));
+  m.def("first_dtypes", &first_dtypes, py::arg("results"), py::arg("packed_indices"));
   m.def("event_at", &event_at, py::arg("results"), py::arg("index"));
   m.def("activity_name", &activity_name, py::arg("code"));
   m.def("marks_start", &marks_start);

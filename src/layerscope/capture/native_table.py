@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from layerscope.capture.event_columns import count_flops, decode_names, flop_candidates, kind_of_activity
+from layerscope.capture.event_columns import (
+    count_flops,
+    decode_names,
+    flop_candidates,
+    kind_of_activity,
+    set_flop_dtypes,
+)
 from layerscope.capture.flops import FlopCalculator
 from layerscope.events.shapes import shapes_key_from_json
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
@@ -81,8 +87,11 @@ def table_from_native(
         picked = flop_candidates(table, set(name_of_local.tolist()), flops)
         if picked:
             shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
-            keys, concrete = _concrete_inputs(module, kineto_results, _column(cols["span_index"])[picked])
+            indices = _column(cols["span_index"])[picked]
+            keys, concrete = _concrete_inputs(module, kineto_results, indices)
             count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
+            if hasattr(module, "first_dtypes"):
+                set_flop_dtypes(table, picked, module.first_dtypes(kineto_results, indices.tobytes()))
     table.span_flops = span_flops
     return table
 

@@ -110,6 +110,8 @@ class EventTable:
     #: Live captures read natively: each span's RecordFunction handle as read (0 for non-ops); spans
     #: appended later (marks) have none. What call lines are matched against.
     op_handles: np.ndarray | None = None
+    #: Live captures: the dtype (a name id; -1 none) of each FLOP-counted span's first typed input.
+    span_dtype: np.ndarray | None = None
     #: Call lines recorded with ``lines=True`` (``events/call_lines.py``), else None.
     call_lines: CallLines | None = None
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)

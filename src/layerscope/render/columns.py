@@ -14,12 +14,12 @@ from typing import Any
 from rich.text import Text
 
 from layerscope.analysis.frames import achieved_flops_per_s
-from layerscope.analysis.peaks import peak_flops_per_s
+from layerscope.analysis.peaks import choose_peak
 from layerscope.analysis.steps import Spread, StepRow, module_spread
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import OpStats, Profile
 from layerscope.render.table_fit import Column
-from layerscope.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
+from layerscope.units import fmt_bytes, fmt_shapes, fmt_share, fmt_si, fmt_time_us
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,10 @@ class TreeView:
     whole: float
     steps: int
     per_step: bool
+    #: Whether any module has recorded output shapes (the "Output" column).
+    shapes: bool = False
+    #: Which peak the MFU column compares against (empty without one).
+    peak_note: str = ""
     spread: dict[str, Spread] = field(default_factory=dict)
     #: Bytes saved for backward by each module and its children (memory watch), by path.
     saved: dict[str, int] = field(default_factory=dict)
@@ -73,6 +77,7 @@ class TreeRow:
     both: Metrics
     share: str
     path: str | None
+    output: str = ""  # the output shapes of the module's first call, compact
 
 
 def _flop_rate(both: Metrics) -> str:
@@ -86,6 +91,7 @@ def tree_columns(v: TreeView) -> tuple[Column[TreeRow], ...]:
         Column("module", "Module", lambda r: r.label, justify="left"),
         Column("type", "Type", lambda r: r.type_name, justify="left", style="cyan", drop=9),
         Column("calls", "Calls", lambda r: r.calls, drop=10),
+        Column("output", "Output", lambda r: r.output, justify="left", drop=0, shown=v.shapes),
         Column("fwd_self", "Fwd self", lambda r: fmt_time_us(r.fwd.self_cpu_us), drop=6),
         Column("fwd_total", "Fwd total", lambda r: fmt_time_us(r.fwd.cpu_us)),
         Column("bwd_self", "Bwd self", lambda r: fmt_time_us(r.bwd.self_cpu_us), drop=7),
@@ -126,12 +132,15 @@ def tree_row(
     bwd: Metrics,
     params: str = "",
     path: str | None = None,
+    output: str | None = None,
 ) -> TreeRow:
     """A row; the share is of the whole run, the other figures per step when the table is."""
     share = fmt_share(getattr(fwd, v.share_field) + getattr(bwd, v.share_field), v.whole)
     if v.per_step:
         fwd, bwd = fwd.scaled(1.0 / v.steps), bwd.scaled(1.0 / v.steps)
-    return TreeRow(label, type_name, calls, params, fwd, bwd, fwd.merged(bwd), share, path)
+    cell = fmt_shapes(output)
+    cell = cell if len(cell) <= 28 else cell[:27] + "…"
+    return TreeRow(label, type_name, calls, params, fwd, bwd, fwd.merged(bwd), share, path, cell)
 
 
 def tree_view(view: Profile, per_step: bool, peak_tflops: float | None) -> TreeView:
@@ -141,15 +150,18 @@ def tree_view(view: Profile, per_step: bool, peak_tflops: float | None) -> TreeV
     share_field = "device_us" if device else "cpu_us"
     steps = len(view.steps)
     per_step = bool(per_step) and steps > 1
+    peak = choose_peak(view.meta, peak_tflops) if flops else None
     return TreeView(
         device=device,
         memory=view.has_memory,
         flops=flops,
-        peak_rate=peak_flops_per_s(view.meta, peak_tflops) if flops else None,
+        peak_rate=peak.flops_per_s if peak is not None else None,
+        peak_note=f"MFU against {peak.description}" if peak is not None else "",
         share_field=share_field,
         whole=float(getattr(view.totals, share_field)),
         steps=steps,
         per_step=per_step,
+        shapes=any(node.output_shapes for node in view.modules()),
         spread=module_spread(view),
         saved=_saved_inclusive(view.meta),
     )

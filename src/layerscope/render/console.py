@@ -82,6 +82,7 @@ def _tree_sections(
             node.backward,
             fmt_si(node.params_total),
             node.path,
+            node.output_shapes,
         )
         for label, node in _rows(view.root, sort_by, guides)
     ]
@@ -166,6 +167,9 @@ def tree_table(
     )
     title = _title(view, v.per_step)
     notes = memory_notes(profile.meta)
+    if v.peak_note:
+        folded = table.caption
+        table.caption = f"{folded}; {v.peak_note}" if folded else v.peak_note
     if ascii_only:
         title = title.replace("·", "|").replace("µ", "u")
         notes = [n.replace("µ", "u") for n in notes]

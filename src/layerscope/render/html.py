@@ -20,6 +20,7 @@ from layerscope.render.device_html import device_section_html
 from layerscope.render.flamegraph import flamegraph_svg
 from layerscope.render.memory_html import memory_peak_html
 from layerscope.render.source_view import source_data, source_section_html
+from layerscope.units import fmt_shapes
 
 FLAME_METRICS = (
     ("cpu_us", "CPU time"),
@@ -78,6 +79,8 @@ def report_data(profile: Profile) -> dict[str, Any]:
             "calls": [n.calls for n in nodes],
             "params": [n.params_total for n in nodes],
             "source": [sid(n.source) for n in nodes],
+            "out": [sid(fmt_shapes(n.output_shapes) or None) for n in nodes],
+            "in": [sid(fmt_shapes(n.input_shapes) or None) for n in nodes],
             "fwd": [n.forward.to_list() for n in nodes],
             "bwd": [n.backward.to_list() for n in nodes],
         },

@@ -72,7 +72,7 @@
     li.appendChild(el("b", null, time(M.fwd[k][FI[shareField]] + M.bwd[k][FI[shareField]])));
     hot.appendChild(li);
   });
-  var COLS = [["Module", null], ["Type", null], ["Calls", "calls"], ["Self", "self_cpu_us"], ["Total", "cpu_us"],
+  var COLS = [["Module", null], ["Type", null], ["Calls", "calls"], ["Output", null], ["Self", "self_cpu_us"], ["Total", "cpu_us"],
               ["Device", "device_us"], ["Alloc", "cpu_alloc_bytes"], ["Net alloc", "retained_bytes"],
               ["FLOPs", "flops"], ["FLOP/s", "flops_per_s"], ["Params", "params"], ["Share", "share"]];
   // achieved FLOP/s: FLOPs over device time when there is any, else CPU time (blank without FLOPs)
@@ -90,7 +90,7 @@
   }
   var thead = document.querySelector("#tree thead tr"), tbody = document.querySelector("#tree tbody");
   COLS.forEach(function (c, k) {
-    var th = el("th", k < 2 ? "l" : "", c[0]);
+    var th = el("th", k < 2 || k === 3 ? "l" : "", c[0]);
     if (c[1] === "flops_per_s") th.title = "achieved FLOP/s: FLOPs over device time when there is any, else CPU time";
     if (c[1] === "retained_bytes") th.title = "allocated minus freed inside the module: what it leaves " +
       "alive (activations kept for backward); negative when it frees more than it allocates";
@@ -110,7 +110,11 @@
     (function walk(i) {
       if (filter && !anyMatch(i)) return;
       var tr = el("tr"); tr.dataset.path = str(M.path[i]);
-      if (M.source && M.source[i] >= 0) tr.title = str(M.type[i]) + ".forward defined at " + str(M.source[i]);
+      var tip = [];
+      if (M.in && M.in[i] >= 0) tip.push("input " + str(M.in[i]));
+      if (M.out && M.out[i] >= 0) tip.push("output " + str(M.out[i]));
+      if (M.source && M.source[i] >= 0) tip.push(str(M.type[i]) + ".forward defined at " + str(M.source[i]));
+      if (tip.length) tr.title = tip.join("\n");
       var name = el("td", "l");
       name.style.paddingLeft = (8 + 16 * depth[i]) + "px";
       var tog = el("span", "tog", children[i].length ? (open[i] || filter ? "\u25be" : "\u25b8") : "");
@@ -120,6 +124,7 @@
       tr.appendChild(name);
       tr.appendChild(el("td", "l type", str(M.type[i])));
       tr.appendChild(el("td", null, M.calls[i]));
+      tr.appendChild(el("td", "l shape", M.out && M.out[i] >= 0 ? str(M.out[i]) : ""));
       tr.appendChild(el("td", null, time(val(i, "self_cpu_us"))));
       tr.appendChild(el("td", null, time(val(i, "cpu_us"))));
       tr.appendChild(el("td", null, time(val(i, "device_us"))));

@@ -1,0 +1,53 @@
+"""FLOPs by the dtype they ran in, for MFU against the peak of each dtype (``analysis/peaks.py``).
+
+Capture records the dtype of each FLOP-counted op's first typed input, as torch spells it
+(``float``, ``c10::BFloat16``...). Only FLOPs that count (outermost: ``outermost_flops``) are summed,
+so the classes add up to the profile's FLOPs; FLOPs of ops without a recorded dtype are ``unknown``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from layerscope.events.table import EventTable
+
+#: torch's dtype spellings (``Input type`` in traces) -> the class peaks are quoted for.
+DTYPE_CLASSES = {
+    "float": "fp32",
+    "c10::complex<float>": "fp32",
+    "double": "fp64",
+    "c10::complex<double>": "fp64",
+    "c10::BFloat16": "bf16",
+    "c10::Half": "fp16",
+    "c10::Float8_e4m3fn": "fp8",
+    "c10::Float8_e5m2": "fp8",
+    "c10::Float8_e4m3fnuz": "fp8",
+    "c10::Float8_e5m2fnuz": "fp8",
+    "signed char": "int8",
+    "unsigned char": "int8",
+}
+
+
+def dtype_class(dtype: str) -> str:
+    """The peak class of torch's dtype spelling (``int`` for other integers, else ``unknown``)."""
+    found = DTYPE_CLASSES.get(dtype)
+    if found is not None:
+        return found
+    return "int" if dtype in ("int", "long int", "short int", "bool") else "unknown"
+
+
+def flops_by_dtype(table: EventTable, counted: np.ndarray) -> dict[str, int]:
+    """The FLOPs that count (``counted``, per span) summed per dtype class, largest first; empty
+    when the source recorded no dtypes (trace files, older captures)."""
+    dtypes = table.span_dtype
+    if dtypes is None or not counted.any():
+        return {}
+    with_flops = np.flatnonzero(counted)
+    ids = np.zeros(table.span_count, dtype=np.int64) - 1
+    ids[: min(dtypes.size, table.span_count)] = dtypes[: table.span_count]
+    sums: dict[str, int] = {}
+    for span, flops in zip(with_flops.tolist(), counted[with_flops].tolist(), strict=True):
+        name = table.names[ids[span]] if ids[span] >= 0 else ""
+        key = dtype_class(name) if name else "unknown"
+        sums[key] = sums.get(key, 0) + int(flops)
+    return dict(sorted(sums.items(), key=lambda item: -item[1]))

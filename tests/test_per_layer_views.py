@@ -1,0 +1,109 @@
+"""What users of per-layer tools expect (issue 25): output shapes, per-type totals, MFU by dtype."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope as ls
+from layerscope.analysis.peaks import choose_peak, known_peaks, mixed_peak
+from layerscope.render.console import render_to_text, tree_table
+from layerscope.render.types import types_table
+
+
+class Mixed(nn.Module):
+    """Two Linear layers in fp32 and one in bf16: FLOPs in two dtypes, types used twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(32, 64)
+        self.b = nn.Linear(64, 32)
+        self.act = nn.ReLU()
+        self.low = nn.Linear(32, 32).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b(self.act(self.a(x)))
+        return self.low(y.to(torch.bfloat16)).float()
+
+
+@pytest.fixture(scope="module")
+def mixed() -> ls.Profile:
+    torch.manual_seed(0)
+    model, x = Mixed(), torch.randn(16, 32)
+    with ls.profile(model) as prof:
+        model(x).sum().backward()
+    profile = prof.profile
+    profile.validate()
+    return profile
+
+
+def test_types_add_up_to_the_tree(mixed: ls.Profile) -> None:
+    types = mixed.by_type()
+    by_name = {t.type_name: t for t in types}
+    assert by_name["Linear"].modules == 3 and by_name["Linear"].calls == 3
+    assert by_name["Linear"].params == 32 * 64 + 64 + 64 * 32 + 32 + 32 * 32 + 32
+    assert sum(t.flops for t in types) == mixed.root.total.flops
+    assert sum(t.cpu_us for t in types) == pytest.approx(mixed.root.total.cpu_us)
+    assert sum(types.share(t) for t in types) == pytest.approx(1.0)
+    assert by_name["Linear"].flops == mixed.root.total.flops  # only the Linear layers compute FLOPs
+    text = render_to_text(types_table(types, ascii_only=True), width=120)
+    assert "Linear" in text and "ReLU" in text and "add up to the tree" in text
+
+
+def test_types_at_one_depth_use_inclusive_figures(mixed: ls.Profile) -> None:
+    at_one = mixed.by_type(depth=1)
+    assert {t.type_name for t in at_one} == {"Linear", "ReLU"}
+    assert sum(t.flops for t in at_one) == mixed.root.total.flops
+    root_only = mixed.by_type(depth=0)
+    assert [t.type_name for t in root_only] == ["Mixed"]
+    assert root_only[0].cpu_us == pytest.approx(mixed.root.total.cpu_us)
+    frame = mixed.to_pandas("types")
+    assert set(frame["type"]) == {"Mixed", "Linear", "ReLU"}
+    with pytest.raises(ls.UsageError, match="depth"):
+        mixed.by_type(depth=-1)
+
+
+def test_output_shapes_column(mixed: ls.Profile) -> None:
+    text = render_to_text(tree_table(mixed, ascii_only=True), width=200)
+    header = next(line for line in text.splitlines() if "Output" in line)
+    assert "Output" in header
+    row = next(line for line in text.splitlines() if line.lstrip("|`- ").startswith("a "))
+    assert "16x64" in row  # Linear(32, 64) on a 16x32 batch
+    frame = mixed.to_pandas("modules")
+    assert frame.set_index("path").loc["a", "output_shapes"] == "[[16, 64]]"
+    assert frame.set_index("path").loc["a", "input_shapes"] == "[[16, 32]]"
+
+
+def test_flops_are_split_by_dtype(mixed: ls.Profile) -> None:
+    by_dtype = mixed.meta["flops_by_dtype"]
+    mm = 2 * 16 * 32 * 64
+    fp32 = 2 * mm + 3 * mm  # a: forward + weight gradient (x needs none); b: forward + both gradients
+    bf16 = 2 * 16 * 32 * 32 * 3  # low: forward + grad input + grad weight
+    assert by_dtype == {"fp32": fp32, "bf16": bf16}
+    assert sum(by_dtype.values()) == mixed.totals.flops
+
+
+def test_mfu_peak_is_weighted_by_the_dtype_mix() -> None:
+    h100 = known_peaks("NVIDIA H100 80GB HBM3")
+    assert h100 is not None and h100["bf16"] == 989.0 and h100["fp32"] == 67.0
+    # half the FLOPs at 989, half at 67: the time is 0.5/989 + 0.5/67 per TFLOP
+    peak, how = mixed_peak(h100, {"bf16": 1000, "fp32": 1000}, tf32=False)
+    assert peak == pytest.approx(1 / (0.5 / 989.0 + 0.5 / 67.0))
+    assert "bf16 989 (50% of FLOPs)" in how and "fp32 67 (50% of FLOPs)" in how
+    tf32_peak, how = mixed_peak(h100, {"fp32": 10}, tf32=True)
+    assert tf32_peak == pytest.approx(494.5) and how.startswith("tf32")
+    meta = {"devices": [{"name": "NVIDIA A100-SXM4-80GB"}], "flops_by_dtype": {"fp32": 5}}
+    chosen = choose_peak(meta)
+    assert chosen is not None and chosen.flops_per_s == pytest.approx(19.5e12)
+    assert "fp32 19.5" in chosen.description
+    given = choose_peak(meta, peak_tflops=100.0)
+    assert given is not None and given.flops_per_s == 100e12 and given.description == "--peak-tflops 100"
+    unknown = choose_peak({"devices": [{"name": "NVIDIA H100"}]})
+    assert unknown is not None and unknown.flops_per_s == 989e12 and "dtypes unknown" in unknown.description
+
+
+def test_tree_caption_names_the_peak(mixed: ls.Profile) -> None:
+    text = render_to_text(tree_table(mixed, ascii_only=True, peak_tflops=1.0), width=220)
+    assert "MFU against --peak-tflops 1" in text
+    assert "MFU against" not in render_to_text(tree_table(mixed, ascii_only=True), width=220)  # CPU: none

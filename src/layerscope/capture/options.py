@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity
 
+from layerscope.capture.nvtx_ranges import check_nvtx_available
 from layerscope.errors import UsageError
 
 _ACTIVITY_NAMES: dict[str, ProfilerActivity] = {
@@ -121,6 +122,8 @@ class CaptureOptions:
     profiler_kwargs: dict[str, Any] = field(default_factory=dict)
     #: Record the line of the user's code that called each op (``capture/call_lines.py``).
     lines: bool = False
+    #: NVTX ranges by module for Nsight Systems (``capture/nvtx_ranges.py``).
+    nvtx: bool = False
 
     def torch_kwargs(self) -> dict[str, Any]:
         """The arguments of ``torch.profiler.profile`` these options stand for (no schedule)."""
@@ -141,6 +144,7 @@ class CaptureOptions:
             "flops": self.flops,
             "with_stack": self.with_stack,
             "lines": self.lines,
+            "nvtx": self.nvtx,
             "paths": list(self.selection.paths) if self.selection.paths is not None else None,
             "depth": self.selection.depth,
             "all_threads": self.all_threads,
@@ -167,6 +171,7 @@ def check_options(
     profiler_kwargs: dict[str, Any] | None,
     module_scopes: str | None,
     lines: bool = False,
+    nvtx: bool = False,
 ) -> CaptureOptions:
     """Check ``ls.profile``'s arguments (a :class:`UsageError` naming the first bad one) and return
     them as :class:`CaptureOptions`."""
@@ -177,6 +182,8 @@ def check_options(
     if paths is not None and (isinstance(paths, str) or not all(isinstance(p, str) for p in paths)):
         raise UsageError("paths must be a list of qualified module paths such as ['layer1.0', 'fc']")
     _check_profiler_kwargs(profiler_kwargs)
+    if nvtx:
+        check_nvtx_available()
     kwargs = dict(profiler_kwargs or {})
     if all_threads and memory:
         # torch records no [memory] event while it profiles all threads (docs/architecture.md).
@@ -196,6 +203,7 @@ def check_options(
         module_scopes=module_scopes_option(module_scopes),
         profiler_kwargs=kwargs,
         lines=bool(lines),
+        nvtx=bool(nvtx),
     )
 
 

@@ -28,6 +28,7 @@ from layerscope.capture.compile_watch import collecting_compile_info, should_col
 from layerscope.capture.compiled_modules import is_compiled, unwrap_compiled
 from layerscope.capture.memory_watch import MemoryWatch
 from layerscope.capture.module_marks import ModuleMarks
+from layerscope.capture.nvtx_ranges import NvtxRanges
 from layerscope.capture.options import (
     MODULE_SCOPE_KINDS,
     CaptureOptions,
@@ -64,7 +65,10 @@ class profile:
     (passed to ``torch.profiler.profile``), ``module_scopes`` (``"auto"``: marks on torch's clock
     when the native module is built, else profiler ranges; ``"ranges"``: always profiler ranges,
     which torch's own tools on ``prof.torch_profiler`` see too; ``"hooks"``: per-module hooks
-    instead of class wrappers; default ``$LAYERSCOPE_MODULE_SCOPES``, else ``"auto"``).
+    instead of class wrappers; default ``$LAYERSCOPE_MODULE_SCOPES``, else ``"auto"``), ``lines``
+    (the line of the user's code that called each op, forward and backward: ``Profile.lines()``),
+    ``nvtx`` (NVTX ranges by module path, forward and backward, for Nsight Systems; needs a CUDA
+    build of torch).
 
     Outside a ``with`` block, :meth:`start` and :meth:`stop` do the same (``is_running`` tells).
     """
@@ -86,6 +90,7 @@ class profile:
         profiler_kwargs: dict[str, Any] | None = None,
         module_scopes: str | None = None,
         lines: bool = False,
+        nvtx: bool = False,
     ) -> None:
         self.options: CaptureOptions = check_options(
             model,
@@ -100,6 +105,7 @@ class profile:
             profiler_kwargs=profiler_kwargs,
             module_scopes=module_scopes,
             lines=lines,
+            nvtx=nvtx,
         )
         if schedule is not None and not callable(schedule):
             raise UsageError("schedule must be layerscope.schedule(...) or a torch.profiler.schedule")
@@ -189,6 +195,10 @@ class profile:
                 self._lines = start_call_lines(stack)
             stack.callback(self._scopes.remove)
             self._scopes.install()
+            if self.options.nvtx:
+                nvtx_ranges = NvtxRanges(self.model)
+                stack.callback(nvtx_ranges.remove)
+                nvtx_ranges.install()
             if self._watch is not None:
                 self._watch.start(self._marks, stack, recording=self.action().startswith("record"))
         except BaseException:

@@ -86,6 +86,11 @@ def register(sub: Any) -> None:
         action="store_true",
         help="record the line of your code that called each op (for --by line, the HTML source view)",
     )
+    parser.add_argument(
+        "--nvtx",
+        action="store_true",
+        help="NVTX ranges named by module path, forward and backward, for Nsight Systems (CUDA torch)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs")
     parser.add_argument("-o", "--output", metavar="PATH", help="save the profile (.json or .json.gz)")
@@ -197,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(args.warmup):
             step()
             model.zero_grad(set_to_none=True)
-        with ls.profile(model, memory=args.memory, with_stack=args.with_stack, lines=args.lines) as prof:
+        with ls.profile(
+            model, memory=args.memory, with_stack=args.with_stack, lines=args.lines, nvtx=args.nvtx
+        ) as prof:
             for k in range(args.steps):
                 step()
                 if k < args.steps - 1:

@@ -83,6 +83,11 @@ def register(sub: Any) -> None:
         help="record the line of your code that called each op (for --by line, the HTML source view)",
     )
     parser.add_argument(
+        "--nvtx",
+        action="store_true",
+        help="NVTX ranges named by module path, forward and backward, for Nsight Systems (CUDA torch)",
+    )
+    parser.add_argument(
         "--activities",
         default=None,
         metavar="LIST",
@@ -252,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         memory=args.memory,
         with_stack=args.with_stack,
         lines=args.lines,
+        nvtx=args.nvtx,
         depth=args.depth,
         schedule=ls.schedule(**schedule_args) if schedule_args is not None else None,
         on_trace_ready=saver,

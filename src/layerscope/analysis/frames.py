@@ -63,29 +63,7 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
     if table == "types":
         return _type_rows(profile)
     if table == "modules":
-        rows = []
-        # parent and depth from the tree itself (with folding, a parent is not always the path's prefix)
-        stack: list[tuple[ModuleNode, str | None, int]] = [(profile.root, None, 0)]
-        while stack:
-            node, parent, depth = stack.pop()
-            stack.extend((child, node.path, depth + 1) for child in reversed(node.children))
-            row: dict[str, Any] = {
-                "path": node.path,
-                "type": node.type_name,
-                "parent": parent,
-                "depth": depth,
-                "calls": node.calls,
-                "params": node.params,
-                "params_total": node.params_total,
-                "input_shapes": node.input_shapes,
-                "output_shapes": node.output_shapes,
-            }
-            for phase, metrics in (("forward", node.forward), ("backward", node.backward)):
-                row.update(_metric_columns(metrics, f"{phase}_"))
-            for phase, metrics in (("forward", node.forward), ("backward", node.backward)):
-                row[f"{phase}_flops_per_s"] = achieved_flops_per_s(metrics)
-            rows.append(row)
-        return rows
+        return _module_rows(profile)
     if table == "ops":
         return [
             {
@@ -140,6 +118,33 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
             )
         return [dict(row) for row in device["steps" if table == "device_steps" else table]]
     raise UsageError(f"unknown table {table!r}; choose from {', '.join(TABLES)}")
+
+
+def _module_rows(profile: Profile) -> list[dict[str, Any]]:
+    """One row per module: path, type, parent, depth, calls, params, shapes, per-phase metrics."""
+    rows = []
+    # parent and depth from the tree itself (with folding, a parent is not always the path's prefix)
+    stack: list[tuple[ModuleNode, str | None, int]] = [(profile.root, None, 0)]
+    while stack:
+        node, parent, depth = stack.pop()
+        stack.extend((child, node.path, depth + 1) for child in reversed(node.children))
+        row: dict[str, Any] = {
+            "path": node.path,
+            "type": node.type_name,
+            "parent": parent,
+            "depth": depth,
+            "calls": node.calls,
+            "params": node.params,
+            "params_total": node.params_total,
+            "input_shapes": node.input_shapes,
+            "output_shapes": node.output_shapes,
+        }
+        for phase, metrics in (("forward", node.forward), ("backward", node.backward)):
+            row.update(_metric_columns(metrics, f"{phase}_"))
+        for phase, metrics in (("forward", node.forward), ("backward", node.backward)):
+            row[f"{phase}_flops_per_s"] = achieved_flops_per_s(metrics)
+        rows.append(row)
+    return rows
 
 
 def _line_rows(profile: Profile) -> list[dict[str, Any]]:

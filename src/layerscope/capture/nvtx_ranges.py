@@ -19,6 +19,7 @@ model's own call gets its forward range.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,3 +200,11 @@ def _nodes_between(output: Any, stop: set[int]) -> list[Any]:
         found.append(node)
         pending.extend(n for n, _ in node.next_functions if n is not None)
     return found
+
+
+def start_nvtx_ranges(model: nn.Module | None, stack: ExitStack) -> NvtxRanges:
+    """Install the NVTX hooks for a profile session; ``stack`` removes them."""
+    ranges = NvtxRanges(model)
+    stack.callback(ranges.remove)
+    ranges.install()
+    return ranges

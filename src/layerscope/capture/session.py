@@ -28,7 +28,7 @@ from layerscope.capture.compile_watch import collecting_compile_info, should_col
 from layerscope.capture.compiled_modules import is_compiled, unwrap_compiled
 from layerscope.capture.memory_watch import MemoryWatch
 from layerscope.capture.module_marks import ModuleMarks
-from layerscope.capture.nvtx_ranges import NvtxRanges
+from layerscope.capture.nvtx_ranges import start_nvtx_ranges
 from layerscope.capture.options import (
     MODULE_SCOPE_KINDS,
     CaptureOptions,
@@ -66,9 +66,7 @@ class profile:
     when the native module is built, else profiler ranges; ``"ranges"``: always profiler ranges,
     which torch's own tools on ``prof.torch_profiler`` see too; ``"hooks"``: per-module hooks
     instead of class wrappers; default ``$LAYERSCOPE_MODULE_SCOPES``, else ``"auto"``), ``lines``
-    (the line of the user's code that called each op, forward and backward: ``Profile.lines()``),
-    ``nvtx`` (NVTX ranges by module path, forward and backward, for Nsight Systems; needs a CUDA
-    build of torch).
+    (the line that called each op: ``Profile.lines()``), ``nvtx`` (NVTX ranges by module path).
 
     Outside a ``with`` block, :meth:`start` and :meth:`stop` do the same (``is_running`` tells).
     """
@@ -196,9 +194,7 @@ class profile:
             stack.callback(self._scopes.remove)
             self._scopes.install()
             if self.options.nvtx:
-                nvtx_ranges = NvtxRanges(self.model)
-                stack.callback(nvtx_ranges.remove)
-                nvtx_ranges.install()
+                start_nvtx_ranges(self.model, stack)
             if self._watch is not None:
                 self._watch.start(self._marks, stack, recording=self.action().startswith("record"))
         except BaseException:

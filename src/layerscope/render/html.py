@@ -4,6 +4,7 @@ profile embedded as compact columnar JSON with a string table. Every name reache
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from html import escape
 from importlib.resources import files
 from pathlib import Path
@@ -14,7 +15,7 @@ import orjson
 from layerscope.analysis.steps import step_rows
 from layerscope.attribution.stacks import user_frames
 from layerscope.model.metrics import FIELD_NAMES
-from layerscope.model.profile import Profile
+from layerscope.model.profile import ModuleNode, Profile
 from layerscope.model.serialize import StringTable, write_atomic
 from layerscope.render.device_html import device_section_html
 from layerscope.render.flamegraph import flamegraph_svg
@@ -33,6 +34,25 @@ FLAME_METRICS = (
 def asset_text(name: str) -> str:
     """The text of one of the report's inlined assets (render/assets/NAME)."""
     return (files("layerscope.render") / "assets" / name).read_text(encoding="utf-8")
+
+
+def _module_data(
+    nodes: list[ModuleNode], parent: list[int], sid: Callable[[str | None], int]
+) -> dict[str, Any]:
+    """The tree's columns: path, type, parent index, calls, params, where forward is defined, the
+    first call's output and input shapes (compact), forward and backward metrics."""
+    return {
+        "path": [sid(n.path) for n in nodes],
+        "type": [sid(n.type_name) for n in nodes],
+        "parent": parent,
+        "calls": [n.calls for n in nodes],
+        "params": [n.params_total for n in nodes],
+        "source": [sid(n.source) for n in nodes],
+        "out": [sid(fmt_shapes(n.output_shapes) or None) for n in nodes],
+        "in": [sid(fmt_shapes(n.input_shapes) or None) for n in nodes],
+        "fwd": [n.forward.to_list() for n in nodes],
+        "bwd": [n.backward.to_list() for n in nodes],
+    }
 
 
 def report_data(profile: Profile) -> dict[str, Any]:
@@ -72,18 +92,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
             "cpu_peak_bytes": totals.cpu_peak_bytes,
             "device_peak_bytes": totals.device_peak_bytes,
         },
-        "modules": {
-            "path": [sid(n.path) for n in nodes],
-            "type": [sid(n.type_name) for n in nodes],
-            "parent": parent,
-            "calls": [n.calls for n in nodes],
-            "params": [n.params_total for n in nodes],
-            "source": [sid(n.source) for n in nodes],
-            "out": [sid(fmt_shapes(n.output_shapes) or None) for n in nodes],
-            "in": [sid(fmt_shapes(n.input_shapes) or None) for n in nodes],
-            "fwd": [n.forward.to_list() for n in nodes],
-            "bwd": [n.backward.to_list() for n in nodes],
-        },
+        "modules": _module_data(nodes, parent, sid),
         "ops": {
             "name": [sid(r.name) for r in rows],
             "phase": [r.phase.value if r.phase else "" for r in rows],

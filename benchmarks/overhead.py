@@ -256,6 +256,8 @@ def lines_cost(rounds: int, steps: int) -> dict[str, Any]:
     def paired(a: str, b: str) -> float:
         return round(statistics.median(x / y for x, y in zip(samples[a], samples[b], strict=True)), 3)
 
+    fastest = {k: min(v) for k, v in samples.items()}
+
     return {
         "model": "48 x LN+Linear+GELU+Linear (1x64), training steps",
         "step_ms": {k: round(v * 1000, 3) for k, v in median.items()},
@@ -265,6 +267,10 @@ def lines_cost(rounds: int, steps: int) -> dict[str, Any]:
         "lines_vs_torch": paired("layerscope lines", "torch.profiler"),
         "layerscope_vs_torch": paired("layerscope", "torch.profiler"),
         "lines_vs_with_stack": paired("layerscope lines", "torch with_stack"),
+        # the least disturbed rounds (a shared VM's noise only ever adds time)
+        "fastest_with_stack_vs_torch": round(fastest["torch with_stack"] / fastest["torch.profiler"], 3),
+        "fastest_lines_vs_torch": round(fastest["layerscope lines"] / fastest["torch.profiler"], 3),
+        "fastest_layerscope_vs_torch": round(fastest["layerscope"] / fastest["torch.profiler"], 3),
     }
 
 

@@ -155,18 +155,99 @@ def test_ranges_balance_when_the_block_raises(events: list[tuple[str, Any]]) -> 
     assert events == []
 
 
-def test_backward_without_every_node_still_ends_its_ranges(events: list[tuple[str, Any]]) -> None:
-    """Only one output's gradient is asked for: nodes of the other never run; the ranges of the
-    modules they belong to end with the backward pass."""
-    model = nn.Linear(8, 8)
-    x = torch.randn(2, 8)
-    with ls.profile(model, nvtx=True):
-        out = model(x)
-        out[:, :4].sum().backward()
-        torch.autograd.grad(model(x)[:, 0].sum(), model.weight)
+class TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = nn.Linear(8, 8)
+        self.right = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.left(x), self.right(x)
+
+
+def ranges_balanced(events: list[tuple[str, Any]]) -> list[str]:
     starts = [n for k, n in events if k == "start"]
-    ends = [n for k, n in events if k == "end"]
-    assert starts and sorted(starts) == sorted(ends)
+    assert sorted(starts) == sorted(n for k, n in events if k == "end")
+    return starts
+
+
+def test_nodes_that_never_run_end_with_the_backward_pass(events: list[tuple[str, Any]]) -> None:
+    """Only the left output's gradient is asked for: the right head's nodes never run, and the
+    root's range (which owns them too) ends with the backward pass, not at its last node."""
+    model, x = TwoHeads(), torch.randn(2, 8)
+    with ls.profile(model, nvtx=True):
+        left, _ = model(x)
+        left.sum().backward()
+        assert ("start", "TwoHeads (backward)") in events
+        assert ("end", "TwoHeads (backward)") in events  # by the engine's end-of-pass callback
+    starts = ranges_balanced(events)
+    assert "right (backward)" not in starts and "left (backward)" in starts
+
+
+def test_keyword_inputs_bound_a_module_s_backward(events: list[tuple[str, Any]]) -> None:
+    """A block called with a keyword tensor owns only its own nodes, not everything upstream."""
+
+    class KeywordBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, *, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pre = nn.Linear(8, 8)
+            self.block = KeywordBlock()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.block(x=self.pre(x))
+
+    model, x = Chain(), torch.randn(2, 8)
+    with ls.profile(model, nvtx=True):
+        model(x).sum().backward()
+    kinds = [(k, n) for k, n in events if k in ("start", "end")]
+    # the block's backward ends before the upstream layer's starts: it does not own it
+    assert kinds.index(("end", "block (backward)")) < kinds.index(("start", "pre (backward)"))
+    ranges_balanced(events)
+
+
+def test_a_failing_backward_leaves_no_range_open(events: list[tuple[str, Any]]) -> None:
+    class Fails(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            raise Boom("in backward")
+
+    class Breaks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return Fails.apply(self.fc(x))
+
+    model, x = Breaks(), torch.randn(2, 8)
+    session = ls.profile(model, nvtx=True)
+    with session:
+        with pytest.raises(Boom):
+            model(x).sum().backward()
+        model.fc(x).sum().backward()  # a later backward still opens and ends its ranges
+    # the failed pass reached only the root's own node; its range ended all the same
+    assert ranges_balanced(events) == ["Breaks (backward)", "fc (backward)"]
+
+
+def test_a_retained_graph_gets_a_range_per_backward(events: list[tuple[str, Any]]) -> None:
+    model, x = nn.Linear(8, 8), torch.randn(2, 8)
+    with ls.profile(model, nvtx=True):
+        loss = model(x).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+    assert ranges_balanced(events) == ["Linear (backward)", "Linear (backward)"]
 
 
 def test_global_mode_names_modules_by_class(events: list[tuple[str, Any]]) -> None:

@@ -84,6 +84,20 @@ def test_flops_are_split_by_dtype(mixed: ls.Profile) -> None:
     assert sum(by_dtype.values()) == mixed.totals.flops
 
 
+def test_fp32_convolutions_are_their_own_class() -> None:
+    """cuDNN runs fp32 convolutions in TF32 by default, matmuls only when asked: two classes."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    with ls.profile(model) as prof:
+        model(torch.randn(2, 3, 8, 8))
+    by_dtype = prof.profile.meta["flops_by_dtype"]
+    assert by_dtype == {"fp32-conv": 2 * 2 * 4 * 6 * 6 * 3 * 3 * 3, "fp32": 2 * 2 * 144 * 2}
+    a100 = known_peaks("NVIDIA A100-SXM4-80GB")
+    assert a100 is not None
+    conv_tf32, how = mixed_peak(a100, {"fp32-conv": 1}, tf32=False, tf32_conv=True)
+    assert conv_tf32 == 156.0 and how.startswith("tf32")
+    assert mixed_peak(a100, {"fp32-conv": 1}, tf32=False, tf32_conv=False)[0] == 19.5
+
+
 def test_mfu_peak_is_weighted_by_the_dtype_mix() -> None:
     h100 = known_peaks("NVIDIA H100 80GB HBM3")
     assert h100 is not None and h100["bf16"] == 989.0 and h100["fp32"] == 67.0

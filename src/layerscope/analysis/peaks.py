@@ -9,9 +9,10 @@ AMD Instinct MI300X and MI250X datasheets (matrix rates). Sparse figures in the 
 these.
 
 A profile's FLOPs are split by the dtype each op ran in (``meta["flops_by_dtype"]``); the peak MFU
-compares against is the FLOP-weighted one (:func:`mixed_peak`): a run that is 90% bf16 and 10% fp32
-FLOPs is held to 0.9 of its time at the bf16 rate and 0.1 at the fp32 rate. fp32 matmuls count at the
-TF32 rate when the run allowed TF32 (``torch.get_float32_matmul_precision()`` not ``highest``).
+compares against is the FLOP-weighted one (:func:`mixed_peak`): a run whose FLOPs are 90% bf16 and
+10% fp32 is held to ``1 / (0.9 / bf16_peak + 0.1 / fp32_peak)``. fp32 matmuls count at the TF32 rate
+when the run allowed TF32 (``torch.get_float32_matmul_precision()`` not ``highest``), fp32
+convolutions (``fp32-conv``) when cuDNN did (``torch.backends.cudnn.allow_tf32``, on by default).
 """
 
 from __future__ import annotations
@@ -69,15 +70,20 @@ def device_names(meta: dict[str, Any]) -> list[str]:
     return [str(n) for n in found if n]
 
 
-def mixed_peak(peaks: dict[str, float], flops_by_dtype: dict[str, int], tf32: bool) -> tuple[float, str]:
+def mixed_peak(
+    peaks: dict[str, float], flops_by_dtype: dict[str, int], tf32: bool, tf32_conv: bool = True
+) -> tuple[float, str]:
     """The FLOP-weighted peak (TFLOP/s) for FLOPs split by dtype class, and its description. Classes
-    the device has no peak for (int, unknown) are held to the default class's peak."""
+    the device has no peak for (int, unknown) are held to the default class's peak; ``tf32`` and
+    ``tf32_conv`` say whether fp32 matmuls and fp32 convolutions ran in TF32."""
     fallback = peaks.get(DEFAULT_CLASS) or max(peaks.values())
     total = sum(flops_by_dtype.values())
     seconds_per_tflop = 0.0
     parts = []
     for dtype, flops in flops_by_dtype.items():
-        used = "tf32" if dtype == "fp32" and tf32 and "tf32" in peaks else dtype
+        allowed = tf32_conv if dtype == "fp32-conv" else tf32
+        used = dtype.removesuffix("-conv")
+        used = "tf32" if used == "fp32" and allowed and "tf32" in peaks else used
         peak = peaks.get(used, fallback)
         seconds_per_tflop += (flops / total) / peak
         parts.append(f"{used} {peak:g} ({100 * flops / total:.0f}% of FLOPs)")
@@ -97,7 +103,7 @@ def choose_peak(meta: dict[str, Any], peak_tflops: float | None = None) -> PeakC
         by_dtype = meta.get("flops_by_dtype")
         if isinstance(by_dtype, dict) and sum(by_dtype.values()) > 0:
             tf32 = meta.get("float32_matmul_precision", "highest") != "highest"
-            tflops, how = mixed_peak(peaks, by_dtype, tf32)
+            tflops, how = mixed_peak(peaks, by_dtype, tf32, bool(meta.get("cudnn_allow_tf32", True)))
             return PeakChoice(tflops * 1e12, f"{name} peak TFLOP/s: {how}")
         fallback = peaks.get(DEFAULT_CLASS) or max(peaks.values())
         how = f"{DEFAULT_CLASS} {fallback:g} TFLOP/s (dtypes unknown)"

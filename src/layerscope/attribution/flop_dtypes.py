@@ -3,6 +3,9 @@
 Capture records the dtype of each FLOP-counted op's first typed input, as torch spells it
 (``float``, ``c10::BFloat16``...). Only FLOPs that count (outermost: ``outermost_flops``) are summed,
 so the classes add up to the profile's FLOPs; FLOPs of ops without a recorded dtype are ``unknown``.
+fp32 convolutions are their own class, ``fp32-conv``: cuDNN runs them in TF32 unless
+``torch.backends.cudnn.allow_tf32`` is off, while fp32 matmuls follow
+``torch.get_float32_matmul_precision()``.
 """
 
 from __future__ import annotations
@@ -49,5 +52,7 @@ def flops_by_dtype(table: EventTable, counted: np.ndarray) -> dict[str, int]:
     for span, flops in zip(with_flops.tolist(), counted[with_flops].tolist(), strict=True):
         name = table.names[ids[span]] if ids[span] >= 0 else ""
         key = dtype_class(name) if name else "unknown"
+        if key == "fp32" and "conv" in table.names[table.span_name[span]]:
+            key = "fp32-conv"
         sums[key] = sums.get(key, 0) + int(flops)
     return dict(sorted(sums.items(), key=lambda item: -item[1]))

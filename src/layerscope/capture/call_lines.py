@@ -40,26 +40,32 @@ def internal_prefixes() -> list[str]:
     (:func:`user_prefixes`: the longer prefix decides)."""
     import torch
 
-    torch_dir = os.path.dirname(os.path.realpath(torch.__file__))
+    torch_dir = os.path.dirname(torch.__file__)
     packages = os.path.dirname(torch_dir)
     found = [torch_dir, os.path.join(packages, "torchgen"), os.path.join(packages, "functorch")]
-    found.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # the layerscope package
+    found.append(os.path.dirname(os.path.dirname(__file__)))  # the layerscope package
     paths = sysconfig.get_paths()
-    found += [os.path.realpath(paths["stdlib"]), os.path.realpath(paths["platstdlib"])]
-    found += [
-        os.path.dirname(os.path.realpath(sys.executable)),
-        os.path.dirname(os.path.abspath(sys.executable)),
-    ]
+    found += [paths["stdlib"], paths["platstdlib"]]
+    found.append(os.path.dirname(sys.executable))  # console scripts (pytest, torchrun, layerscope)
     found.append(_inductor_cache_dir())
-    prefixes = [os.path.normpath(p) + os.sep for p in found]
-    return [*dict.fromkeys(prefixes), *_GENERATED]
+    return [*dict.fromkeys(_spellings(found)), *_GENERATED]
+
+
+def _spellings(folders: list[str]) -> list[str]:
+    """Each folder as written and with symlinks resolved, with a trailing separator: a code
+    object's filename is the path its module was imported by, resolved or not."""
+    out = []
+    for folder in folders:
+        for form in (os.path.abspath(folder), os.path.realpath(folder)):
+            out.append(os.path.normpath(form) + os.sep)
+    return out
 
 
 def user_prefixes() -> list[str]:
     """Site-packages folders: code there is the user's (their libraries' models) even when the
     standard library's folder contains them; torch and layerscope inside are still internal."""
     folders = [*site.getsitepackages(), site.getusersitepackages()]
-    return [os.path.normpath(os.path.realpath(f)) + os.sep for f in folders if f]
+    return list(dict.fromkeys(_spellings([f for f in folders if f])))
 
 
 def _inductor_cache_dir() -> str:
@@ -99,6 +105,15 @@ class CallLineRecorder:
             self._running = False
             self._module.lines_stop()
 
+    def follow(self, action: str) -> None:
+        """Record only while the profile's schedule records (warm-up included): stopped for
+        ``wait`` steps and after the schedule's end, started again (records dropped) when it
+        records once more."""
+        if action == "wait":
+            self.stop()
+        elif not self._running:
+            self.start()
+
     def take(self) -> CallLines:
         """The call lines recorded since the last take, as stacks of frame strings."""
         threads, node_code, node_line, node_parent, files, functions = self._module.lines_take()
@@ -123,9 +138,10 @@ def _classification() -> list[str]:
     return [sign + prefix for prefix, sign in marked]
 
 
-def start_call_lines(stack: ExitStack) -> CallLineRecorder | None:
-    """Start recording call lines for a profile session, stopped by ``stack``; None (with a warning
-    naming the remedy) where this Python or torch cannot record them."""
+def start_call_lines(stack: ExitStack, action: str) -> CallLineRecorder | None:
+    """Start recording call lines for a profile session (unless its schedule's first ``action`` is
+    ``wait``), stopped by ``stack``; None (with a warning naming the remedy) where this Python or
+    torch cannot record them."""
     module = native.load()
     if not supported(module):
         why = native.status().reason if module is None else "needs CPython 3.11 or 3.12"
@@ -138,5 +154,5 @@ def start_call_lines(stack: ExitStack) -> CallLineRecorder | None:
     assert module is not None
     recorder = CallLineRecorder(module)
     stack.callback(recorder.stop)
-    recorder.start()
+    recorder.follow(action)
     return recorder

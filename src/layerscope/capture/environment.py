@@ -25,6 +25,7 @@ def environment_meta() -> dict[str, Any]:
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         # "highest": fp32 matmuls at the fp32 rate; "high"/"medium": TF32 (MFU's peak follows it)
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),  # fp32 convolutions in TF32
     }
 
 

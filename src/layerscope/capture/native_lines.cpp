@@ -20,6 +20,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 
 #include <atomic>
@@ -28,6 +29,7 @@
 #include <stdexcept>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -178,6 +180,23 @@ int64_t node_of(int64_t code, int64_t line, int64_t parent) {
   return id;
 }
 
+// The line executing at instruction `lasti` of `code`, decoded from the immutable co_linetable
+// (PyCode_Addr2Line would read _co_linearray, a cache a tracing thread may be filling meanwhile).
+int line_at(const PyCodeObject* code, int lasti) {
+  const PyObject* table = code->co_linetable;
+  if (lasti < 0 || table == nullptr || !PyBytes_Check(table)) {
+    return code->co_firstlineno;
+  }
+  PyCodeAddressRange range;
+  range.opaque.lo_next = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(const_cast<PyObject*>(table)));
+  range.opaque.limit = range.opaque.lo_next + PyBytes_GET_SIZE(const_cast<PyObject*>(table));
+  range.opaque.computed_line = code->co_firstlineno;
+  range.ar_start = -1;
+  range.ar_end = 0;
+  range.ar_line = -1;
+  return _PyCode_CheckLineNumber(lasti * static_cast<int>(sizeof(_Py_CODEUNIT)), &range);
+}
+
 ThreadLines& this_thread() {
   ThreadLines& lines = thread_lines;
   const uint64_t now = session.load(std::memory_order_acquire);
@@ -224,9 +243,7 @@ int64_t current_node(ThreadLines& lines) {
       WalkedFrame frame = walk[n - 1 - k];
       const CodeEntry& entry = code_entry(frame.code);
       if (!entry.internal) {
-        const int line = PyCode_Addr2Line(
-            const_cast<PyCodeObject*>(frame.code), frame.lasti * static_cast<int>(sizeof(_Py_CODEUNIT)));
-        chain = node_of(entry.id, line, chain);
+        chain = node_of(entry.id, line_at(frame.code, frame.lasti), chain);
       }
       frame.chain = chain;
       lines.last.push_back(frame);
@@ -311,18 +328,33 @@ void lines_start(const std::vector<std::string>& internal) {
 // code id; both only grow, so earlier ids stay valid).
 py::tuple lines_take() {
 #ifdef LAYERSCOPE_LINES
-  py::list threads;
-  std::lock_guard<std::mutex> guard(state_mutex);
-  for (const auto& r : session_records) {
-    std::lock_guard<std::mutex> records_guard(r->lock);
-    if (!r->handles.empty()) {
-      threads.append(py::make_tuple(r->torch_tid, as_bytes(r->handles), as_bytes(r->nodes)));
-      r->handles.clear();
-      r->nodes.clear();
+  // Copied under the locks, turned into Python objects after: making them can run the GC, whose
+  // finalizers may call ops, whose callback takes these locks.
+  std::vector<std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>>> taken;
+  std::vector<int64_t> codes_of_nodes, lines_of_nodes, parents_of_nodes;
+  std::vector<std::string> files, functions;
+  {
+    std::lock_guard<std::mutex> guard(state_mutex);
+    for (const auto& r : session_records) {
+      std::lock_guard<std::mutex> records_guard(r->lock);
+      if (!r->handles.empty()) {
+        taken.emplace_back(r->torch_tid, std::move(r->handles), std::move(r->nodes));
+        r->handles.clear();
+        r->nodes.clear();
+      }
     }
+    codes_of_nodes = node_code;
+    lines_of_nodes = node_line;
+    parents_of_nodes = node_parent;
+    files = code_files;
+    functions = code_functions;
   }
-  return py::make_tuple(threads, as_bytes(node_code), as_bytes(node_line), as_bytes(node_parent),
-                        py::cast(code_files), py::cast(code_functions));
+  py::list threads;
+  for (const auto& [tid, handles, nodes_of_ops] : taken) {
+    threads.append(py::make_tuple(tid, as_bytes(handles), as_bytes(nodes_of_ops)));
+  }
+  return py::make_tuple(threads, as_bytes(codes_of_nodes), as_bytes(lines_of_nodes), as_bytes(parents_of_nodes),
+                        py::cast(files), py::cast(functions));
 #else
   return py::make_tuple(py::list(), py::bytes(), py::bytes(), py::bytes(), py::list(), py::list());
 #endif
@@ -339,9 +371,16 @@ void lines_stop() {
 #endif
 }
 
+// The sequence number the next autograd node made on this thread will get (NVTX ranges: the nodes
+// a module call created are those numbered from here on).
+int64_t sequence_peek() {
+  return static_cast<int64_t>(at::sequence_number::peek());
+}
+
 }  // namespace
 
 void register_functions(py::module_& m) {
+  m.def("sequence_peek", &sequence_peek);
   m.def("lines_supported", &lines_supported);
   m.def("lines_start", &lines_start, py::arg("internal_prefixes"));
   m.def("lines_take", &lines_take);

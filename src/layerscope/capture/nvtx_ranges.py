@@ -18,15 +18,17 @@ model's own call gets its forward range.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from layerscope.capture import native
 from layerscope.capture.compiled_modules import is_compiled, unwrap_compiled
 from layerscope.errors import UsageError
 
@@ -62,26 +64,37 @@ def check_nvtx_available() -> None:
 
 @dataclass
 class _BackwardRange:
-    """One module call's backward: its nodes still to run, and the range once started."""
+    """One module call's backward: its nodes, those still to run, and the range while open."""
 
     name: str
-    remaining: int
-    handle: int | None = None
-    ended: bool = False
+    nodes: int
+    remaining: int = 0
+    handle: int | None = None  # set while the range is open
 
 
 @dataclass
+class _Entry:
+    """An open forward call: its inputs' nodes, and the first sequence number it could create
+    (-1 when the native module cannot tell)."""
+
+    stop: set[int]
+    first_sequence_nr: int
+
+
 class NvtxRanges:
     """Installs and removes the NVTX hooks of one profile session (see the module's docstring)."""
 
-    model: nn.Module | None
-    api: NvtxApi = field(default_factory=NvtxApi)
-    active: bool = False
-    _handles: list[RemovableHandle] = field(default_factory=list)
-    _names: dict[int, str] = field(default_factory=dict)
-    _inputs: list[set[int]] = field(default_factory=list)  # per open forward: its inputs' node ids
-    _open: list[_BackwardRange] = field(default_factory=list)  # started, not ended
-    _callback_queued: bool = False
+    def __init__(self, model: nn.Module | None, api: NvtxApi | None = None) -> None:
+        self.model = model
+        self.api = api if api is not None else NvtxApi()
+        self.active = False
+        self._handles: list[RemovableHandle] = []
+        self._names: dict[int, str] = {}
+        self._calls = threading.local()  # per thread: the open forward calls (a list of _Entry)
+        self._open: list[_BackwardRange] = []  # backward ranges started, not ended
+        self._lock = threading.Lock()  # backward can run on several device threads at once
+        module = native.load()
+        self._peek: Callable[[], int] | None = getattr(module, "sequence_peek", None)
 
     def install(self) -> None:
         """Hook the model's modules (all modules called, in global mode)."""
@@ -97,40 +110,51 @@ class NvtxRanges:
         hooked = [("", root)] if is_compiled(root) else list(inner.named_modules())
         for path, module in hooked:
             self._names[id(module)] = path or type(inner).__name__
-            self._handles.append(module.register_forward_pre_hook(self._pre))
+            self._handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._post, always_call=True))
 
     def remove(self) -> None:
-        """Remove every module hook; node hooks left on live graphs turn into no-ops."""
+        """Remove every module hook and end the backward ranges still open; node hooks left on live
+        graphs turn into no-ops."""
         self.active = False
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for call in list(self._open):
+            self._end(call)
 
     # ----- forward -----------------------------------------------------------------------------------
+    def _entries(self) -> list[_Entry]:
+        found: list[_Entry] | None = getattr(self._calls, "entries", None)
+        if found is None:
+            found = self._calls.entries = []
+        return found
+
     def _global_pre(self, module: nn.Module, args: Any) -> None:
         if id(module) not in self._names:
-            if not self._inputs:  # called with no module open: a top-level module, named by class
+            if not self._entries():  # called with no module open: a top-level module, named by class
                 root = type(module).__name__
                 for path, child in module.named_modules():
                     self._names.setdefault(id(child), f"{root}.{path}" if path else root)
             else:
                 self._names[id(module)] = type(module).__name__
-        self._pre(module, args)
+        self._pre(module, args, {})
 
-    def _pre(self, module: nn.Module, args: Any) -> None:
+    def _pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         if not self.active:
             return
         self.api.push(self._names.get(id(module), type(module).__name__))
-        self._inputs.append({id(t.grad_fn) for t in _tensors(args) if t.grad_fn is not None})
+        stop = {id(t.grad_fn) for t in _tensors((args, kwargs)) if t.grad_fn is not None}
+        self._entries().append(_Entry(stop, self._peek() if self._peek is not None else -1))
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not self.active or not self._inputs:
+        entries = self._entries()
+        if not self.active or not entries:
             return
         self.api.pop()
-        stop = self._inputs.pop()
+        entry = entries.pop()
         if torch.is_grad_enabled():
-            nodes = _nodes_between(output, stop)
+            nodes = _nodes_between(output, entry.stop, entry.first_sequence_nr)
             if nodes:
                 name = self._names.get(id(module), type(module).__name__) + " (backward)"
                 self._watch_backward(_BackwardRange(name, len(nodes)), nodes)
@@ -138,14 +162,23 @@ class NvtxRanges:
     # ----- backward ----------------------------------------------------------------------------------
     def _watch_backward(self, call: _BackwardRange, nodes: list[Any]) -> None:
         def before(grad_outputs: Any) -> None:
-            if self.active and call.handle is None:
+            if not self.active:
+                return
+            with self._lock:
+                if call.handle is not None:
+                    return
+                # a graph kept with retain_graph can run again: each run is a range of its own
+                call.remaining = call.nodes
                 call.handle = self.api.start(call.name)
                 self._open.append(call)
-                self._end_with_backward()
+            # nodes that never run (no gradient needed from them) leave it open: end it with the pass
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._end(call))
 
         def after(grad_inputs: Any, grad_outputs: Any) -> None:
-            call.remaining -= 1
-            if self.active and call.remaining == 0:
+            with self._lock:
+                call.remaining -= 1
+                done = call.remaining == 0
+            if done:
                 self._end(call)
 
         for node in nodes:
@@ -153,23 +186,12 @@ class NvtxRanges:
             node.register_hook(after)
 
     def _end(self, call: _BackwardRange) -> None:
-        if call.handle is not None and not call.ended:
-            call.ended = True
-            self.api.end(call.handle)
+        with self._lock:
+            handle, call.handle = call.handle, None
+            if handle is None:
+                return
             self._open.remove(call)
-
-    def _end_with_backward(self) -> None:
-        """Ranges still open when the backward pass ends (nodes that never ran) end with it."""
-        if self._callback_queued:
-            return
-        self._callback_queued = True
-
-        def end_open() -> None:
-            self._callback_queued = False
-            for call in list(self._open):
-                self._end(call)
-
-        torch.autograd.Variable._execution_engine.queue_callback(end_open)
+        self.api.end(handle)
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -185,9 +207,10 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
-def _nodes_between(output: Any, stop: set[int]) -> list[Any]:
-    """The autograd nodes reachable from ``output`` down to the nodes in ``stop`` (the inputs'),
-    gradient accumulators left out: what the module's forward created."""
+def _nodes_between(output: Any, stop: set[int], first_sequence_nr: int) -> list[Any]:
+    """The autograd nodes reachable from ``output`` down to the nodes in ``stop`` (the inputs') and
+    to nodes numbered before ``first_sequence_nr`` (made before the call: a tensor captured from
+    outside), gradient accumulators left out: what the module's forward created."""
     pending = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
     seen: set[int] = set()
     found: list[Any] = []
@@ -195,6 +218,8 @@ def _nodes_between(output: Any, stop: set[int]) -> list[Any]:
         node = pending.pop()
         key = id(node)
         if key in seen or key in stop or type(node).__name__ == "AccumulateGrad":
+            continue
+        if first_sequence_nr >= 0 and node._sequence_nr() < first_sequence_nr:
             continue
         seen.add(key)
         found.append(node)

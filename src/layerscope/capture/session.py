@@ -8,7 +8,6 @@ whatever was started, in reverse order, whatever goes wrong.
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -29,6 +28,7 @@ from layerscope.capture.compiled_modules import is_compiled, unwrap_compiled
 from layerscope.capture.memory_watch import MemoryWatch
 from layerscope.capture.module_marks import ModuleMarks
 from layerscope.capture.nvtx_ranges import start_nvtx_ranges
+from layerscope.capture.one_session import claim, release
 from layerscope.capture.options import (
     MODULE_SCOPE_KINDS,
     CaptureOptions,
@@ -42,9 +42,6 @@ from layerscope.errors import CaptureError, UsageError
 from layerscope.model.profile import Profile
 
 __all__ = ["MODULE_SCOPE_KINDS", "CompileInfoWarning", "Cycle", "parse_activities", "profile"]
-
-_active_lock = threading.Lock()
-_active: list[profile] = []
 
 
 class profile:
@@ -166,9 +163,9 @@ class profile:
 
     def start(self) -> profile:
         """Start profiling: torch.profiler, then the module scopes (undone by :meth:`stop`)."""
-        _claim(self)
+        claim(self, already_used=self._torch_profiler is not None or self._finished)
         stack = self._stack
-        stack.callback(_release, self)
+        stack.callback(release, self)
         try:
             self._torch_profiler = self._make_torch_profiler()
             plan = self._plan = plan_scopes(
@@ -190,7 +187,7 @@ class profile:
                 stack.callback(self._marks.stop)  # safe on a session that never started
                 self._marks.start()
             if self.options.lines:
-                self._lines = start_call_lines(stack)
+                self._lines = start_call_lines(stack, self.action())
             stack.callback(self._scopes.remove)
             self._scopes.install()
             if self.options.nvtx:
@@ -268,6 +265,8 @@ class profile:
         with _quiet_cycle_warning():
             self.torch_profiler.step()
         self.step_count += 1
+        if self._lines is not None:
+            self._lines.follow(self.action())
         if watch is not None:
             watch.after_step(before, self.action())
 
@@ -373,28 +372,3 @@ def _quiet_cycle_warning() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
         yield
-
-
-def _claim(session: profile) -> None:
-    """Register ``session`` as the one running block (torch runs one profiler at a time)."""
-    with _active_lock:
-        if _active:
-            raise CaptureError(
-                "layerscope.profile is already active; profiling blocks cannot be "
-                "nested (end the outer block first)"
-            )
-        if session._torch_profiler is not None or session._finished:
-            raise CaptureError("this layerscope.profile object was already used; create a new one")
-        if torch._C._autograd._profiler_enabled():
-            # torch would start no second session and, on exit, stop the running one.
-            raise CaptureError(
-                "another torch.profiler session is already running; end it before "
-                "layerscope.profile (or use layerscope's own torch_profiler)"
-            )
-        _active.append(session)
-
-
-def _release(session: profile) -> None:
-    with _active_lock:
-        if session in _active:
-            _active.remove(session)

@@ -159,8 +159,9 @@ def _parallel(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_ops_without_a_python_frame_get_the_no_line_row() -> None:
-    """TorchScript runs its ops from C++ (forks on the inter-op pool): no line of this file called
-    them, so they land in the no-line row, never under a wrong line."""
+    """Forked TorchScript runs its ops on the inter-op pool's C++ threads, where no Python frame is:
+    they land in the no-line row, never under a wrong line. (A scripted function called directly
+    runs on the caller's thread and gets the calling line.)"""
     x = torch.randn(64, 64)
     _parallel(x)  # compiled once before the block
     with ls.profile(nn.Identity(), lines=True) as prof:
@@ -243,3 +244,17 @@ def test_source_flame_graph_uses_call_lines(trained: ls.Profile) -> None:
     assert f"{HERE}({line_of('second mm')}): forward" in frames
     backward = [s for s in stacks if s[0] == "[backward]"]
     assert any(f"{HERE}({line_of('second mm')}): forward" in s for s in backward)
+
+
+@pytest.mark.parametrize("scopes", ["ranges", "hooks"])
+def test_module_ranges_are_not_mistaken_for_ops(scopes: str) -> None:
+    """With profiler ranges around modules (``ls:...`` RecordFunctions), the ops inside a module are
+    still the top-level ones: each gets its own line, not the line that called the model."""
+    model, x = TwoMatmuls(), torch.randn(8, 16)
+    with ls.profile(model, lines=True, module_scopes=scopes) as prof:
+        model(x).sum().backward()
+    profile = prof.profile
+    profile.validate()
+    rows = rows_by_line(profile)
+    assert rows[line_of("first mm")].forward.self_flops == 2 * 8 * 16 * 16
+    assert rows[line_of("second mm")].backward.self_flops == 2 * 2 * 8 * 16 * 16

@@ -95,7 +95,7 @@ def _profile(rows: list[OpStats], call_lines: bool = True) -> Profile:
 @pytest.fixture
 def model_file(tmp_path: Path) -> Path:
     """The user's model file; its name is hostile markup too (a path is shown as text)."""
-    path = tmp_path / HOSTILE
+    path = tmp_path / (HOSTILE + ".py")  # only Python files are embedded
     path.write_text("\n".join(MODEL_SOURCE) + "\n", encoding="utf-8")
     return path
 
@@ -271,3 +271,13 @@ def test_hostile_source_is_shown_as_text_in_chromium(
     assert float(line4[2].split(",")[-1].rstrip(")")) > float(line5[2].split(",")[-1].rstrip(")"))
     assert gone == [[NOT_FOUND, [None, "42"]]]  # a gap row for lines 1-41, then line 42 alone
     assert any(f.startswith(NO_LINE) for f in files)
+
+
+def test_only_python_files_are_embedded(tmp_path: Path) -> None:
+    """A profile from elsewhere naming any other file of this machine gets no text of it."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password = hunter2\n", encoding="utf-8")
+    rows = [_op("aten::mm", "enc", Phase.FORWARD, f"{secret}(1): forward", 10.0)]
+    source = report_data(_profile(rows))["source"]
+    assert source["files"][0]["note"] == NOT_FOUND and source["files"][0]["windows"] == []
+    assert "hunter2" not in html_report(_profile(rows))

@@ -105,6 +105,13 @@ class Recording:
         meta = self._meta()
         if table.call_lines is not None:
             meta["call_lines"] = {"ops": table.call_lines.op_count, "stacks": len(table.call_lines.stacks)}
+            if table.op_handles is None:  # the native reader failed: only it reads the ops' ids
+                warnings.warn(
+                    "call lines were recorded but cannot be matched: the Python reader read this "
+                    "profile (the native reader failed); lines are missing from it",
+                    LayerscopeWarning,
+                    stacklevel=3,
+                )
         meta["reader"] = table.meta["reader"]
         meta["module_scopes"] = self.context.plan.kinds()
         if marks is not None and marks.unmatched:  # calls still running at the end

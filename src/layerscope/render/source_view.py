@@ -116,6 +116,8 @@ def _resolve(path: str) -> Path | None:
     """The regular file a frame names. Call lines are absolute; torch's with_stack frames are
     relative to the sys.path entry the module was imported from, so those are looked up there."""
     candidate = Path(path)
+    if candidate.suffix not in (".py", ".pyw"):
+        return None  # a profile from elsewhere must not make a report embed other files of this machine
     bases = [Path()] if candidate.is_absolute() else [Path(), *(Path(p) for p in sys.path if p)]
     for base in bases:
         full = base / candidate

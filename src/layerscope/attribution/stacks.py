@@ -18,6 +18,7 @@ import re
 
 import numpy as np
 
+from layerscope.events.frame_chains import FrameChains
 from layerscope.events.table import EventKind, EventTable
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -129,23 +130,11 @@ def _node_stacks(
     op_node: list[int], node_frame: list[int], node_parent: list[int], frames: list[str]
 ) -> tuple[dict[int, int], list[tuple[str, ...]]]:
     """The stacks of the nodes ops sit in (frames innermost first), and each such node's stack id.
-    Only those nodes become stacks; a node's tuple is its frame + its parent's."""
-    tuples: dict[int, tuple[str, ...]] = {}
-
-    def stack_tuple(node: int) -> tuple[str, ...]:
-        chain: list[int] = []
-        n = node
-        while n >= 0 and n not in tuples:
-            chain.append(n)
-            n = node_parent[n]
-        tail = tuples[n] if n >= 0 else ()
-        for m in reversed(chain):
-            tail = tuples[m] = (frames[node_frame[m]], *tail)
-        return tuples[node]
-
+    Only those nodes become stacks."""
+    chains = FrameChains(node_parent, lambda m: frames[node_frame[m]])
     stack_ids: dict[int, int] = {}
     stacks: list[tuple[str, ...]] = []
     for node in dict.fromkeys(op_node):
         stack_ids[node] = len(stacks)
-        stacks.append(stack_tuple(node))
+        stacks.append(chains.of(node))
     return stack_ids, stacks

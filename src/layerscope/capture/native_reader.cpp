@@ -256,14 +256,20 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   return out;
 }
 
+// Event positions packed as int64 bytes by the caller.
+std::vector<int64_t> unpack_indices(const py::bytes& packed_indices) {
+  const std::string packed = packed_indices;
+  std::vector<int64_t> indices(packed.size() / sizeof(int64_t));
+  std::memcpy(indices.data(), packed.data(), indices.size() * sizeof(int64_t));
+  return indices;
+}
+
 // The concrete inputs of the events at `packed_indices` (positions in torch's event list, packed
 // int64) as JSON arrays, or None where an input is of a kind the writer above does not know (the
 // caller then asks torch's bindings).
 py::list concrete_inputs(const py::object& results, const py::bytes& packed_indices) {
   const auto& events = result_of(results).events();
-  const std::string packed = packed_indices;
-  std::vector<int64_t> indices(packed.size() / sizeof(int64_t));
-  std::memcpy(indices.data(), packed.data(), indices.size() * sizeof(int64_t));
+  const std::vector<int64_t> indices = unpack_indices(packed_indices);
   py::list out(indices.size());
   std::string text;
   for (size_t k = 0; k < indices.size(); ++k) {
@@ -291,9 +297,7 @@ py::list concrete_inputs(const py::object& results, const py::bytes& packed_indi
 // are counted in, for MFU against the peak of that dtype.
 py::list first_dtypes(const py::object& results, const py::bytes& packed_indices) {
   const auto& events = result_of(results).events();
-  const std::string packed = packed_indices;
-  std::vector<int64_t> indices(packed.size() / sizeof(int64_t));
-  std::memcpy(indices.data(), packed.data(), indices.size() * sizeof(int64_t));
+  const std::vector<int64_t> indices = unpack_indices(packed_indices);
   py::list out(indices.size());
   for (size_t k = 0; k < indices.size(); ++k) {
     const auto index = indices[k];

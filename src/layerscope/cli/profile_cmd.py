@@ -11,6 +11,7 @@ from typing import Any
 
 from layerscope.cli.views import (
     HelpFormatter,
+    add_recording_options,
     add_view_options,
     check_view_options,
     print_profile,
@@ -77,20 +78,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--warmup", type=int, default=1, metavar="N", help="unprofiled steps first (default 1)"
     )
-    parser.add_argument("--memory", action="store_true", help="record allocations")
-    parser.add_argument(
-        "--with-stack", action="store_true", help="record Python stacks (for --group-by stack)"
-    )
-    parser.add_argument(
-        "--lines",
-        action="store_true",
-        help="record the line of your code that called each op (for --by line, the HTML source view)",
-    )
-    parser.add_argument(
-        "--nvtx",
-        action="store_true",
-        help="NVTX ranges named by module path, forward and backward, for Nsight Systems (CUDA torch)",
-    )
+    add_recording_options(parser)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs")
     parser.add_argument("-o", "--output", metavar="PATH", help="save the profile (.json or .json.gz)")

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from layerscope.cli.views import HelpFormatter, add_view_options, check_view_options
+from layerscope.cli.views import HelpFormatter, add_recording_options, add_view_options, check_view_options
 from layerscope.errors import UsageError
 
 EXAMPLES = """\
@@ -73,20 +73,7 @@ def register(sub: Any) -> None:
         metavar="N",
         help="steps skipped once, before the first cycle (0)",
     )
-    parser.add_argument("--memory", action="store_true", help="record allocations")
-    parser.add_argument(
-        "--with-stack", action="store_true", help="record Python stacks (for --group-by stack)"
-    )
-    parser.add_argument(
-        "--lines",
-        action="store_true",
-        help="record the line of your code that called each op (for --by line, the HTML source view)",
-    )
-    parser.add_argument(
-        "--nvtx",
-        action="store_true",
-        help="NVTX ranges named by module path, forward and backward, for Nsight Systems (CUDA torch)",
-    )
+    add_recording_options(parser)
     parser.add_argument(
         "--activities",
         default=None,

@@ -33,6 +33,25 @@ class HelpFormatter(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
+def add_recording_options(parser: argparse.ArgumentParser) -> None:
+    """What a capture records beside modules (``profile`` and ``run``): --memory, --with-stack,
+    --lines, --nvtx."""
+    parser.add_argument("--memory", action="store_true", help="record allocations")
+    parser.add_argument(
+        "--with-stack", action="store_true", help="record Python stacks (for --group-by stack)"
+    )
+    parser.add_argument(
+        "--lines",
+        action="store_true",
+        help="record the line of your code that called each op (for --by line, the HTML source view)",
+    )
+    parser.add_argument(
+        "--nvtx",
+        action="store_true",
+        help="NVTX ranges named by module path, forward and backward, for Nsight Systems (CUDA torch)",
+    )
+
+
 def add_view_options(parser: argparse.ArgumentParser) -> None:
     """--depth, --min-share, --sort, --top, --group-by, --ascii."""
     group = parser.add_argument_group("view")

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layerscope.events.frame_chains import FrameChains
+
 
 @dataclass(frozen=True)
 class CallLines:
@@ -34,22 +36,13 @@ class CallLines:
     ) -> CallLines:
         """From the recorder's tree of (code, line, parent) nodes: each distinct node ops ran under
         becomes one stack (built once; a node's tuple is its frame plus its parent's)."""
-        codes, lines, parents = node_code.tolist(), node_line.tolist(), node_parent.tolist()
-        tuples: dict[int, tuple[str, ...]] = {}
-
-        def stack_of(node: int) -> tuple[str, ...]:
-            chain: list[int] = []
-            n = node
-            while n >= 0 and n not in tuples:
-                chain.append(n)
-                n = parents[n]
-            tail = tuples[n] if n >= 0 else ()
-            for m in reversed(chain):
-                tail = tuples[m] = (f"{files[codes[m]]}({lines[m]}): {functions[codes[m]]}", *tail)
-            return tuples[node]
+        codes, lines = node_code.tolist(), node_line.tolist()
+        chains = FrameChains(
+            node_parent.tolist(), lambda m: f"{files[codes[m]]}({lines[m]}): {functions[codes[m]]}"
+        )
 
         distinct, stack_ids = np.unique(nodes, return_inverse=True)
-        stacks = [stack_of(int(n)) for n in distinct.tolist()]
+        stacks = [chains.of(int(n)) for n in distinct.tolist()]
         order = np.argsort(handles, kind="stable")
         return cls(handles[order], stack_ids.reshape(-1)[order].astype(np.int64), stacks)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -121,3 +123,14 @@ def test_tree_caption_names_the_peak(mixed: ls.Profile) -> None:
     text = render_to_text(tree_table(mixed, ascii_only=True, peak_tflops=1.0), width=220)
     assert "MFU against --peak-tflops 1" in text
     assert "MFU against" not in render_to_text(tree_table(mixed, ascii_only=True), width=220)  # CPU: none
+
+
+def test_traces_give_the_same_flops_by_dtype(tmp_path: Path) -> None:
+    """A trace's ops carry "Input type": read back, the dtype split equals the live one."""
+    torch.manual_seed(0)
+    model, x = Mixed(), torch.randn(16, 32)
+    with ls.profile(model) as prof:
+        model(x).sum().backward()
+    live = prof.profile.meta["flops_by_dtype"]
+    loaded = ls.load(prof.export_chrome_trace(tmp_path / "trace.json"))
+    assert loaded.meta["flops_by_dtype"] == live

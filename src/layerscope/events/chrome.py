@@ -19,7 +19,7 @@ import orjson
 
 from layerscope.errors import TraceFormatError
 from layerscope.events.module_ranges import MODULE_RANGE_PREFIX, module_range_name
-from layerscope.events.shapes import shapes_key
+from layerscope.events.shapes import first_input_dtype, shapes_key
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
 
 _NN_MODULE = "nn.Module: "
@@ -248,8 +248,9 @@ class TraceTableBuilder:
                         flops=op_flops,
                     )
                     self.raw_fwd_tid.append(fwd)
-                    if op_flops:  # the dtype FLOPs ran in, for MFU against that dtype's peak
-                        self._flop_dtype(i, args.get("Input type"))
+                    # the dtype FLOPs ran in, for MFU against that dtype's peak
+                    if op_flops and (dtype := first_input_dtype(args.get("Input type"))):
+                        self.flop_dtypes[i] = table.intern(dtype)
                     if kind in (EventKind.CPU_OP, EventKind.USER_ANNOTATION):
                         self.span_at.setdefault((tid, ts), i)
                 elif ph == "i" and ev.get("name") in ("[memory]", "[OutOfMemory]"):
@@ -289,20 +290,12 @@ class TraceTableBuilder:
         if "Total Allocated" in args and ts < self.first_allocated.get(where, (ts + 1, 0))[0]:
             self.first_allocated[where] = (ts, allocated - _int(args.get("Bytes", 0)))
 
-    def _flop_dtype(self, span: int, types: Any) -> None:
-        """Remember the first input dtype (``Input type``) of a span that has FLOPs."""
-        if isinstance(types, list):
-            found = next((t for t in types if isinstance(t, str) and t), None)
-            if found is not None:
-                self.flop_dtypes[span] = self.table.intern(found)
-
     def finish(self, header: dict[str, Any]) -> EventTable:
         """Link what needs the whole trace (module events, forward threads) and return the table."""
         table = self.table
         if self.flop_dtypes:
-            dtypes = np.full(table.span_count, -1, dtype=np.int64)
-            dtypes[list(self.flop_dtypes)] = list(self.flop_dtypes.values())
-            table.span_dtype = dtypes
+            table.span_dtype = np.full(table.span_count, -1, dtype=np.int64)
+            table.span_dtype[list(self.flop_dtypes)] = list(self.flop_dtypes.values())
         _module_ranges_from_python_events(table, self.python_ids)
         table.span_fwd_tid = _resolve_forward_threads(
             table, self.raw_fwd_tid, self.span_at, self.flow_starts, self.flow_ends

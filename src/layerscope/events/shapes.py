@@ -15,3 +15,10 @@ def shapes_key(dims: Any) -> str:
 def shapes_key_from_json(raw: bytes) -> str:
     """:func:`shapes_key` of shapes serialised as JSON bytes."""
     return shapes_key(orjson.loads(raw))
+
+
+def first_input_dtype(types: Any) -> str | None:
+    """The first non-empty entry of a trace op's ``Input type`` list (``float``, ``c10::BFloat16``...)."""
+    if not isinstance(types, list):
+        return None
+    return next((t for t in types if isinstance(t, str) and t), None)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import random
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import layerscope as ls
 from layerscope.models import TinyGPT
-from overhead import timed_steps
+from overhead import interleaved_samples
 
 
 def gpt() -> nn.Module:
@@ -81,16 +80,7 @@ def measure(name: str, model: nn.Module, tokens: torch.Tensor, rounds: int, step
             return self.model(t).float().mean()
 
     wrapped = Loss()
-    for make in configs.values():
-        timed_steps(wrapped, tokens, 1, make)
-    samples: dict[str, list[float]] = {k: [] for k in configs}
-    order = list(configs)
-    shuffle = random.Random(0)
-    for _ in range(rounds):
-        shuffle.shuffle(order)
-        for key in order:
-            gc.collect()
-            samples[key].append(timed_steps(wrapped, tokens, steps, configs[key]))
+    samples = interleaved_samples(wrapped, tokens, configs, rounds, steps)
     median = {k: statistics.median(v) for k, v in samples.items()}
 
     # post-processing, on one capture each way (ours first, then torch's first)

@@ -73,6 +73,29 @@ def timed_steps(
     return elapsed / steps
 
 
+def interleaved_samples(
+    model: nn.Module,
+    x: Any,
+    configs: dict[str, Callable[[], AbstractContextManager[Any]]],
+    rounds: int,
+    steps: int,
+) -> dict[str, list[float]]:
+    """Seconds per step of every configuration, ``rounds`` times: each path warmed up once, then
+    rounds in a shuffled order (no configuration always runs right after another), the previous
+    run's profiler results freed (``gc.collect()``) before each clock starts."""
+    for make in configs.values():
+        timed_steps(model, x, 1, make)
+    samples: dict[str, list[float]] = {k: [] for k in configs}
+    order = list(configs)
+    shuffle = random.Random(0)
+    for _ in range(rounds):
+        shuffle.shuffle(order)
+        for key in order:
+            gc.collect()
+            samples[key].append(timed_steps(model, x, steps, configs[key]))
+    return samples
+
+
 def measure_on(
     name: str, model: nn.Module, x: torch.Tensor, rounds: int, steps: int, memory: bool = False
 ) -> dict[str, Any]:
@@ -90,16 +113,7 @@ def measure_on(
         "torch.profiler": lambda: torch.profiler.profile(**torch_kwargs),
         "layerscope": lambda: ls.profile(model, memory=memory),
     }
-    for make in configs.values():  # warm-up every path once
-        timed_steps(model, x, 1, make)
-    samples: dict[str, list[float]] = {k: [] for k in configs}
-    order = list(configs)
-    shuffle = random.Random(0)
-    for _ in range(rounds):
-        shuffle.shuffle(order)  # no configuration always runs right after another
-        for key in order:
-            gc.collect()  # the previous run's profiler results are freed before the clock starts
-            samples[key].append(timed_steps(model, x, steps, configs[key]))
+    samples = interleaved_samples(model, x, configs, rounds, steps)
     median = {k: statistics.median(v) for k, v in samples.items()}
     # On a shared VM the median of a few rounds moves by 10-40% between runs; the fastest round is
     # the least disturbed one, so ratios of minima are quoted beside ratios of medians.
@@ -241,16 +255,7 @@ def lines_cost(rounds: int, steps: int) -> dict[str, Any]:
         "layerscope lines": lambda: ls.profile(model, lines=True),
         "layerscope with_stack": lambda: ls.profile(model, with_stack=True),
     }
-    for make in configs.values():
-        timed_steps(model, x, 1, make)
-    samples: dict[str, list[float]] = {k: [] for k in configs}
-    order = list(configs)
-    shuffle = random.Random(0)
-    for _ in range(rounds):
-        shuffle.shuffle(order)
-        for key in order:
-            gc.collect()
-            samples[key].append(timed_steps(model, x, steps, configs[key]))
+    samples = interleaved_samples(model, x, configs, rounds, steps)
     median = {k: statistics.median(v) for k, v in samples.items()}
 
     def paired(a: str, b: str) -> float:

@@ -134,3 +134,15 @@ def test_traces_give_the_same_flops_by_dtype(tmp_path: Path) -> None:
     live = prof.profile.meta["flops_by_dtype"]
     loaded = ls.load(prof.export_chrome_trace(tmp_path / "trace.json"))
     assert loaded.meta["flops_by_dtype"] == live
+
+
+def test_validate_catches_a_dtype_split_that_does_not_add_up(mixed: ls.Profile) -> None:
+    from dataclasses import replace
+
+    meta = dict(mixed.meta)
+    meta["flops_by_dtype"] = {**meta["flops_by_dtype"], "bf16": meta["flops_by_dtype"]["bf16"] + 1}
+    with pytest.raises(ls.ValidationError, match="flops_by_dtype adds up to"):
+        replace(mixed, meta=meta).validate()
+    meta["flops_by_dtype"] = {"fp32": mixed.totals.flops + 5, "bf16": -5}
+    with pytest.raises(ls.ValidationError, match="negative class"):
+        replace(mixed, meta=meta).validate()

@@ -13,8 +13,11 @@ so nothing is counted twice and the totals equal the op table's.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from layerscope.analysis.ops import in_subtree
 from layerscope.attribution.stacks import user_frames
 from layerscope.errors import UsageError
 from layerscope.model.metrics import Metrics
@@ -33,8 +36,8 @@ class LineStats:
     such as the loss and the optimizer) and the backward of the ops it created (``backward``).
 
     ``line`` is None for the row of ops that no line of the user's called. ``modules`` are the
-    modules (or unattributed entries) the line's work ran in, heaviest first. Only the self fields of
-    the metrics are meaningful (inclusive ones would count nested ops twice)."""
+    modules (or unattributed entries) the line's work ran in, heaviest first. The metrics hold the ops'
+    own work (every total equals its self: nested ops are never counted twice)."""
 
     file: str
     line: int | None
@@ -114,7 +117,7 @@ def line_table(
     groups: dict[tuple[str, int | None, str], list[OpStats]] = {}
     frame_of: dict[tuple[str, ...], tuple[str, int | None, str]] = {}
     for row in profile.op_rows:
-        if module is not None and not _in_subtree(row.module, module):
+        if module is not None and not in_subtree(row.module, module):
             continue
         key = frame_of.get(row.stack)
         if key is None:
@@ -137,9 +140,9 @@ def _line_stats(key: tuple[str, int | None, str], rows: list[OpStats]) -> LineSt
     calls = 0
     for row in rows:
         if row.phase is Phase.BACKWARD:
-            backward = backward.merged(row.metrics)
+            backward = backward.merged(row.metrics.own())
         else:
-            forward = forward.merged(row.metrics)
+            forward = forward.merged(row.metrics.own())
             calls += row.calls
         where = row.module if row.module is not None else row.scope
         weight[where] = weight.get(where, 0.0) + row.metrics.self_cpu_us + row.metrics.self_device_us
@@ -147,19 +150,13 @@ def _line_stats(key: tuple[str, int | None, str], rows: list[OpStats]) -> LineSt
     return LineStats(key[0], key[1], key[2], forward, backward, calls, modules)
 
 
-def _sort_key(sort_by: str, time_kind: str):  # type: ignore[no-untyped-def]
+def _sort_key(sort_by: str, time_kind: str) -> Callable[[LineStats], Any]:
     if sort_by == "location":
         return lambda r: (r.line is None, r.file, r.line or 0)
     if sort_by == "time":
         sort_by = time_kind
     attribute = {"cpu": "cpu_us", "device": "device_us", "flops": "flops", "alloc": "alloc_bytes"}[sort_by]
     return lambda r: -getattr(r, attribute)
-
-
-def _in_subtree(path: str | None, root: str) -> bool:
-    if path is None:
-        return False
-    return root == "" or path == root or path.startswith(root + ".")
 
 
 __all__ = ["LINE_SORT_KEYS", "NO_LINE", "LineStats", "LineTable", "line_table", "parse_frame"]

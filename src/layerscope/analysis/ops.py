@@ -59,7 +59,7 @@ def op_table(
     for row in profile.op_rows:
         if wanted_phase is not None and row.phase is not wanted_phase:
             continue
-        if module is not None and not _in_subtree(row.module, module):
+        if module is not None and not in_subtree(row.module, module):
             continue
         if by_stack:
             frames = shown.get(row.stack)
@@ -88,7 +88,8 @@ def _parse_phase(phase: Phase | str | None) -> Phase | None:
         raise UsageError(f"unknown phase {phase!r}; choose from forward, backward, other, both") from None
 
 
-def _in_subtree(path: str | None, root: str) -> bool:
+def in_subtree(path: str | None, root: str) -> bool:
+    """Whether module ``path`` lies in the subtree rooted at ``root`` (``""``: the whole tree)."""
     if path is None:
         return False
     return root == "" or path == root or path.startswith(root + ".")

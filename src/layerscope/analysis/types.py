@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerscope.errors import UsageError
-from layerscope.model.metrics import Metrics
+from layerscope.model.metrics import Metrics, sum_metrics
 from layerscope.model.profile import ModuleNode, Profile
 
 TYPE_SORT_KEYS = ("time", "cpu", "device", "flops", "params", "calls", "type")
@@ -65,24 +65,6 @@ class TypeTable(list[TypeStats]):
         return self.time_of(row) / whole if whole > 0 else 0.0
 
 
-def _as_counted(metrics: Metrics, inclusive: bool) -> Metrics:
-    """``metrics`` with the fields the table sums: inclusive ones, or the self ones moved into them."""
-    if inclusive:
-        return metrics
-    return Metrics(
-        self_cpu_us=metrics.self_cpu_us,
-        cpu_us=metrics.self_cpu_us,
-        self_device_us=metrics.self_device_us,
-        device_us=metrics.self_device_us,
-        self_flops=metrics.self_flops,
-        flops=metrics.self_flops,
-        self_cpu_alloc_bytes=metrics.self_cpu_alloc_bytes,
-        cpu_alloc_bytes=metrics.self_cpu_alloc_bytes,
-        self_device_alloc_bytes=metrics.self_device_alloc_bytes,
-        device_alloc_bytes=metrics.self_device_alloc_bytes,
-    )
-
-
 def type_table(profile: Profile, depth: int | None = None, sort_by: str = "time") -> TypeTable:
     """Modules summed per type (see the module's docstring); ``sort_by`` one of :data:`TYPE_SORT_KEYS`."""
     if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
@@ -103,8 +85,8 @@ def type_table(profile: Profile, depth: int | None = None, sort_by: str = "time"
             type_name=name,
             modules=len(nodes),
             calls=sum(n.calls for n in nodes),
-            forward=_summed([_as_counted(n.forward, inclusive) for n in nodes]),
-            backward=_summed([_as_counted(n.backward, inclusive) for n in nodes]),
+            forward=sum_metrics([n.forward if inclusive else n.forward.own() for n in nodes]),
+            backward=sum_metrics([n.backward if inclusive else n.backward.own() for n in nodes]),
             params=sum(n.params_total if inclusive else n.params for n in nodes),
         )
         for name, nodes in groups.items()
@@ -114,13 +96,6 @@ def type_table(profile: Profile, depth: int | None = None, sort_by: str = "time"
     table.depth = depth
     table.sort(key=_sort_key(sort_by, table))
     return table
-
-
-def _summed(metrics: list[Metrics]) -> Metrics:
-    total = Metrics()
-    for m in metrics:
-        total = total.merged(m)
-    return total
 
 
 def _sort_key(sort_by: str, table: TypeTable) -> Callable[[TypeStats], Any]:

@@ -41,18 +41,22 @@ def dtype_class(dtype: str) -> str:
 
 def flops_by_dtype(table: EventTable, counted: np.ndarray) -> dict[str, int]:
     """The FLOPs that count (``counted``, per span) summed per dtype class, largest first; empty
-    when the source recorded no dtypes (trace files, older captures)."""
+    when the source recorded no dtypes (older captures, traces without shapes)."""
     dtypes = table.span_dtype
     if dtypes is None or not counted.any():
         return {}
     with_flops = np.flatnonzero(counted)
-    ids = np.zeros(table.span_count, dtype=np.int64) - 1
+    ids = np.full(table.span_count, -1, dtype=np.int64)
     ids[: min(dtypes.size, table.span_count)] = dtypes[: table.span_count]
+    # one key per distinct (dtype, op name) pair: a handful, whatever the span count
+    pairs = np.stack((ids[with_flops], table.array("span_name")[with_flops]), axis=1)
+    distinct, group = np.unique(pairs, axis=0, return_inverse=True)
+    sums_per_pair = np.zeros(len(distinct), dtype=np.int64)
+    np.add.at(sums_per_pair, group.reshape(-1), counted[with_flops].astype(np.int64))
     sums: dict[str, int] = {}
-    for span, flops in zip(with_flops.tolist(), counted[with_flops].tolist(), strict=True):
-        name = table.names[ids[span]] if ids[span] >= 0 else ""
-        key = dtype_class(name) if name else "unknown"
-        if key == "fp32" and "conv" in table.names[table.span_name[span]]:
+    for (dtype_id, name_id), flops in zip(distinct.tolist(), sums_per_pair.tolist(), strict=True):
+        key = dtype_class(table.names[dtype_id]) if dtype_id >= 0 else "unknown"
+        if key == "fp32" and "conv" in table.names[name_id]:
             key = "fp32-conv"
         sums[key] = sums.get(key, 0) + int(flops)
     return dict(sorted(sums.items(), key=lambda item: -item[1]))

@@ -194,7 +194,8 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
       mem_addr.push_back(allocation ? static_cast<int64_t>(reinterpret_cast<intptr_t>(allocation->ptr_)) : 0);
       continue;
     }
-    if (const Result* result = result_of_event(e)) {
+    const Result* result = result_of_event(e);
+    if (result != nullptr) {
       if (const auto* oom = std::get_if<ExtraFields<EventType::OutOfMemory>>(&result->extra_fields_)) {
         oom_bytes.push_back(oom->alloc_size_);
         oom_ts.push_back(static_cast<int64_t>(e.startNs()));
@@ -216,8 +217,7 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
     span_corr.push_back(static_cast<int64_t>(e.correlationId()));
     span_linked.push_back(static_cast<int64_t>(e.linkedCorrelationId()));
     // The RecordFunction handle of an op: what call lines (native_lines.cpp) are recorded against.
-    const Result* op_result = result_of_event(e);
-    const auto* op = op_result ? std::get_if<ExtraFields<EventType::TorchOp>>(&op_result->extra_fields_) : nullptr;
+    const auto* op = result ? std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_) : nullptr;
     span_handle.push_back(op ? static_cast<int64_t>(op->record_function_id_) : 0);
     if (with_shapes && e.hasShapes()) {
       shapes_text.clear();

@@ -18,7 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from layerscope.cli.views import HelpFormatter, add_recording_options, add_view_options, check_view_options
+from layerscope.cli.views import (
+    HelpFormatter,
+    add_recording_options,
+    add_view_options,
+    check_view_options,
+    other_main_table,
+)
 from layerscope.errors import UsageError
 
 EXAMPLES = """\
@@ -327,10 +333,9 @@ def _report(session: Any, written: list[Path], args: argparse.Namespace, outcome
 
         console = make_console(stream)
         profile = session.cycles[-1].profile
-        if args.by == "line" and (profile.has_stacks or profile.meta.get("call_lines")):
-            from layerscope.render.lines import lines_table
-
-            console.print(lines_table(profile.lines(limit=args.top or None), ascii_only=args.ascii or None))
+        other = other_main_table(profile, args) if _has_main_table(profile, args.by) else None
+        if other is not None:
+            console.print(other)
         else:
             console.print(
                 tree_table(
@@ -346,3 +351,9 @@ def _report(session: Any, written: list[Path], args: argparse.Namespace, outcome
             console.print(steps_table(step_rows(profile.steps), ascii_only=True if args.ascii else None))
     for path in written:
         print(f"layerscope: saved {path}", file=stream)
+
+
+def _has_main_table(profile: Any, by: str) -> bool:
+    """Whether the profile has what ``--by`` asks for (after a whole script ran, a run without lines
+    prints its tree rather than fail)."""
+    return by != "line" or bool(profile.has_stacks or profile.meta.get("call_lines"))

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from rich.console import RenderableType
+
 from layerscope.analysis.ops import GROUP_KEYS, SORT_KEYS
 from layerscope.analysis.steps import step_rows
 from layerscope.errors import UsageError
@@ -137,15 +139,24 @@ def check_view_options(args: argparse.Namespace) -> None:
     assert set(_GROUP_ALIASES["shapes"]) <= set(GROUP_KEYS)
 
 
+def other_main_table(profile: Profile, args: argparse.Namespace) -> RenderableType | None:
+    """The table ``--by line`` or ``--by type`` asks for instead of the module tree (None for
+    ``--by module``)."""
+    ascii_only = True if args.ascii else None
+    if args.by == "line":
+        return lines_table(profile.lines(limit=args.top or None), ascii_only=ascii_only)
+    if args.by == "type":
+        return types_table(profile.by_type(depth=args.depth), ascii_only=ascii_only)
+    return None
+
+
 def print_profile(profile: Profile, args: argparse.Namespace) -> None:
     """The tree table, then the op table, on stdout (``--by line``: the source lines instead)."""
     console = make_console(sys.stdout)
     ascii_only = True if args.ascii else None
-    if args.by == "line":
-        console.print(lines_table(profile.lines(limit=args.top or None), ascii_only=ascii_only))
-        return
-    if args.by == "type":
-        console.print(types_table(profile.by_type(depth=args.depth), ascii_only=ascii_only))
+    other = other_main_table(profile, args)
+    if other is not None:
+        console.print(other)
         return
     console.print(
         tree_table(

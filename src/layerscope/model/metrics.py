@@ -61,6 +61,14 @@ class Metrics:
             values[name] = getattr(self, name)
         return Metrics(**values)
 
+    def own(self) -> Metrics:
+        """Only the scope's own work, as a whole (total := self), peaks dropped: the inverse of
+        :meth:`folded`, for sums over scopes that must not count nested work twice."""
+        values: dict[str, Any] = {}
+        for self_name, total_name in ADDITIVE_PAIRS:
+            values[self_name] = values[total_name] = getattr(self, self_name)
+        return Metrics(**values)
+
     def scaled(self, factor: float) -> Metrics:
         """Additive metrics times ``factor`` (e.g. 1/steps for a per-step mean); peaks unchanged."""
         values: dict[str, Any] = {}

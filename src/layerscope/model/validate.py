@@ -33,7 +33,9 @@ def validate_profile(profile: Profile) -> None:
        than the whole run;
     7. memory: the run's absolute peak is at least what was live before it; where events carry
        addresses, the allocations and baseline storages live at the peak add up to it; no step's
-       peak above the run's.
+       peak above the run's;
+    8. FLOPs by dtype (``meta["flops_by_dtype"]``): no negative class, and the classes add up to the
+       run's FLOPs.
     """
     errors: list[str] = []
     seen: set[str] = set()
@@ -74,6 +76,7 @@ def validate_profile(profile: Profile) -> None:
     _check_op_rows(profile, errors)
     _check_steps(profile, errors)
     _check_memory(profile, errors)
+    _check_flops_by_dtype(profile, errors)
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ValidationError(f"profile invariant broken: {errors[0]}{more}")
@@ -165,3 +168,15 @@ def _check_memory(profile: Profile, errors: list[str]) -> None:
         for number, step_peak, _alloc, _net in figures.get("steps") or []:
             if step_peak > peak:
                 errors.append(f"{what} memory: step {number}'s peak {step_peak} above the run's {peak}")
+
+
+def _check_flops_by_dtype(profile: Profile, errors: list[str]) -> None:
+    by_dtype = profile.meta.get("flops_by_dtype")
+    if not isinstance(by_dtype, dict):
+        return
+    if any(flops < 0 for flops in by_dtype.values()):
+        errors.append(f"flops_by_dtype has a negative class: {by_dtype!r}")
+    if sum(by_dtype.values()) != profile.totals.flops:
+        errors.append(
+            f"flops_by_dtype adds up to {sum(by_dtype.values())}, the run's FLOPs are {profile.totals.flops}"
+        )

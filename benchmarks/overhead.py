@@ -9,7 +9,8 @@ leaving the profiler and post-processing are not (post-processing is benchmarks/
     python benchmarks/overhead.py --only calls     # µs per module call, within one profiler session
     python benchmarks/overhead.py --device cuda    # the same on a GPU (steps end with a synchronize)
     python benchmarks/overhead.py --memory         # both profilers record memory (profile_memory)
-    python benchmarks/overhead.py --only lines     # source lines against torch's with_stack
+
+Source lines against torch's with_stack: benchmarks/lines_cost.py.
 
 Ratios: of the median step times, of the fastest rounds, and the median of the per-round ratios
 (every configuration runs once per round, back to back: the paired ratio resists the VM's drift).
@@ -241,99 +242,11 @@ def training_call_cost(rounds: int = 15, steps: int = 5) -> dict[str, Any]:
     return result
 
 
-def lines_cost(rounds: int, steps: int) -> dict[str, Any]:
-    """What source lines cost on the MLP workload (``--only mlp``'s model): torch.profiler with and
-    without ``with_stack`` (torch's Python tracer) against layerscope with and without ``lines``,
-    all with the flags layerscope passes torch, rounds interleaved in a shuffled order."""
-    model, x = tiny_transformer_mlps(), torch.randn(1, 64)
-    probe = ls.profile(model)
-    torch_kwargs: dict[str, Any] = {"record_shapes": True, **probe.profiler_kwargs}
-    configs: dict[str, Callable[[], AbstractContextManager[Any]]] = {
-        "torch.profiler": lambda: torch.profiler.profile(**torch_kwargs),
-        "torch with_stack": lambda: torch.profiler.profile(with_stack=True, **torch_kwargs),
-        "layerscope": lambda: ls.profile(model),
-        "layerscope lines": lambda: ls.profile(model, lines=True),
-        "layerscope with_stack": lambda: ls.profile(model, with_stack=True),
-    }
-    samples = interleaved_samples(model, x, configs, rounds, steps)
-    median = {k: statistics.median(v) for k, v in samples.items()}
-
-    def paired(a: str, b: str) -> float:
-        return round(statistics.median(x / y for x, y in zip(samples[a], samples[b], strict=True)), 3)
-
-    fastest = {k: min(v) for k, v in samples.items()}
-
-    return {
-        "model": "48 x LN+Linear+GELU+Linear (1x64), training steps",
-        "step_ms": {k: round(v * 1000, 3) for k, v in median.items()},
-        "build_ms": _build_ms(model, x, steps, rounds),
-        "lines_us_per_op": _lines_us_per_op(model, x, rounds),
-        "with_stack_vs_torch": paired("torch with_stack", "torch.profiler"),
-        "lines_vs_torch": paired("layerscope lines", "torch.profiler"),
-        "layerscope_vs_torch": paired("layerscope", "torch.profiler"),
-        "lines_vs_with_stack": paired("layerscope lines", "torch with_stack"),
-        # the least disturbed rounds (a shared VM's noise only ever adds time)
-        "fastest_with_stack_vs_torch": round(fastest["torch with_stack"] / fastest["torch.profiler"], 3),
-        "fastest_lines_vs_torch": round(fastest["layerscope lines"] / fastest["torch.profiler"], 3),
-        "fastest_layerscope_vs_torch": round(fastest["layerscope"] / fastest["torch.profiler"], 3),
-    }
-
-
-def _lines_us_per_op(model: nn.Module, x: torch.Tensor, rounds: int) -> float | None:
-    """µs the call-line recorder adds per top-level op, inside one torch.profiler session: the
-    recorder started and stopped in alternation (paired), over the step's recorded op count."""
-    from layerscope.capture.call_lines import CallLineRecorder, supported
-
-    module = native.load()
-    if not supported(module):
-        return None
-    assert module is not None
-
-    def step() -> float:
-        start = time.perf_counter()
-        model(x).sum().backward()
-        return time.perf_counter() - start
-
-    recorder = CallLineRecorder(module)
-    bare: list[float] = []
-    lined: list[float] = []
-    with torch.profiler.profile(record_shapes=True, **ls.profile(model).profiler_kwargs):
-        step()
-        for _ in range(rounds * 3):
-            bare.append(min(step() for _ in range(5)))
-            recorder.start()
-            lined.append(min(step() for _ in range(5)))
-            recorder.stop()
-        recorder.start()
-        step()
-        recorder.stop()
-        ops = recorder.take().op_count  # the records of the last step alone are left
-    paired = statistics.median(a - b for a, b in zip(lined, bare, strict=True))
-    return round(paired * 1e6 / ops, 3)
-
-
-def _build_ms(model: nn.Module, x: torch.Tensor, steps: int, rounds: int) -> dict[str, float]:
-    """Median ms from the block's end to the built Profile, for ``steps`` steps, lines vs stacks."""
-    found: dict[str, list[float]] = {"lines": [], "with_stack": []}
-    for _ in range(max(3, rounds // 3)):
-        for key in found:
-            with ls.profile(model, lines=key == "lines", with_stack=key == "with_stack") as prof:
-                for _ in range(steps):
-                    model(x).sum().backward()
-            gc.collect()
-            start = time.perf_counter()
-            prof.profile  # noqa: B018 - building it is what is timed
-            found[key].append((time.perf_counter() - start) * 1000)
-    return {k: round(statistics.median(v), 1) for k, v in found.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument(
-        "--only", choices=("resnet", "tiny", "mlp", "calls", "lines"), help="run one workload"
-    )
+    parser.add_argument("--only", choices=("resnet", "tiny", "mlp", "calls"), help="run one workload")
     parser.add_argument("--device", default="cpu", help="where the step workloads run (cpu, cuda)")
     parser.add_argument("--memory", action="store_true", help="both profilers record memory")
     args = parser.parse_args()
@@ -362,10 +275,6 @@ def main() -> None:
             args.steps * 5,
         ),
     }
-    if args.only == "lines":  # source lines: layerscope's lines=True against torch's with_stack
-        found = lines_cost(args.rounds, args.steps * 5)
-        print(json.dumps({"benchmark": "overhead-lines", "torch": torch.__version__, **found}, indent=1))
-        return
     results = [run() for key, run in workloads.items() if args.only in (None, key)]
     calls = module_call_cost() if args.only in (None, "calls") else None
     if calls is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import subprocess
 import sys
 import threading
@@ -102,6 +103,36 @@ def test_ops_grouped_by_stack_use_call_lines(trained: ls.Profile) -> None:
     assert mm_lines == sorted(
         [f"{HERE}({line_of('first mm')}): forward", f"{HERE}({line_of('second mm')}): forward"]
     )
+
+
+def test_exported_traces_carry_call_lines(tmp_path: Path) -> None:
+    """An exported Chrome trace saves the lines in its layerscope header; `analyze`/`ls.load` match
+    them to ops again by "Record function id": the same rows as the live profile."""
+    torch.manual_seed(0)
+    model, x = TwoMatmuls(), torch.randn(8, 16)
+    with ls.profile(model, lines=True) as prof:
+        model(x).sum().backward()
+    trace = prof.export_chrome_trace(tmp_path / "run.json")
+    loaded = ls.load(trace)
+    loaded.validate()
+
+    def figures(profile: ls.Profile) -> list[tuple[object, ...]]:
+        rows = profile.lines()
+        return sorted((r.location, r.forward.self_flops, r.backward.self_flops, r.calls) for r in rows)
+
+    assert figures(loaded) == figures(prof.profile)
+    assert loaded.meta["call_lines"] == prof.profile.meta["call_lines"]
+    assert rows_by_line(loaded)[line_of("second mm")].backward.self_flops == 2 * (2 * 8 * 16 * 16)
+
+    # A damaged header loses the lines, not the trace.
+    data = json.loads(trace.read_text())
+    data["layerscope"]["call_lines"]["stack_ids"] = [10**6] * len(data["layerscope"]["call_lines"]["handles"])
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text(json.dumps(data))
+    without = ls.load(damaged)
+    without.validate()
+    assert "call_lines" not in without.meta
+    assert without.totals.flops == loaded.totals.flops
 
 
 def test_lines_survive_save_and_load(trained: ls.Profile, tmp_path: Path) -> None:

@@ -355,6 +355,8 @@ def _profile_meta(
     if not modules_known:
         # what the tree is made of when the trace named no module (the CLI says so in one line)
         full_meta["module_source"] = "record_function regions" if named.regions else "none"
+    if table.call_lines is not None:
+        full_meta["call_lines"] = {"ops": table.call_lines.op_count, "stacks": len(table.call_lines.stacks)}
     compiled = nested.compiled
     if compiled.graph_calls:
         full_meta["compiled"] = {

@@ -103,15 +103,14 @@ class Recording:
             marks.add_to(table)
         table.call_lines = self.context.call_lines
         meta = self._meta()
-        if table.call_lines is not None:
-            meta["call_lines"] = {"ops": table.call_lines.op_count, "stacks": len(table.call_lines.stacks)}
-            if table.op_handles is None:  # the native reader failed: only it reads the ops' ids
-                warnings.warn(
-                    "call lines were recorded but cannot be matched: the Python reader read this "
-                    "profile (the native reader failed); lines are missing from it",
-                    LayerscopeWarning,
-                    stacklevel=3,
-                )
+        if table.call_lines is not None and table.op_handles is None:
+            # the native reader failed: only it reads the ops' ids
+            warnings.warn(
+                "call lines were recorded but cannot be matched: the Python reader read this "
+                "profile (the native reader failed); lines are missing from it",
+                LayerscopeWarning,
+                stacklevel=3,
+            )
         meta["reader"] = table.meta["reader"]
         meta["module_scopes"] = self.context.plan.kinds()
         if marks is not None and marks.unmatched:  # calls still running at the end
@@ -176,16 +175,17 @@ class Recording:
             marked = marks.trace_events(base, {t for t in threads if isinstance(t, int)})
             trace["traceEvents"] = [*trace["traceEvents"], *marked]
         trace = with_backward_tracks(trace)
+        # What `analyze` needs beyond torch's events, first in the file, where the block reader
+        # reads the header (before traceEvents): the modules compiled kernels belong to, and the
+        # call lines (matched to ops by their "Record function id").
+        own: dict[str, Any] = {}
         graphs = known_graphs()
         if graphs and self.context.catalog:
-            # What `analyze` needs to place compiled kernels in modules without ranges; first in the
-            # file, where the block reader reads the header (before traceEvents).
-            own = {
-                "compiled_graphs": graphs,
-                "modules": [[info.path, info.type_name] for info in self.context.catalog],
-            }
-            trace = {"layerscope": own, **trace}
-        return trace
+            own["compiled_graphs"] = graphs
+            own["modules"] = [[info.path, info.type_name] for info in self.context.catalog]
+        if self.context.call_lines is not None:
+            own["call_lines"] = self.context.call_lines.to_saved()
+        return {"layerscope": own, **trace} if own else trace
 
 
 def _warn_unmapped_compiled_calls(profile: Profile) -> None:

@@ -9,6 +9,7 @@ was executing in that frame (the call), not the function's first line.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,30 @@ class CallLines:
         order = np.argsort(handles, kind="stable")
         return cls(handles[order], stack_ids.reshape(-1)[order].astype(np.int64), stacks)
 
+    def to_saved(self) -> dict[str, Any]:
+        """JSON-ready form, saved in the header of exported Chrome traces (``"layerscope"``)."""
+        return {
+            "handles": self.handles.tolist(),
+            "stack_ids": self.stack_ids.tolist(),
+            "stacks": [list(stack) for stack in self.stacks],
+        }
+
+    @classmethod
+    def from_saved(cls, saved: Any) -> CallLines | None:
+        """What :meth:`to_saved` wrote, or None when ``saved`` is not that (a foreign or damaged
+        header loses the lines, not the trace)."""
+        try:
+            handles = np.asarray(saved["handles"], dtype=np.int64)
+            stack_ids = np.asarray(saved["stack_ids"], dtype=np.int64)
+            stacks = [tuple(str(frame) for frame in stack) for stack in saved["stacks"]]
+        except (KeyError, TypeError, ValueError, OverflowError):
+            return None
+        valid = handles.ndim == 1 and handles.shape == stack_ids.shape
+        if not valid or (stack_ids.size and (stack_ids.min() < 0 or stack_ids.max() >= len(stacks))):
+            return None
+        order = np.argsort(handles, kind="stable")
+        return cls(handles[order], stack_ids[order], stacks)
+
     @property
     def op_count(self) -> int:
         """How many ops were recorded with a line."""
@@ -61,3 +86,16 @@ class CallLines:
         found = (self.handles[at_clipped] == op_handles) & (op_handles != 0)
         out[found] = self.stack_ids[at_clipped[found]]
         return out
+
+
+def saved_call_lines(
+    header: dict[str, Any], handles: dict[int, int], span_count: int
+) -> tuple[CallLines | None, np.ndarray | None]:
+    """The call lines a trace's layerscope header saved, and each span's op handle (0: none) from
+    the "Record function id" the reader found per span; (None, None) when the trace has no lines."""
+    lines = CallLines.from_saved(header["call_lines"]) if "call_lines" in header else None
+    if lines is None:
+        return None, None
+    op_handles = np.zeros(span_count, dtype=np.int64)
+    op_handles[list(handles)] = list(handles.values())
+    return lines, op_handles

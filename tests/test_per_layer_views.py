@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,9 @@ import torch
 from torch import nn
 
 import layerscope as ls
+from layerscope.analysis.frames import achieved_flops_per_s
 from layerscope.analysis.peaks import choose_peak, known_peaks, mixed_peak
+from layerscope.render.columns import tree_view
 from layerscope.render.console import render_to_text, tree_table
 from layerscope.render.types import types_table
 
@@ -84,6 +87,41 @@ def test_flops_are_split_by_dtype(mixed: ls.Profile) -> None:
     bf16 = 2 * 16 * 32 * 32 * 3  # low: forward + grad input + grad weight
     assert by_dtype == {"fp32": fp32, "bf16": bf16}
     assert sum(by_dtype.values()) == mixed.totals.flops
+
+
+def test_each_module_has_its_own_dtype_mix(mixed: ls.Profile) -> None:
+    """A mixed run keeps each module's FLOPs per dtype (children included); its MFU cell is held to
+    the peak of its own mix: the fp32 layer to the fp32 peak, the bf16 one to bf16's, the root to
+    the run's mix; a given --peak-tflops holds every row to itself."""
+    mm = 2 * 16 * 32 * 64
+    per_module = mixed.meta["flops_by_dtype_per_module"]
+    assert per_module["a"] == {"fp32": 2 * mm}
+    assert per_module["b"] == {"fp32": 3 * mm}
+    assert per_module["low"] == {"bf16": 3 * 2 * 16 * 32 * 32}
+    assert per_module[""] == mixed.meta["flops_by_dtype"]
+    assert "act" not in per_module  # no FLOPs
+
+    on_h100 = replace(mixed, meta={**mixed.meta, "devices": [{"name": "NVIDIA H100 80GB HBM3"}]})
+    view = tree_view(on_h100, per_step=False, peak_tflops=None)
+    h100 = known_peaks("NVIDIA H100 80GB HBM3")
+    assert h100 is not None
+    assert view.module_peaks["a"] == pytest.approx(h100["fp32"] * 1e12)
+    assert view.module_peaks["low"] == pytest.approx(h100["bf16"] * 1e12)
+    run_peak = mixed_peak(h100, mixed.meta["flops_by_dtype"], tf32=False)[0] * 1e12
+    assert view.module_peaks[""] == pytest.approx(run_peak) == pytest.approx(view.peak_rate)
+    low = on_h100.find("low")
+    rate = achieved_flops_per_s(low.total)
+    assert rate is not None
+    assert view.mfu_cell(low.total, "low") == f"{100 * rate / (h100['bf16'] * 1e12):.1f}%"
+    assert "each module against its own mix" in view.peak_note
+    given = tree_view(on_h100, per_step=False, peak_tflops=100.0)
+    assert given.module_peaks == {} and given.mfu_cell(low.total, "low") == f"{100 * rate / 100e12:.1f}%"
+
+    broken = replace(
+        mixed, meta={**mixed.meta, "flops_by_dtype_per_module": {**per_module, "a": {"fp32": 1}}}
+    )
+    with pytest.raises(ls.ValidationError, match="module a: FLOPs by dtype"):
+        broken.validate()
 
 
 def test_fp32_convolutions_are_their_own_class() -> None:

@@ -96,19 +96,50 @@ def choose_peak(meta: dict[str, Any], peak_tflops: float | None = None) -> PeakC
     (then no MFU is shown)."""
     if peak_tflops is not None:
         return PeakChoice(peak_tflops * 1e12, f"--peak-tflops {peak_tflops:g}") if peak_tflops > 0 else None
+    device = _first_known_device(meta)
+    if device is None:
+        return None
+    name, peaks = device
+    by_dtype = meta.get("flops_by_dtype")
+    if isinstance(by_dtype, dict) and sum(by_dtype.values()) > 0:
+        tflops, how = mixed_peak(peaks, by_dtype, *_tf32_flags(meta))
+        per_module = " (each module against its own mix)" if meta.get("flops_by_dtype_per_module") else ""
+        return PeakChoice(tflops * 1e12, f"{name} peak TFLOP/s: {how}{per_module}")
+    fallback = peaks.get(DEFAULT_CLASS) or max(peaks.values())
+    how = f"{DEFAULT_CLASS} {fallback:g} TFLOP/s (dtypes unknown)"
+    return PeakChoice(fallback * 1e12, f"{name} peak: {how}")
+
+
+def module_peak_rates(meta: dict[str, Any], peak_tflops: float | None = None) -> dict[str, float]:
+    """FLOP/s peaks per module path, each weighted by the module's own FLOPs per dtype, in a mixed
+    run on a known device (``meta["flops_by_dtype_per_module"]``); {} otherwise (then every module
+    is held to :func:`choose_peak`'s, as a given ``--peak-tflops`` always holds them)."""
+    per_module = meta.get("flops_by_dtype_per_module")
+    device = _first_known_device(meta)
+    if peak_tflops is not None or device is None or not isinstance(per_module, dict):
+        return {}
+    peaks, flags = device[1], _tf32_flags(meta)
+    return {
+        path: mixed_peak(peaks, mix, *flags)[0] * 1e12
+        for path, mix in per_module.items()
+        if isinstance(mix, dict) and sum(mix.values()) > 0
+    }
+
+
+def _first_known_device(meta: dict[str, Any]) -> tuple[str, dict[str, float]] | None:
+    """The first device the profile names that the table has peaks for, and its peaks."""
     for name in device_names(meta):
         peaks = known_peaks(name)
-        if peaks is None:
-            continue
-        by_dtype = meta.get("flops_by_dtype")
-        if isinstance(by_dtype, dict) and sum(by_dtype.values()) > 0:
-            tf32 = meta.get("float32_matmul_precision", "highest") != "highest"
-            tflops, how = mixed_peak(peaks, by_dtype, tf32, bool(meta.get("cudnn_allow_tf32", True)))
-            return PeakChoice(tflops * 1e12, f"{name} peak TFLOP/s: {how}")
-        fallback = peaks.get(DEFAULT_CLASS) or max(peaks.values())
-        how = f"{DEFAULT_CLASS} {fallback:g} TFLOP/s (dtypes unknown)"
-        return PeakChoice(fallback * 1e12, f"{name} peak: {how}")
+        if peaks is not None:
+            return name, peaks
     return None
+
+
+def _tf32_flags(meta: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether fp32 matmuls and fp32 convolutions ran in TF32, as the run recorded."""
+    return meta.get("float32_matmul_precision", "highest") != "highest", bool(
+        meta.get("cudnn_allow_tf32", True)
+    )
 
 
 def peak_flops_per_s(meta: dict[str, Any], peak_tflops: float | None = None) -> float | None:

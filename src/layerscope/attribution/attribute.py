@@ -31,7 +31,7 @@ from layerscope.attribution.compiled import (
     graphs_from_meta,
 )
 from layerscope.attribution.devices import DeviceWork, link_device_work
-from layerscope.attribution.flop_dtypes import flops_by_dtype
+from layerscope.attribution.flop_dtypes import flops_by_dtype, flops_by_dtype_per_module
 from layerscope.attribution.memory import (
     bucket_memory,
     memory_owners,
@@ -127,9 +127,7 @@ def build_profile(
         drop_idle_last=not named.regions,
     )
     full_meta = _profile_meta(table, named, buckets, nested, owners, meta, modules_known)
-    by_dtype = flops_by_dtype(table, nested.flops)
-    if by_dtype:
-        full_meta["flops_by_dtype"] = by_dtype
+    full_meta.update(_flops_by_dtype_meta(table, nested, buckets, named.catalog, root))
     memory = _memory_report(table, owners, nested, buckets, named.catalog, snapshots)
     if memory is not None:
         full_meta["memory"] = memory
@@ -307,6 +305,23 @@ def _module_tree(
     for i in swept.module_windows:
         first_call.setdefault(named.role_module[table.span_name[i]], len(first_call))
     return assemble_tree(named.catalog, own, swept.module_calls, first_call)
+
+
+def _flops_by_dtype_meta(
+    table: EventTable, nested: _Nested, buckets: Buckets, catalog: list[ModuleInfo], root: ModuleNode
+) -> dict[str, Any]:
+    """The run's FLOPs per dtype class and, in a mixed run, each module's (its MFU is held to its own
+    mix; with one class every module's is the run's)."""
+    by_dtype = flops_by_dtype(table, nested.flops)
+    if not by_dtype:
+        return {}
+    if len(by_dtype) == 1:
+        return {"flops_by_dtype": by_dtype}
+    paths = [
+        catalog[buckets.module_of(b)].path if buckets.is_module(b) else None for b in range(buckets.count)
+    ]
+    per_module = flops_by_dtype_per_module(table, nested.flops, np.asarray(nested.swept.bucket), paths, root)
+    return {"flops_by_dtype": by_dtype, "flops_by_dtype_per_module": per_module}
 
 
 def _unattributed(buckets: Buckets, per_bucket: list[Metrics]) -> tuple[UnattributedEntry, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from layerscope.events.table import EventTable
+from layerscope.model.profile import ModuleNode
 
 #: torch's dtype spellings (``Input type`` in traces) -> the class peaks are quoted for.
 DTYPE_CLASSES = {
@@ -42,21 +43,63 @@ def dtype_class(dtype: str) -> str:
 def flops_by_dtype(table: EventTable, counted: np.ndarray) -> dict[str, int]:
     """The FLOPs that count (``counted``, per span) summed per dtype class, largest first; empty
     when the source recorded no dtypes (older captures, traces without shapes)."""
+    found = _class_sums(table, counted, np.zeros(table.span_count, dtype=np.int64))
+    return _largest_first(found.get(0, {}))
+
+
+def flops_by_dtype_per_module(
+    table: EventTable,
+    counted: np.ndarray,
+    bucket: np.ndarray,
+    path_of_bucket: list[str | None],
+    root: ModuleNode,
+) -> dict[str, dict[str, int]]:
+    """Each module's FLOPs (forward and backward, children included, as ``node.total.flops``) per
+    dtype class, by path, for modules with FLOPs: a module's MFU is held to the peaks of the dtypes
+    its own work ran in. ``bucket`` is the span's bucket, ``path_of_bucket`` a bucket's module path
+    (None for label buckets)."""
+    own: dict[str, dict[str, int]] = {}
+    for b, sums in _class_sums(table, counted, bucket).items():
+        path = path_of_bucket[b] if 0 <= b < len(path_of_bucket) else None
+        if path is not None:
+            _add_into(own.setdefault(path, {}), sums)
+    inclusive: dict[str, dict[str, int]] = {}
+    for node in reversed(list(root.walk())):  # children before their parents
+        mine = dict(own.get(node.path, {}))
+        for child in node.children:
+            _add_into(mine, inclusive.get(child.path, {}))
+        if mine:
+            inclusive[node.path] = mine
+    return {path: _largest_first(sums) for path, sums in inclusive.items()}
+
+
+def _class_sums(table: EventTable, counted: np.ndarray, group: np.ndarray) -> dict[int, dict[str, int]]:
+    """Counted FLOPs summed per (group, dtype class); {} without dtypes."""
     dtypes = table.span_dtype
     if dtypes is None or not counted.any():
         return {}
     with_flops = np.flatnonzero(counted)
     ids = np.full(table.span_count, -1, dtype=np.int64)
     ids[: min(dtypes.size, table.span_count)] = dtypes[: table.span_count]
-    # one key per distinct (dtype, op name) pair: a handful, whatever the span count
-    pairs = np.stack((ids[with_flops], table.array("span_name")[with_flops]), axis=1)
-    distinct, group = np.unique(pairs, axis=0, return_inverse=True)
-    sums_per_pair = np.zeros(len(distinct), dtype=np.int64)
-    np.add.at(sums_per_pair, group.reshape(-1), counted[with_flops].astype(np.int64))
-    sums: dict[str, int] = {}
-    for (dtype_id, name_id), flops in zip(distinct.tolist(), sums_per_pair.tolist(), strict=True):
+    # one key per distinct (group, dtype, op name): a handful per group, whatever the span count
+    keys = np.stack((group[with_flops], ids[with_flops], table.array("span_name")[with_flops]), axis=1)
+    distinct, index = np.unique(keys, axis=0, return_inverse=True)
+    sums_per_key = np.zeros(len(distinct), dtype=np.int64)
+    np.add.at(sums_per_key, index.reshape(-1), counted[with_flops].astype(np.int64))
+    found: dict[int, dict[str, int]] = {}
+    for (g, dtype_id, name_id), flops in zip(distinct.tolist(), sums_per_key.tolist(), strict=True):
         key = dtype_class(table.names[dtype_id]) if dtype_id >= 0 else "unknown"
         if key == "fp32" and "conv" in table.names[name_id]:
             key = "fp32-conv"
+        sums = found.setdefault(int(g), {})
         sums[key] = sums.get(key, 0) + int(flops)
+    return found
+
+
+def _add_into(into: dict[str, int], sums: dict[str, int]) -> None:
+    for key, flops in sums.items():
+        into[key] = into.get(key, 0) + flops
+
+
+def _largest_first(sums: dict[str, int]) -> dict[str, int]:
     return dict(sorted(sums.items(), key=lambda item: -item[1]))

@@ -35,7 +35,7 @@ def validate_profile(profile: Profile) -> None:
        addresses, the allocations and baseline storages live at the peak add up to it; no step's
        peak above the run's;
     8. FLOPs by dtype (``meta["flops_by_dtype"]``): no negative class, and the classes add up to the
-       run's FLOPs.
+       run's FLOPs; in a mixed run each module's classes add up to its FLOPs.
     """
     errors: list[str] = []
     seen: set[str] = set()
@@ -180,3 +180,12 @@ def _check_flops_by_dtype(profile: Profile, errors: list[str]) -> None:
         errors.append(
             f"flops_by_dtype adds up to {sum(by_dtype.values())}, the run's FLOPs are {profile.totals.flops}"
         )
+    per_module = profile.meta.get("flops_by_dtype_per_module")
+    if not isinstance(per_module, dict):
+        return
+    for node in profile.root.walk():
+        mix = per_module.get(node.path, {})
+        if any(flops < 0 for flops in mix.values()) or sum(mix.values()) != node.total.flops:
+            errors.append(
+                f"module {node.path or '(root)'}: FLOPs by dtype {mix!r} do not add up to its {node.total.flops}"
+            )

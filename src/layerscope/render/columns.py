@@ -14,7 +14,7 @@ from typing import Any
 from rich.text import Text
 
 from layerscope.analysis.frames import achieved_flops_per_s
-from layerscope.analysis.peaks import choose_peak
+from layerscope.analysis.peaks import choose_peak, module_peak_rates
 from layerscope.analysis.steps import Spread, StepRow, module_spread
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import OpStats, Profile
@@ -38,6 +38,8 @@ class TreeView:
     shapes: bool = False
     #: Which peak the MFU column compares against (empty without one).
     peak_note: str = ""
+    #: FLOP/s peaks by module path in a mixed-dtype run (``analysis/peaks.module_peak_rates``).
+    module_peaks: dict[str, float] = field(default_factory=dict)
     spread: dict[str, Spread] = field(default_factory=dict)
     #: Bytes saved for backward by each module and its children (memory watch), by path.
     saved: dict[str, int] = field(default_factory=dict)
@@ -58,10 +60,11 @@ class TreeView:
         """A call count, per step when the table is."""
         return f"{calls / self.steps:g}" if self.per_step else str(calls)
 
-    def mfu_cell(self, both: Metrics) -> str:
-        """Achieved FLOP/s over the peak."""
+    def mfu_cell(self, both: Metrics, path: str | None = None) -> str:
+        """Achieved FLOP/s over the peak: the module's own (its dtype mix) where known, else the run's."""
         rate = achieved_flops_per_s(both)
-        return f"{100 * rate / self.peak_rate:.1f}%" if rate is not None and self.peak_rate else ""
+        peak = self.module_peaks.get(path, self.peak_rate) if path is not None else self.peak_rate
+        return f"{100 * rate / peak:.1f}%" if rate is not None and peak else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +119,9 @@ def tree_columns(v: TreeView) -> tuple[Column[TreeRow], ...]:
         ),
         Column("flops", "FLOPs", lambda r: fmt_si(r.both.flops), drop=11, shown=v.flops),
         Column("flop_rate", "FLOP/s", lambda r: _flop_rate(r.both), drop=2, shown=v.flops),
-        Column("mfu", "MFU", lambda r: v.mfu_cell(r.both), drop=3, shown=v.flops and bool(v.peak_rate)),
+        Column(
+            "mfu", "MFU", lambda r: v.mfu_cell(r.both, r.path), drop=3, shown=v.flops and bool(v.peak_rate)
+        ),
         Column("params", "Params", lambda r: r.params, drop=4),
         Column("share", "Share", lambda r: r.share, style="bold"),
         Column("step_spread", "± step", lambda r: v.spread_cell(r.path), shown=bool(v.spread)),
@@ -157,6 +162,7 @@ def tree_view(view: Profile, per_step: bool, peak_tflops: float | None) -> TreeV
         flops=flops,
         peak_rate=peak.flops_per_s if peak is not None else None,
         peak_note=f"MFU against {peak.description}" if peak is not None else "",
+        module_peaks=module_peak_rates(view.meta, peak_tflops) if peak is not None else {},
         share_field=share_field,
         whole=float(getattr(view.totals, share_field)),
         steps=steps,

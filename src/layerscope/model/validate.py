@@ -186,6 +186,5 @@ def _check_flops_by_dtype(profile: Profile, errors: list[str]) -> None:
     for node in profile.root.walk():
         mix = per_module.get(node.path, {})
         if any(flops < 0 for flops in mix.values()) or sum(mix.values()) != node.total.flops:
-            errors.append(
-                f"module {node.path or '(root)'}: FLOPs by dtype {mix!r} do not add up to its {node.total.flops}"
-            )
+            where = node.path or "(root)"
+            errors.append(f"module {where}: FLOPs by dtype {mix!r} do not add up to its {node.total.flops}")

@@ -124,15 +124,65 @@ def test_exported_traces_carry_call_lines(tmp_path: Path) -> None:
     assert loaded.meta["call_lines"] == prof.profile.meta["call_lines"]
     assert rows_by_line(loaded)[line_of("second mm")].backward.self_flops == 2 * (2 * 8 * 16 * 16)
 
-    # A damaged header loses the lines, not the trace.
+    assert "call_lines" not in loaded.meta["trace"].get("layerscope", {})  # not copied into the meta
+
+    # A damaged header, or one whose ops are not in the trace, loses the lines, not the trace; a
+    # malformed id loses that op's line, not the event.
+    original = json.loads(trace.read_text())
+    saved = original["layerscope"]["call_lines"]
+    ids = [
+        e["args"].get("Record function id", 0) for e in original["traceEvents"] if e.get("cat") == "cpu_op"
+    ]
+    for name, change in {
+        "stack_ids": lambda data: data["layerscope"]["call_lines"].update(
+            stack_ids=[10**6] * len(saved["handles"])
+        ),
+        "stacks": lambda data: data["layerscope"]["call_lines"].update(
+            stacks=["a string"] * len(saved["stacks"])
+        ),
+        "foreign": lambda data: data["layerscope"]["call_lines"].update(
+            handles=[max(ids) + 1 + k for k in saved["handles"]]
+        ),
+    }.items():
+        data = json.loads(trace.read_text())
+        change(data)
+        damaged = tmp_path / f"{name}.json"
+        damaged.write_text(json.dumps(data))
+        without = ls.load(damaged, strict=True)
+        without.validate()
+        assert "call_lines" not in without.meta, name
+        assert without.totals.flops == loaded.totals.flops
     data = json.loads(trace.read_text())
-    data["layerscope"]["call_lines"]["stack_ids"] = [10**6] * len(data["layerscope"]["call_lines"]["handles"])
-    damaged = tmp_path / "damaged.json"
-    damaged.write_text(json.dumps(data))
-    without = ls.load(damaged)
-    without.validate()
-    assert "call_lines" not in without.meta
-    assert without.totals.flops == loaded.totals.flops
+    for event in data["traceEvents"]:
+        if event.get("cat") == "cpu_op" and event["args"].get("Record function id") == saved["handles"][0]:
+            event["args"]["Record function id"] = "not a number"
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps(data))
+    partly = ls.load(odd, strict=True)
+    partly.validate()
+    assert partly.meta["call_lines"] and not partly.meta["trace"]["malformed_events"]
+    assert partly.totals.flops == loaded.totals.flops
+
+
+def test_each_cycle_trace_carries_its_own_lines(tmp_path: Path) -> None:
+    model, x = TwoMatmuls(), torch.randn(8, 16)
+    exported: list[tuple[Path, list[tuple[object, ...]]]] = []
+
+    def keep(cycle: ls.Cycle) -> None:
+        path = cycle.export_chrome_trace(tmp_path / f"cycle{cycle.index}.json")
+        exported.append((path, sorted((r.location, r.calls, r.flops) for r in cycle.profile.lines())))
+
+    cycles = ls.schedule(wait=1, warmup=1, active=1, repeat=2)
+    with ls.profile(model, lines=True, schedule=cycles, on_trace_ready=keep) as prof:
+        for _ in range(6):
+            model(x).sum().backward()
+            prof.step()
+    assert len(exported) == 2
+    for path, live in exported:
+        loaded = ls.load(path)
+        loaded.validate()
+        assert sorted((r.location, r.calls, r.flops) for r in loaded.lines()) == live
+        assert len(json.loads(path.read_text())["layerscope"]["call_lines"]["handles"]) < 100  # one step's
 
 
 def test_lines_survive_save_and_load(trained: ls.Profile, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import layerscope as ls
+from layerscope.analysis import peaks
 from layerscope.analysis.frames import achieved_flops_per_s
 from layerscope.analysis.peaks import choose_peak, known_peaks, mixed_peak
 from layerscope.render.columns import tree_view
@@ -89,7 +90,7 @@ def test_flops_are_split_by_dtype(mixed: ls.Profile) -> None:
     assert sum(by_dtype.values()) == mixed.totals.flops
 
 
-def test_each_module_has_its_own_dtype_mix(mixed: ls.Profile) -> None:
+def test_each_module_has_its_own_dtype_mix(mixed: ls.Profile, monkeypatch: pytest.MonkeyPatch) -> None:
     """A mixed run keeps each module's FLOPs per dtype (children included); its MFU cell is held to
     the peak of its own mix: the fp32 layer to the fp32 peak, the bf16 one to bf16's, the root to
     the run's mix; a given --peak-tflops holds every row to itself."""
@@ -114,6 +115,17 @@ def test_each_module_has_its_own_dtype_mix(mixed: ls.Profile) -> None:
     assert rate is not None
     assert view.mfu_cell(low.total, "low") == f"{100 * rate / (h100['bf16'] * 1e12):.1f}%"
     assert "each module against its own mix" in view.peak_note
+    # The console rows use the module's peak: on a made-up device slow enough for CPU rates to show,
+    # the bf16 layer at 1 MFLOP/s peak, the fp32 ones at 10.
+    monkeypatch.setattr(peaks, "PEAK_TFLOPS", [("Slowpoke", {"fp32": 1e-5, "bf16": 1e-6})])
+    slow = replace(mixed, meta={**mixed.meta, "devices": [{"name": "Slowpoke 1"}]})
+    text = render_to_text(tree_table(slow, ascii_only=True), width=250)
+    for path, peak in (("low", 1e6), ("a", 1e7)):
+        node_rate = achieved_flops_per_s(slow.find(path).total)
+        assert node_rate is not None
+        row = next(line for line in text.splitlines() if line.lstrip("|`- ").startswith(f"{path} "))
+        assert f" {100 * node_rate / peak:.1f}% " in row, (path, row)
+    assert "each module against its own mix" in text
     given = tree_view(on_h100, per_step=False, peak_tflops=100.0)
     assert given.module_peaks == {} and given.mfu_cell(low.total, "low") == f"{100 * rate / 100e12:.1f}%"
 

@@ -8,6 +8,7 @@ was executing in that frame (the call), not the function's first line.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,8 @@ class CallLines:
             handles = np.asarray(saved["handles"], dtype=np.int64)
             stack_ids = np.asarray(saved["stack_ids"], dtype=np.int64)
             stacks = [tuple(str(frame) for frame in stack) for stack in saved["stacks"]]
+            if not all(isinstance(stack, list) for stack in saved["stacks"]):
+                return None
         except (KeyError, TypeError, ValueError, OverflowError):
             return None
         valid = handles.ndim == 1 and handles.shape == stack_ids.shape
@@ -88,14 +91,34 @@ class CallLines:
         return out
 
 
+class HandleColumn:
+    """Op spans' RecordFunction ids as a trace is read (torch writes "Record function id" on every
+    op): two packed int64 arrays, not a dict, since a big trace has millions of ops."""
+
+    def __init__(self) -> None:
+        self.spans = array("q")
+        self.handles = array("q")
+
+    def add(self, span: int, value: Any) -> None:
+        """Keep ``span``'s id; a missing, zero or malformed one is no id (the event stays good)."""
+        if isinstance(value, int) and value > 0 and not isinstance(value, bool) and value < 2**63:
+            self.spans.append(span)
+            self.handles.append(value)
+
+
 def saved_call_lines(
-    header: dict[str, Any], handles: dict[int, int], span_count: int
+    header: dict[str, Any], column: HandleColumn, span_count: int
 ) -> tuple[CallLines | None, np.ndarray | None]:
     """The call lines a trace's layerscope header saved, and each span's op handle (0: none) from
-    the "Record function id" the reader found per span; (None, None) when the trace has no lines."""
+    the ids read per span; (None, None) when the trace has no lines, or when none of the saved
+    handles is an op of this trace (a header pasted from another run, ids stripped): no lines is
+    better than every op under the no-line row or a wrong line."""
     lines = CallLines.from_saved(header["call_lines"]) if "call_lines" in header else None
     if lines is None:
         return None, None
     op_handles = np.zeros(span_count, dtype=np.int64)
-    op_handles[list(handles)] = list(handles.values())
+    spans = np.frombuffer(column.spans, dtype=np.int64)
+    op_handles[spans] = np.frombuffer(column.handles, dtype=np.int64)
+    if lines.handles.size and not np.isin(lines.handles, op_handles).any():
+        return None, None
     return lines, op_handles

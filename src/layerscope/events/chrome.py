@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from layerscope.errors import TraceFormatError
-from layerscope.events.call_lines import saved_call_lines
+from layerscope.events.call_lines import HandleColumn, saved_call_lines
 from layerscope.events.module_ranges import MODULE_RANGE_PREFIX, module_range_name
 from layerscope.events.shapes import first_input_dtype, shapes_key
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
@@ -144,7 +144,7 @@ class TraceTableBuilder:
         self.malformed: dict[str, int] = {}
         self.flops = flops
         self.flop_dtypes: dict[int, int] = {}  # span -> name id of its dtype, for spans with FLOPs
-        self.handles: dict[int, int] = {}  # op span -> its "Record function id", where not 0
+        self.handles = HandleColumn()  # op spans' "Record function id", for call lines
         self.source = source
         self.thread_ids: dict[tuple[Any, Any], int] = {}
         self.span_at: dict[tuple[int, int], int] = {}
@@ -253,8 +253,8 @@ class TraceTableBuilder:
                     # the dtype FLOPs ran in, for MFU against that dtype's peak
                     if op_flops and (dtype := first_input_dtype(args.get("Input type"))):
                         self.flop_dtypes[i] = table.intern(dtype)
-                    if kind == EventKind.CPU_OP and (handle := _int(args.get("Record function id", 0) or 0)):
-                        self.handles[i] = handle  # what call lines are keyed by
+                    if kind == EventKind.CPU_OP:
+                        self.handles.add(i, args.get("Record function id"))
                     if kind in (EventKind.CPU_OP, EventKind.USER_ANNOTATION):
                         self.span_at.setdefault((tid, ts), i)
                 elif ph == "i" and ev.get("name") in ("[memory]", "[OutOfMemory]"):
@@ -332,7 +332,7 @@ class TraceTableBuilder:
             table.meta["copy_bytes"] = dict(self.copy_bytes)
         own = header.get("layerscope")
         if isinstance(own, dict):  # what layerscope saved beside torch's trace (compiled graphs, modules)
-            table.meta["layerscope"] = own
+            table.meta["layerscope"] = {k: v for k, v in own.items() if k != "call_lines"}  # lines: below
             table.call_lines, table.op_handles = saved_call_lines(own, self.handles, table.span_count)
         return table
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +35,7 @@ from torch import nn
 import layerscope as ls
 from layerscope.capture import native
 from layerscope.capture.call_lines import CallLineRecorder, supported
-from overhead import tiny_transformer_mlps
+from overhead import interleaved_rounds, tiny_transformer_mlps
 
 Factory = Callable[[], AbstractContextManager[Any]]
 
@@ -51,17 +50,12 @@ def session_step_medians(
         step()
         return time.perf_counter() - start
 
-    samples: dict[str, list[float]] = {k: [] for k in configs}
-    order = list(configs)
-    shuffle = random.Random(0)
-    for _ in range(rounds):
-        shuffle.shuffle(order)
-        for key in order:
-            gc.collect()
-            with configs[key]():
-                timed(), timed()
-                samples[key].append(statistics.median(timed() for _ in range(steps)))
-    return samples
+    def session_median(make: Factory) -> float:
+        with make():
+            timed(), timed()
+            return statistics.median(timed() for _ in range(steps))
+
+    return interleaved_rounds(configs, rounds, session_median)
 
 
 def lines_cost(rounds: int, steps: int) -> dict[str, Any]:

@@ -86,6 +86,16 @@ def interleaved_samples(
     run's profiler results freed (``gc.collect()``) before each clock starts."""
     for make in configs.values():
         timed_steps(model, x, 1, make)
+    return interleaved_rounds(configs, rounds, lambda make: timed_steps(model, x, steps, make))
+
+
+def interleaved_rounds(
+    configs: dict[str, Callable[[], AbstractContextManager[Any]]],
+    rounds: int,
+    measure: Callable[[Callable[[], AbstractContextManager[Any]]], float],
+) -> dict[str, list[float]]:
+    """``measure(config)`` of every configuration, ``rounds`` times, in a shuffled order each round
+    (seeded), ``gc.collect()`` before each."""
     samples: dict[str, list[float]] = {k: [] for k in configs}
     order = list(configs)
     shuffle = random.Random(0)
@@ -93,7 +103,7 @@ def interleaved_samples(
         shuffle.shuffle(order)
         for key in order:
             gc.collect()
-            samples[key].append(timed_steps(model, x, steps, configs[key]))
+            samples[key].append(measure(configs[key]))
     return samples
 
 

@@ -67,9 +67,10 @@ def saved(folder: Path) -> list[Path]:
 def test_run_script_with_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = write_script(tmp_path)
     out = tmp_path / "runs"
-    code = main(["run", "--steps", "3", "-o", str(out), "--ascii", str(script), "6"])
+    code = main(["run", "--steps", "3", "-o", str(out), "--ascii", "--peak-tflops", "2", str(script), "6"])
     assert code == 0
     captured = capsys.readouterr()
+    assert "MFU against --peak-tflops 2" in captured.err  # run's tree honours the view options
     assert "trained 6 steps" in captured.out  # the script's own output is untouched
     files = saved(out)
     assert len(files) == 1 and files[0].name.startswith("rank0_steps1-3_")

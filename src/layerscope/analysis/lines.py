@@ -20,7 +20,7 @@ from typing import Any
 from layerscope.analysis.ops import in_subtree
 from layerscope.attribution.stacks import user_frames
 from layerscope.errors import UsageError
-from layerscope.model.metrics import Metrics
+from layerscope.model.metrics import Metrics, PhaseTotals
 from layerscope.model.profile import OpStats, Phase, Profile
 
 #: ``path/to/file.py(LINE): function``, as torch's tracer and layerscope's call lines write frames.
@@ -31,7 +31,7 @@ LINE_SORT_KEYS = ("time", "cpu", "device", "flops", "alloc", "location")
 
 
 @dataclass(frozen=True)
-class LineStats:
+class LineStats(PhaseTotals):
     """One source line: the ops it called (``forward``: forward work, or work outside every module
     such as the loss and the optimizer) and the backward of the ops it created (``backward``).
 
@@ -51,21 +51,6 @@ class LineStats:
     def location(self) -> str:
         """``file:line`` (or the no-line label)."""
         return f"{self.file}:{self.line}" if self.line is not None else NO_LINE
-
-    @property
-    def cpu_us(self) -> float:
-        """Exclusive CPU time of the line's ops, forward and backward."""
-        return self.forward.self_cpu_us + self.backward.self_cpu_us
-
-    @property
-    def device_us(self) -> float:
-        """Device time of the work the line's ops launched, forward and backward."""
-        return self.forward.self_device_us + self.backward.self_device_us
-
-    @property
-    def flops(self) -> int:
-        """FLOPs of the line's ops, forward and backward."""
-        return self.forward.self_flops + self.backward.self_flops
 
     @property
     def alloc_bytes(self) -> int:

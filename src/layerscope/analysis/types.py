@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerscope.errors import UsageError
-from layerscope.model.metrics import Metrics, sum_metrics
+from layerscope.model.metrics import Metrics, PhaseTotals, sum_metrics
 from layerscope.model.profile import ModuleNode, Profile
 
 TYPE_SORT_KEYS = ("time", "cpu", "device", "flops", "params", "calls", "type")
 
 
 @dataclass(frozen=True)
-class TypeStats:
+class TypeStats(PhaseTotals):
     """One module type: its instances (``modules``), their calls, forward and backward figures
     (self figures without a depth; inclusive at one depth: see the module's docstring), and their own
     parameters (all parameters of the subtree at one depth)."""
@@ -31,21 +31,6 @@ class TypeStats:
     forward: Metrics
     backward: Metrics
     params: int
-
-    @property
-    def cpu_us(self) -> float:
-        """CPU time, forward and backward."""
-        return self.forward.cpu_us + self.backward.cpu_us
-
-    @property
-    def device_us(self) -> float:
-        """Device time, forward and backward."""
-        return self.forward.device_us + self.backward.device_us
-
-    @property
-    def flops(self) -> int:
-        """FLOPs, forward and backward."""
-        return self.forward.flops + self.backward.flops
 
 
 class TypeTable(list[TypeStats]):

@@ -23,7 +23,7 @@ from layerscope.cli.views import (
     add_recording_options,
     add_view_options,
     check_view_options,
-    other_main_table,
+    main_tables,
 )
 from layerscope.errors import UsageError
 
@@ -328,27 +328,13 @@ def _report(session: Any, written: list[Path], args: argparse.Namespace, outcome
         )
         return
     if not args.quiet:
-        from layerscope.analysis.steps import step_rows
-        from layerscope.render.console import make_console, steps_table, tree_table
+        from layerscope.render.console import make_console
 
         console = make_console(stream)
         profile = session.cycles[-1].profile
-        other = other_main_table(profile, args) if _has_main_table(profile, args.by) else None
-        if other is not None:
-            console.print(other)
-        else:
-            console.print(
-                tree_table(
-                    profile,
-                    depth=args.depth,
-                    min_share=args.min_share,
-                    sort_by=args.sort,
-                    ascii_only=True if args.ascii else None,
-                    per_step=args.per_step,
-                )
-            )
-        if len(profile.steps) > 1:
-            console.print(steps_table(step_rows(profile.steps), ascii_only=True if args.ascii else None))
+        by = args.by if _has_main_table(profile, args.by) else "module"
+        for table in main_tables(profile, args, by=by):
+            console.print(table)
     for path in written:
         print(f"layerscope: saved {path}", file=stream)
 

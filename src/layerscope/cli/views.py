@@ -139,38 +139,37 @@ def check_view_options(args: argparse.Namespace) -> None:
     assert set(_GROUP_ALIASES["shapes"]) <= set(GROUP_KEYS)
 
 
-def other_main_table(profile: Profile, args: argparse.Namespace) -> RenderableType | None:
-    """The table ``--by line`` or ``--by type`` asks for instead of the module tree (None for
-    ``--by module``)."""
+def main_tables(profile: Profile, args: argparse.Namespace, by: str | None = None) -> list[RenderableType]:
+    """What a view prints first: the table ``--by line``/``--by type`` asks for, else the module
+    tree and, with several steps, the steps table. ``by`` overrides ``args.by``."""
     ascii_only = True if args.ascii else None
-    if args.by == "line":
-        return lines_table(profile.lines(limit=args.top or None), ascii_only=ascii_only)
-    if args.by == "type":
-        return types_table(profile.by_type(depth=args.depth), ascii_only=ascii_only)
-    return None
+    by = by or args.by
+    if by == "line":
+        return [lines_table(profile.lines(limit=args.top or None), ascii_only=ascii_only)]
+    if by == "type":
+        return [types_table(profile.by_type(depth=args.depth), ascii_only=ascii_only)]
+    tree = tree_table(
+        profile,
+        depth=args.depth,
+        min_share=args.min_share,
+        sort_by=args.sort,
+        ascii_only=ascii_only,
+        per_step=args.per_step,
+        peak_tflops=args.peak_tflops,
+    )
+    if len(profile.steps) > 1:
+        return [tree, steps_table(step_rows(profile.steps), ascii_only=ascii_only)]
+    return [tree]
 
 
 def print_profile(profile: Profile, args: argparse.Namespace) -> None:
-    """The tree table, then the op table, on stdout (``--by line``: the source lines instead)."""
+    """The tree table, then the op table, on stdout (``--by line``/``type``: that table instead)."""
     console = make_console(sys.stdout)
     ascii_only = True if args.ascii else None
-    other = other_main_table(profile, args)
-    if other is not None:
-        console.print(other)
+    for table in main_tables(profile, args):
+        console.print(table)
+    if args.by in ("line", "type"):
         return
-    console.print(
-        tree_table(
-            profile,
-            depth=args.depth,
-            min_share=args.min_share,
-            sort_by=args.sort,
-            ascii_only=ascii_only,
-            per_step=args.per_step,
-            peak_tflops=args.peak_tflops,
-        )
-    )
-    if len(profile.steps) > 1:
-        console.print(steps_table(step_rows(profile.steps), ascii_only=ascii_only))
     if args.top:
         if args.group_by == "stack" and not profile.has_stacks:
             print(

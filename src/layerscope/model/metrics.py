@@ -96,6 +96,29 @@ FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Metrics))
 ZERO = Metrics()
 
 
+class PhaseTotals:
+    """Both phases of a row that holds ``forward`` and ``backward`` Metrics (source lines, module
+    types), as the inclusive figures of the two added up."""
+
+    forward: Metrics
+    backward: Metrics
+
+    @property
+    def cpu_us(self) -> float:
+        """CPU time, forward and backward."""
+        return self.forward.cpu_us + self.backward.cpu_us
+
+    @property
+    def device_us(self) -> float:
+        """Device time, forward and backward."""
+        return self.forward.device_us + self.backward.device_us
+
+    @property
+    def flops(self) -> int:
+        """FLOPs, forward and backward."""
+        return self.forward.flops + self.backward.flops
+
+
 def sum_metrics(items: list[Metrics]) -> Metrics:
     """Merge many metrics (sums of additive fields, maximum of peaks)."""
     total = ZERO

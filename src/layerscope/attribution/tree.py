@@ -42,33 +42,54 @@ def assemble_tree(
     if root < 0:
         raise ValueError("the module catalog has no root")
     never = len(catalog) + len(first_call)  # after every real call position
-
-    def build(i: int) -> tuple[ModuleNode | None, int]:
-        """The node of module ``i`` (None when left out) and the earliest first call in its subtree."""
-        built = [(*build(c), c) for c in children_of.get(i, [])]
-        # Ties (modules never called) keep the catalog order, which is the model's.
-        built.sort(key=lambda entry: (entry[1], entry[2]))
-        kids = [node for node, _, _ in built if node is not None]
-        earliest = min([first_call.get(i, never), *(first for _, first, _ in built)])
-        fwd, bwd = own[i]
-        if i != root and calls[i] == 0 and not kids and fwd == Metrics() and bwd == Metrics():
-            return None, earliest
-        info = catalog[i]
-        node = ModuleNode(
-            path=info.path,
-            type_name=info.type_name,
-            calls=calls[i],
-            params=info.params,
-            params_total=info.params_total,
-            input_shapes=info.input_shapes,
-            output_shapes=info.output_shapes,
-            forward=with_children_totals(fwd, [k.forward for k in kids]),
-            backward=with_children_totals(bwd, [k.backward for k in kids]),
-            children=tuple(kids),
-            source=info.source,
+    # Bottom-up without recursion (a recursive closure would be a reference cycle holding the nodes).
+    built: dict[int, tuple[ModuleNode | None, int]] = {}
+    pending = [(root, False)]
+    while pending:
+        i, children_done = pending.pop()
+        kids = children_of.get(i, [])
+        if not children_done:
+            pending.append((i, True))
+            pending.extend((c, False) for c in kids)
+            continue
+        built[i] = _node(
+            i, [(*built.pop(c), c) for c in kids], i == root, catalog, own, calls, first_call.get(i, never)
         )
-        return node, earliest
-
-    node, _ = build(root)
+    node = built[root][0]
     assert node is not None
     return node
+
+
+def _node(
+    i: int,
+    built: list[tuple[ModuleNode | None, int, int]],
+    is_root: bool,
+    catalog: list[ModuleInfo],
+    own: list[tuple[Metrics, Metrics]],
+    calls: list[int],
+    first: int,
+) -> tuple[ModuleNode | None, int]:
+    """The node of module ``i`` (None when left out) and the earliest first call in its subtree,
+    from its children's ``(node, earliest first call, catalog index)``."""
+    # Ties (modules never called) keep the catalog order, which is the model's.
+    built.sort(key=lambda entry: (entry[1], entry[2]))
+    kids = [node for node, _, _ in built if node is not None]
+    earliest = min([first, *(f for _, f, _ in built)])
+    fwd, bwd = own[i]
+    if not is_root and calls[i] == 0 and not kids and fwd == Metrics() and bwd == Metrics():
+        return None, earliest
+    info = catalog[i]
+    node = ModuleNode(
+        path=info.path,
+        type_name=info.type_name,
+        calls=calls[i],
+        params=info.params,
+        params_total=info.params_total,
+        input_shapes=info.input_shapes,
+        output_shapes=info.output_shapes,
+        forward=with_children_totals(fwd, [k.forward for k in kids]),
+        backward=with_children_totals(bwd, [k.backward for k in kids]),
+        children=tuple(kids),
+        source=info.source,
+    )
+    return node, earliest

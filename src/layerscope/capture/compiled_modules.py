@@ -75,21 +75,21 @@ class ModuleEntry(NamedTuple):
 def model_modules(model: nn.Module) -> Iterator[ModuleEntry]:
     """Every module of ``model`` once, parents first, as ``named_modules()`` gives them, with each
     compiled wrapper standing for the module it wraps (its path without ``._orig_mod``)."""
-    seen: set[int] = set()
+    yield from _visit_modules(model, "", set())
 
-    def visit(module: nn.Module, path: str) -> Iterator[ModuleEntry]:
-        if id(module) in seen:
-            return
-        seen.add(id(module))
-        inner = unwrap_compiled(module)
-        if inner is not module:
-            seen.add(id(inner))
-        yield ModuleEntry(path, module, inner, inner is not module)
-        for name, child in inner.named_children():
-            if child is not None:
-                yield from visit(child, f"{path}.{name}" if path else name)
 
-    yield from visit(model, "")
+def _visit_modules(module: nn.Module, path: str, seen: set[int]) -> Iterator[ModuleEntry]:
+    # Module level, not a recursive closure (one would be a reference cycle holding the modules).
+    if id(module) in seen:
+        return
+    seen.add(id(module))
+    inner = unwrap_compiled(module)
+    if inner is not module:
+        seen.add(id(inner))
+    yield ModuleEntry(path, module, inner, inner is not module)
+    for name, child in inner.named_children():
+        if child is not None:
+            yield from _visit_modules(child, f"{path}.{name}" if path else name, seen)
 
 
 def compiled_wrapper_of(model: nn.Module) -> nn.Module | None:

@@ -20,19 +20,21 @@ def shapes_of(value: Any) -> RawShapes:
     """Shapes of the tensors in a call's args/output (None when no tensor). Kept raw: formatting them
     is most of the cost, and it can wait until the block has ended (:func:`format_shapes`)."""
     found: list[torch.Size] = []
-
-    def visit(v: Any, depth: int) -> None:
-        if isinstance(v, torch.Tensor):
-            found.append(v.shape)
-        elif depth < 3 and isinstance(v, list | tuple):
-            for item in v:
-                visit(item, depth + 1)
-        elif depth < 3 and isinstance(v, dict):
-            for item in v.values():
-                visit(item, depth + 1)
-
-    visit(value, 0)
+    _collect_shapes(value, 0, found)
     return found or None
+
+
+def _collect_shapes(value: Any, depth: int, found: list[torch.Size]) -> None:
+    # A module-level function, not a recursive closure: a closure that calls itself is a reference
+    # cycle, garbage that only the cyclic GC frees.
+    if isinstance(value, torch.Tensor):
+        found.append(value.shape)
+    elif depth < 3 and isinstance(value, list | tuple):
+        for item in value:
+            _collect_shapes(item, depth + 1, found)
+    elif depth < 3 and isinstance(value, dict):
+        for item in value.values():
+            _collect_shapes(item, depth + 1, found)
 
 
 def format_shapes(shapes: RawShapes) -> str | None:

@@ -213,6 +213,9 @@ def _plan_module(
     owner, why_not = forward_owner(module)
     if owner is None:
         return planned(HOOKS, RANGES, why_not)
+    watcher = forward_identity_watcher(type(module), owner)
+    if watcher is not None:
+        return planned(HOOKS, RANGES, watcher)
     clock = MARKS if plan.marks else RANGES
     return planned(CLASS_WRAPPER, clock, plan.marks_reason, owner=owner)
 
@@ -232,3 +235,56 @@ def forward_owner(module: nn.Module) -> tuple[type | None, str]:
                 return None, "no forward of its own (a container: never called)"
             return cls, ""
     return None, "no forward of its own (a container: never called)"
+
+
+def forward_identity_watcher(cls: type, owner: type) -> str | None:
+    """Why patching ``owner.forward`` would be visible to ``cls``'s own code, or None.
+
+    A class wrapper replaces what ``type(self).forward`` is. Code that looks that up and compares it
+    with itself takes another path once it is patched: transformers' gradient checkpointing
+    (``GradientCheckpointingLayer``) checkpoints only when ``type(self).forward is
+    forward_with_checkpointing``, so a patched class silently stops checkpointing. Such modules get
+    hooks, which leave the class alone. Read from the code objects of the forward that runs (and
+    every function it wraps, through ``__wrapped__``) and of any ``__call__`` the class defines: a
+    function that reads ``forward`` off ``type(...)`` or ``__class__``, or that closes over itself.
+    """
+    functions: list[tuple[str, Any]] = [(f"{owner.__name__}.forward", owner.__dict__["forward"])]
+    for base in cls.__mro__:
+        if base is nn.Module:
+            break
+        if "__call__" in base.__dict__:
+            functions.append((f"{base.__name__}.__call__", base.__dict__["__call__"]))
+    for label, function in functions:
+        if any(_reads_class_forward(f) for f in _wrapped_chain(function)):
+            return (
+                f"{label} checks which forward its class holds (a class wrapper would change "
+                "what it does, e.g. turn gradient checkpointing off)"
+            )
+    return None
+
+
+def _wrapped_chain(function: Any) -> Iterator[Any]:
+    """``function`` and every function under it through ``__wrapped__`` (functools.wraps)."""
+    seen: set[int] = set()
+    while function is not None and id(function) not in seen:
+        seen.add(id(function))
+        yield function
+        function = getattr(function, "__wrapped__", None)
+
+
+def _reads_class_forward(function: Any) -> bool:
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return False
+    names = set(code.co_names)
+    if "forward" in names and names & {"type", "__class__"}:
+        return True
+    cells = getattr(function, "__closure__", None) or ()
+    return any(_cell_holds(cell, function) for cell in cells)
+
+
+def _cell_holds(cell: Any, value: Any) -> bool:
+    try:
+        return cell.cell_contents is value
+    except ValueError:  # an empty cell (a name not bound yet)
+        return False

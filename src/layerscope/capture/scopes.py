@@ -67,7 +67,11 @@ class ModuleScopes:
         self._awaiting_output: set[int] = set()  # ... and whose output shapes are still to come
         self._lock = threading.Lock()
         self._root_names: set[str] = set()
-        self._forward_ranges = ForwardRanges(self._first_forward, marks if plan.marks else None)
+        self._installed = False
+        # Not a bound method of ours: the class wrappers must not hold this object (and through its
+        # plan the model) in a reference cycle.
+        first_forward = _FirstForward(self._paths, self._first_shapes)
+        self._forward_ranges = ForwardRanges(first_forward, marks if plan.marks else None)
         #: Called before a top-level module call (no layerscope scope open on the thread), in global
         #: mode; ``layerscope run`` ends deferred training steps there.
         self.before_top_level_call: Callable[[], None] | None = None
@@ -85,8 +89,15 @@ class ModuleScopes:
         return cls(plan, marks=marks)
 
     # ----- install / remove ----------------------------------------------------------------------
+    @property
+    def installed(self) -> bool:
+        """Whether the plan's scopes are in place (between :meth:`install` and :meth:`remove`)."""
+        return self._installed
+
     def install(self) -> None:
-        """Install every scope of the plan (call :meth:`remove` in a ``finally``)."""
+        """Install every scope of the plan (call :meth:`remove` in a ``finally``); again after
+        :meth:`remove` too (a schedule's wait steps run without scopes)."""
+        self._installed = True
         if self.plan.global_mode:
             from torch.nn.modules import module as module_mod
 
@@ -131,6 +142,7 @@ class ModuleScopes:
     def remove(self) -> None:
         """Remove every hook and class wrapper; close ranges this thread still has open (after an
         interrupt)."""
+        self._installed = False
         self._forward_ranges.remove()
         for handle in self._handles:
             handle.remove()
@@ -202,21 +214,6 @@ class ModuleScopes:
             path = self._paths[key]
             self._first_shapes[path] = (self._first_shapes[path][0], shapes_of(output))
 
-    def _first_forward(
-        self,
-        module: nn.Module,
-        scoped_forward: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        """A class-wrapped module's first call: its scoped forward, plus its input and output shapes."""
-        path = self._paths[id(module)]
-        inputs = shapes_of(args)
-        self._first_shapes[path] = (inputs, None)
-        output = scoped_forward(module, *args, **kwargs)
-        self._first_shapes[path] = (inputs, shapes_of(output))
-        return output
-
     def _global_pre(self, module: nn.Module, args: Any) -> None:
         if _is_compiling():
             return
@@ -266,3 +263,26 @@ class ModuleScopes:
     def called_modules(self) -> list[tuple[str, str]]:
         """(path, type) of every module with a row; in global mode, those called so far."""
         return [(p, type(m).__name__) for p, m in self._modules.items()]
+
+
+class _FirstForward:
+    """A class-wrapped module's first call: its scoped forward, plus its input and output shapes
+    (written into the scopes' ``first_shapes`` by the module's path)."""
+
+    def __init__(self, paths: dict[int, str], first_shapes: dict[str, tuple[RawShapes, RawShapes]]) -> None:
+        self._paths = paths
+        self._first_shapes = first_shapes
+
+    def __call__(
+        self,
+        module: nn.Module,
+        scoped_forward: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        path = self._paths[id(module)]
+        inputs = shapes_of(args)
+        self._first_shapes[path] = (inputs, None)
+        output = scoped_forward(module, *args, **kwargs)
+        self._first_shapes[path] = (inputs, shapes_of(output))
+        return output

@@ -9,16 +9,15 @@ whatever was started, in reverse order, whatever goes wrong.
 from __future__ import annotations
 
 import time
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import torch
 from torch import nn
-from torch.profiler import ProfilerAction, ProfilerActivity
+from torch.profiler import ProfilerActivity
 
 from layerscope.capture import native
 from layerscope.capture.block_error import block_error
@@ -38,6 +37,7 @@ from layerscope.capture.options import (
 from layerscope.capture.recording import CompileInfoWarning, Cycle, Recording, RecordingContext
 from layerscope.capture.scope_plan import ScopePlan, marks_blocker, plan_scopes
 from layerscope.capture.scopes import ModuleScopes
+from layerscope.capture.torch_session import always_record, break_action_cycle, quiet_cycle_warning, weakly
 from layerscope.errors import CaptureError, UsageError
 from layerscope.model.profile import Profile
 
@@ -180,8 +180,9 @@ class profile:
             self._watch = MemoryWatch.prepare(self.model) if self.options.memory else None
             if should_collect() or is_compiled(self.model):
                 stack.enter_context(collecting_compile_info())
-            with _quiet_cycle_warning():
+            with quiet_cycle_warning():
                 self._torch_profiler.__enter__()  # type: ignore[no-untyped-call]
+            stack.callback(break_action_cycle, self._torch_profiler)  # runs after __exit__
             stack.callback(self._torch_profiler.__exit__, None, None, None)
             if self._marks is not None:
                 stack.callback(self._marks.stop)  # safe on a session that never started
@@ -189,7 +190,7 @@ class profile:
             if self.options.lines:
                 self._lines = start_call_lines(stack, self.action())
             stack.callback(self._scopes.remove)
-            self._scopes.install()
+            self._follow_schedule_with_scopes()
             if self.options.nvtx:
                 start_nvtx_ranges(self.model, stack)
             if self._watch is not None:
@@ -204,10 +205,12 @@ class profile:
     def _make_torch_profiler(self) -> torch.profiler.profile:
         cycle_kwargs: dict[str, Any] = {}
         if self.scheduled:
-            cycle_kwargs["on_trace_ready"] = self._cycle_ready
+            # torch's profiler holds itself in a cycle (its action map of bound methods): a weak
+            # reference keeps this session, and the model, out of it.
+            cycle_kwargs["on_trace_ready"] = weakly(self._cycle_ready)
         # torch marks ProfilerStep#N ranges only under a schedule: without one, "always record"
         # keeps prof.step() meaningful (per-step statistics) and changes nothing else.
-        cycle_kwargs["schedule"] = self.schedule if self.schedule is not None else _always_record
+        cycle_kwargs["schedule"] = self.schedule if self.schedule is not None else always_record
         try:
             return torch.profiler.profile(**cycle_kwargs, **self.options.torch_kwargs())
         except TypeError as exc:
@@ -262,13 +265,26 @@ class profile:
         before = self.action() if watch is not None else ""
         if watch is not None:
             watch.before_step(before)
-        with _quiet_cycle_warning():
+        with quiet_cycle_warning():
             self.torch_profiler.step()
         self.step_count += 1
+        self._follow_schedule_with_scopes()
         if self._lines is not None:
             self._lines.follow(self.action())
         if watch is not None:
             watch.after_step(before, self.action())
+
+    def _follow_schedule_with_scopes(self) -> None:
+        """Scopes are installed only on steps torch.profiler records or warms up: on ``wait`` steps
+        (and after the schedule's last cycle) no class is patched and no hook runs, so a long job
+        profiled every N steps runs as it would without us in between. Global mode keeps torch's
+        global hooks: they drive the deferred steps of ``layerscope run`` and patch no class."""
+        assert self._scopes is not None
+        waiting = self.action() == "wait" and not self._scopes.plan.global_mode
+        if waiting and self._scopes.installed:
+            self._scopes.remove()
+        elif not waiting and not self._scopes.installed:
+            self._scopes.install()
 
     def step_before_next_top_level_call(self, then: Callable[[], None] | None = None) -> None:
         """End the current step just before the next top-level module call (global mode only).
@@ -358,17 +374,3 @@ class profile:
         if not self._finished:
             raise CaptureError("export the trace after the `with layerscope.profile(...)` block")
         return self.recording.export_chrome_trace(path)
-
-
-def _always_record(step: int) -> ProfilerAction:
-    """The schedule of an unscheduled block: every step is recorded."""
-    return torch.profiler.ProfilerAction.RECORD
-
-
-@contextmanager
-def _quiet_cycle_warning() -> Iterator[None]:
-    """torch warns that a schedule clears events between cycles: that is what we want (each cycle
-    becomes its own Profile), so the warning would only confuse."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
-        yield

@@ -1,0 +1,193 @@
+"""Profiling never changes what the user's program does or can observe (docs/architecture.md).
+
+Each test here failed before the rule was enforced: transformers' gradient checkpointing turned off
+by a patched class, classes patched on steps a schedule does not record, and a profile keeping the
+model alive through reference cycles until the cyclic GC ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope as ls
+from layerscope.capture.scope_plan import HOOKS
+from tests.fixtures.models import TinyMLP
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_llama(checkpointing: bool | None) -> nn.Module:
+    """A two-layer Llama with random weights; ``checkpointing`` is ``use_reentrant`` (None: off)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
+    model = transformers.LlamaForCausalLM(config).train()
+    if checkpointing is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing})
+    return model
+
+
+def attention_calls(model: nn.Module) -> list[int]:
+    """Counts every attention forward (forward hooks on the instances: no class is touched)."""
+    calls: list[int] = []
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def llama_step(model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    ids = torch.arange(16).reshape(2, 8) % 128
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+@pytest.mark.parametrize("module_scopes", ["auto", "ranges"])
+def test_gradient_checkpointing_still_recomputes(use_reentrant: bool, module_scopes: str) -> None:
+    model = tiny_llama(use_reentrant)
+    calls = attention_calls(model)
+    plain_loss, plain_grads = llama_step(model)
+    plain_calls = len(calls)
+    assert plain_calls == 2 * len(model.model.layers)  # forward and the recomputation
+    calls.clear()
+    with ls.profile(model, module_scopes=module_scopes) as prof:
+        loss, grads = llama_step(model)
+    assert len(calls) == plain_calls
+    assert torch.equal(loss, plain_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
+    prof.profile.validate()
+    layer = prof.scope_plan.modules[[m.scope.path for m in prof.scope_plan].index("model.layers.0")]
+    assert layer.scope.mechanism == HOOKS
+    assert "checks which forward its class holds" in layer.scope.reason
+
+
+class Watchful(nn.Module):
+    """Takes another path when its class's forward is not its own (as transformers' layers do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if type(self).forward is not Watchful.forward:
+            return x  # a patched class would land here
+        return self.fc(x)
+
+
+def logged(function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def wrapper(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if type(self).forward is not wrapper:
+            raise AssertionError("the class's forward was replaced")
+        return function(self, *args, **kwargs)
+
+    return wrapper
+
+
+class Decorated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    @logged
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("make", [Watchful, Decorated])
+def test_forwards_that_look_at_their_class_get_hooks(make: Callable[[], nn.Module]) -> None:
+    model = nn.Sequential(make(), nn.ReLU())
+    x = torch.randn(2, 4)
+    expected = model(x)
+    with ls.profile(model) as prof:
+        out = model(x)
+    assert torch.equal(out, expected)
+    p = prof.profile
+    p.validate()
+    assert p.find("0.fc").calls == 1
+    mechanisms = {m.scope.path: m.scope.mechanism for m in prof.scope_plan}
+    assert mechanisms["0"] == HOOKS and mechanisms["0.fc"] != HOOKS
+
+
+def test_plain_modules_keep_class_wrappers() -> None:
+    with ls.profile(TinyMLP()) as prof:
+        pass
+    assert all(m.scope.mechanism != HOOKS for m in prof.scope_plan if m.runs_scope)
+
+
+def test_no_class_is_patched_on_steps_the_schedule_does_not_record() -> None:
+    model = TinyMLP()
+    original = nn.Linear.__dict__["forward"]
+    patched_at: list[bool] = []
+    schedule = ls.schedule(wait=2, warmup=1, active=2, repeat=1)
+    with ls.profile(model, schedule=schedule) as prof:
+        for _ in range(8):
+            patched_at.append(nn.Linear.__dict__["forward"] is not original)
+            model(torch.randn(2, 8)).sum().backward()
+            prof.step()
+    # wait, wait, warmup, active, active, then the schedule is done
+    assert patched_at == [False, False, True, True, True, False, False, False]
+    assert nn.Linear.__dict__["forward"] is original
+    assert len(prof.cycles) == 1
+    prof.cycles[0].profile.validate()
+    assert prof.cycles[0].profile.find("fc1").calls == 2
+
+
+@pytest.fixture
+def no_cyclic_gc() -> Iterator[None]:
+    # One block first: torch's first profiler start leaves import-time garbage of its own.
+    with ls.profile(TinyMLP()):
+        pass
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"module_scopes": "ranges"},
+        {"module_scopes": "hooks"},
+        {"memory": True},
+        {"lines": True},
+        {"schedule": ls.schedule(active=1, repeat=1)},
+    ],
+    ids=["auto", "ranges", "hooks", "memory", "lines", "schedule"],
+)
+def test_a_profile_holds_the_model_in_no_reference_cycle(
+    options: dict[str, Any], no_cyclic_gc: None
+) -> None:
+    model = TinyMLP()
+    x = torch.randn(2, 8)
+    with ls.profile(model, **options) as prof:
+        model(x).sum().backward()
+        if "schedule" in options:
+            prof.step()
+    profile = prof.profile
+    profile.validate()
+    torch_profiler = weakref.ref(prof.torch_profiler)
+    alive = [weakref.ref(model), weakref.ref(model.fc1.weight), weakref.ref(prof)]
+    del model, prof  # reference counting alone (the cyclic GC is off) must free all of them
+    assert [ref() for ref in alive] == [None, None, None]
+    assert torch_profiler() is None
+    assert profile.find("fc1").calls == 1  # and the profile stays whole

@@ -174,9 +174,7 @@ def no_cyclic_gc() -> Iterator[None]:
     ],
     ids=["auto", "ranges", "hooks", "memory", "lines", "schedule"],
 )
-def test_a_profile_holds_the_model_in_no_reference_cycle(
-    options: dict[str, Any], no_cyclic_gc: None
-) -> None:
+def test_a_profile_holds_the_model_in_no_reference_cycle(options: dict[str, Any], no_cyclic_gc: None) -> None:
     model = TinyMLP()
     x = torch.randn(2, 8)
     with ls.profile(model, **options) as prof:

@@ -53,9 +53,10 @@ from layerscope.attribution.nesting import (
 from layerscope.attribution.op_rows import SpanFigures, op_rows
 from layerscope.attribution.peak_windows import peak_windows
 from layerscope.attribution.profile_meta import full_meta as table_meta
+from layerscope.attribution.recompute import stopped_recompute_ops
 from layerscope.attribution.stacks import op_stacks
 from layerscope.attribution.steps import step_stats
-from layerscope.attribution.tree import assemble_tree
+from layerscope.attribution.tree import module_tree
 from layerscope.events.memory_snapshots import Snapshot
 from layerscope.events.table import EventKind, EventTable
 from layerscope.model.metrics import Metrics, own_metrics
@@ -90,7 +91,9 @@ def build_profile(
 
     # ---- nest: parents, exclusive time, buckets, FLOPs that count ------------------------------------
     graph_entries = compiled_graphs if compiled_graphs is not None else saved.get("compiled_graphs")
-    nested = _nest(table, named, buckets, graphs_from_meta(graph_entries), modules_known)
+    # torch's default; a capture records whether the block turned it off
+    early_stop = (meta or saved).get("checkpoint_early_stop", True) is not False
+    nested = _nest(table, named, buckets, graphs_from_meta(graph_entries), modules_known, early_stop)
 
     # ---- link devices: kernels to their launching op -------------------------------------------------
     device = link_device_work(table, nested.order, nested.swept.parent, _step_names(named))
@@ -114,7 +117,7 @@ def build_profile(
 
     # ---- assemble: the tree, the unattributed entries, the totals, the steps -------------------------
     per_bucket = _bucket_metrics(table, buckets, nested, device, owners, outside_bucket, unlinked_bucket)
-    root = _module_tree(table, named, buckets, nested.swept, per_bucket)
+    root = module_tree(table, named, buckets, nested.swept, per_bucket)
     steps = step_stats(
         table,
         nested.swept.step_spans,
@@ -157,7 +160,12 @@ class _Nested:
 
 
 def _nest(
-    table: EventTable, named: NameRoles, buckets: Buckets, graphs: list[CompiledGraph], modules_known: bool
+    table: EventTable,
+    named: NameRoles,
+    buckets: Buckets,
+    graphs: list[CompiledGraph],
+    modules_known: bool,
+    early_stop: bool,
 ) -> _Nested:
     """The sweep over CPU spans, then the kernels of compiled graphs moved to their modules."""
     order = time_order(table)
@@ -178,9 +186,13 @@ def _nest(
     parent = np.asarray(swept.parent, dtype=np.int64)
     bucket = np.asarray(swept.bucket, dtype=np.int64)
     by_level = levels(order, depths(parent))
-    # Ops run while compiling work on fake tensors: their FLOPs are no work done.
-    compiling = bucket == swept.compiling_bucket if swept.compiling_bucket >= 0 else None
-    counted_flops = outermost_flops(table.span_flops, parent, by_level, compiling)
+    # Ops run while compiling work on fake tensors, and ops a checkpoint's recomputation stopped in
+    # never ran their kernels: their FLOPs are no work done.
+    not_run = stopped_recompute_ops(table, named.roles, parent, by_level) if early_stop else None
+    if swept.compiling_bucket >= 0:
+        compiling = bucket == swept.compiling_bucket
+        not_run = compiling if not_run is None else not_run | compiling
+    counted_flops = outermost_flops(table.span_flops, parent, by_level, not_run)
     excl = np.asarray(swept.excl, dtype=np.int64)
     return _Nested(order, swept, parent, bucket, excl, by_level, counted_flops, compiled)
 
@@ -292,19 +304,6 @@ def _bucket_metrics(
         "device_peak_bytes": [dev for _, dev in peaks],
     }
     return [own_metrics(per_bucket, b) for b in range(nb)]
-
-
-def _module_tree(
-    table: EventTable, named: NameRoles, buckets: Buckets, swept: Sweep, per_bucket: list[Metrics]
-) -> ModuleNode:
-    """The module tree, children in order of their first call."""
-    own = [
-        (per_bucket[buckets.forward(m)], per_bucket[buckets.backward(m)]) for m in range(buckets.module_count)
-    ]
-    first_call: dict[int, int] = {}
-    for i in swept.module_windows:
-        first_call.setdefault(named.role_module[table.span_name[i]], len(first_call))
-    return assemble_tree(named.catalog, own, swept.module_calls, first_call)
 
 
 def _flops_by_dtype_meta(

@@ -55,7 +55,9 @@ class Sweep:
     parent: list[int]  # enclosing span, -1 at top level
     excl: list[int]  # duration minus direct children's (overlaps counted once, never below 0), ns
     bucket: list[int]  # -1 for spans that are not CPU spans
-    module_calls: list[int]
+    module_calls: list[int]  # forward calls per module
+    #: calls per module made inside the backward pass: activation checkpointing's recomputation
+    recompute_calls: list[int]
     module_windows: list[int] = field(default_factory=list)  # module-range spans, in time order
     backward_windows: list[int] = field(default_factory=list)  # backward-node spans
     #: Forward ops by (thread, sequence number): what backward nodes and saved tensors point at.
@@ -68,7 +70,9 @@ class Sweep:
     @staticmethod
     def start(span_count: int, span_dur: list[int], module_count: int) -> Sweep:
         """The state before the first span: no parents, exclusive time the whole duration, no buckets."""
-        return Sweep([-1] * span_count, list(span_dur), [-1] * span_count, [0] * module_count)
+        return Sweep(
+            [-1] * span_count, list(span_dur), [-1] * span_count, [0] * module_count, [0] * module_count
+        )
 
 
 def sweep(
@@ -126,12 +130,19 @@ def sweep(
             b = compiling  # whatever torch.compile runs while compiling (autograd on fake tensors too)
         elif role == ROLE_MODULE:
             m = role_module[name_id]
-            b = forward_bucket[m]
-            module_calls[m] += 1
+            if p >= 0 and _inside_backward(p, parent, span_name, roles):
+                # activation checkpointing re-running the module: backward work (recompute.py)
+                b = forward_bucket[m] + 1
+                found.recompute_calls[m] += 1
+            else:
+                b = forward_bucket[m]
+                module_calls[m] += 1
             module_windows.append(i)
         elif role == ROLE_BACKWARD_NODE:
             owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
             b = backward_of.get(bucket[owner], -1) if owner >= 0 else -1  # the owner's module, backward
+            if b < 0 and owner >= 0 and buckets.is_backward(bucket[owner]):
+                b = bucket[owner]  # the backward of work recomputed in the backward (reentrant)
             if b < 0:
                 b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX) :], Phase.BACKWARD)
             backward_windows.append(i)
@@ -151,6 +162,15 @@ def sweep(
         bucket[i] = b
     found.compiling_bucket = compiling
     return found
+
+
+def _inside_backward(span: int, parent: list[int], span_name: list[int], roles: list[int]) -> bool:
+    """Whether ``span`` is or runs inside a backward node (a walk up: module spans only)."""
+    while span >= 0:
+        if roles[span_name[span]] == ROLE_BACKWARD_NODE:
+            return True
+        span = parent[span]
+    return False
 
 
 def forward_ops(table: EventTable, order: np.ndarray) -> dict[tuple[int, int], int]:

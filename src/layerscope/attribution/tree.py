@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from layerscope.attribution.buckets import Buckets, NameRoles
 from layerscope.attribution.catalog import ModuleInfo
+from layerscope.attribution.nesting import Sweep
+from layerscope.events.table import EventTable
 from layerscope.model.metrics import ADDITIVE_PAIRS, PEAK_FIELDS, Metrics
 from layerscope.model.profile import ModuleNode
 
@@ -24,6 +29,7 @@ def assemble_tree(
     own: list[tuple[Metrics, Metrics]],
     calls: list[int],
     first_call: dict[int, int],
+    recompute_calls: list[int] | None = None,
 ) -> ModuleNode:
     """Build the tree bottom-up. Children are ordered by their first call (execution order); a module
     never called itself (a ``ModuleList``) takes its earliest descendant's first call, so a container
@@ -55,6 +61,9 @@ def assemble_tree(
         built[i] = _node(
             i, [(*built.pop(c), c) for c in kids], i == root, catalog, own, calls, first_call.get(i, never)
         )
+        made, earliest = built[i]
+        if recompute_calls is not None and recompute_calls[i] and made is not None:
+            built[i] = (dataclasses.replace(made, recompute_calls=recompute_calls[i]), earliest)
     node = built[root][0]
     assert node is not None
     return node
@@ -93,3 +102,16 @@ def _node(
         source=info.source,
     )
     return node, earliest
+
+
+def module_tree(
+    table: EventTable, named: NameRoles, buckets: Buckets, swept: Sweep, per_bucket: list[Metrics]
+) -> ModuleNode:
+    """The module tree from the sweep and per-bucket metrics, children in order of first call."""
+    own = [
+        (per_bucket[buckets.forward(m)], per_bucket[buckets.backward(m)]) for m in range(buckets.module_count)
+    ]
+    first_call: dict[int, int] = {}
+    for i in swept.module_windows:
+        first_call.setdefault(named.role_module[table.span_name[i]], len(first_call))
+    return assemble_tree(named.catalog, own, swept.module_calls, first_call, swept.recompute_calls)

@@ -144,6 +144,9 @@ class Recording:
             "block_us": self.block_us,
             "devices": device_meta(),
             "options": self.context.options.meta(),
+            # attribution/recompute.py: whether checkpointing's recomputation stops early
+            "checkpoint_early_stop": getattr(torch.utils.checkpoint, "_enable_checkpoint_early_stop", None)
+            is not False,
         }
 
     def export_chrome_trace(self, path: str | Path) -> Path:

@@ -49,6 +49,9 @@ class ModuleNode:
     #: Where the module's class defines ``forward`` (``path/file.py:LINE``, the path relative to its
     #: sys.path entry); None when unknown (modules read from a trace, builtins, scripted modules).
     source: str | None = None
+    #: Calls made inside the backward pass: activation checkpointing re-running the module. Their
+    #: work is in ``backward``; ``calls`` counts forward calls only.
+    recompute_calls: int = 0
 
     @property
     def name(self) -> str:

@@ -121,6 +121,7 @@ def _node_to_dict(node: ModuleNode) -> dict[str, Any]:
         "bwd": node.backward.to_list(),
         "children": [_node_to_dict(c) for c in node.children],
         **({"src": node.source} if node.source else {}),
+        **({"recompute_calls": node.recompute_calls} if node.recompute_calls else {}),
     }
 
 
@@ -211,6 +212,7 @@ def _node_from_dict(d: dict[str, Any]) -> ModuleNode:
         backward=Metrics.from_list(d["bwd"]),
         children=tuple(_node_from_dict(c) for c in d["children"]),
         source=d.get("src"),
+        recompute_calls=d.get("recompute_calls", 0),
     )
 
 

@@ -77,7 +77,8 @@ def _tree_sections(
             v,
             Text(label, style="bold" if not node.children else ""),
             node.type_name,
-            v.calls_cell(node.calls),
+            v.calls_cell(node.calls)
+            + (f"+{v.calls_cell(node.recompute_calls)}r" if node.recompute_calls else ""),
             node.forward,
             node.backward,
             fmt_si(node.params_total),

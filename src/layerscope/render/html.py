@@ -46,6 +46,8 @@ def _module_data(
         "type": [sid(n.type_name) for n in nodes],
         "parent": parent,
         "calls": [n.calls for n in nodes],
+        # shown as "+Nr": calls made again by activation checkpointing's recomputation (backward)
+        "recompute": [n.recompute_calls for n in nodes],
         "params": [n.params_total for n in nodes],
         "source": [sid(n.source) for n in nodes],
         "out": [sid(fmt_shapes(n.output_shapes) or None) for n in nodes],

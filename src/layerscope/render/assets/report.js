@@ -123,7 +123,7 @@
       name.appendChild(el("span", null, i === 0 ? (str(M.path[i]) || "(root)") : str(M.path[i]).split(".").pop()));
       tr.appendChild(name);
       tr.appendChild(el("td", "l type", str(M.type[i])));
-      tr.appendChild(el("td", null, M.calls[i]));
+      tr.appendChild(el("td", null, M.recompute && M.recompute[i] ? M.calls[i] + "+" + M.recompute[i] + "r" : M.calls[i]));
       tr.appendChild(el("td", "l shape", M.out && M.out[i] >= 0 ? str(M.out[i]) : ""));
       tr.appendChild(el("td", null, time(val(i, "self_cpu_us"))));
       tr.appendChild(el("td", null, time(val(i, "cpu_us"))));

@@ -91,6 +91,11 @@ class Buckets:
         """Per forward bucket, the same module's backward bucket: a table for hot loops."""
         return {self.forward(m): self.backward(m) for m in range(self.module_count)}
 
+    def backward_of_module(self) -> dict[int, int]:
+        """Per module bucket, forward or backward, the same module's backward bucket: where a backward
+        node goes whose forward op ran in it (a recomputation's ops run in the backward bucket)."""
+        return {b: self.backward(m) for m in range(self.module_count) for b in (2 * m, 2 * m + 1)}
+
     @property
     def forward_slice(self) -> slice:
         """The forward buckets of all modules in catalog order, as a slice of a per-bucket array."""

@@ -88,11 +88,11 @@ def sweep(
     span_name, span_tid, span_ts, span_dur = table.span_name, table.span_tid, table.span_ts, table.span_dur
     span_seq, span_fwd_tid, names = table.span_seq, table.span_fwd_tid, table.names
     found = Sweep.start(table.span_count, span_dur, buckets.module_count)
-    parent, excl, bucket, module_calls = found.parent, found.excl, found.bucket, found.module_calls
+    parent, excl, bucket = found.parent, found.excl, found.bucket
     module_windows, backward_windows = found.module_windows, found.backward_windows
     forward_op_of = found.forward_op_of = forward_ops(table, order)
     # Bucket numbers from tables that Buckets makes once: no method call per event.
-    forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_forward()
+    forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_module()
     compiling = -1  # the bucket of compilation, once seen
     # Per thread: open spans, their ends, how far each one's time is claimed (the first: top level).
     stacks: dict[int, tuple[list[int], list[int], list[int]]] = {}
@@ -129,20 +129,11 @@ def sweep(
         elif compiling >= 0 and p >= 0 and bucket[p] == compiling:
             b = compiling  # whatever torch.compile runs while compiling (autograd on fake tensors too)
         elif role == ROLE_MODULE:
-            m = role_module[name_id]
-            if p >= 0 and _inside_backward(p, parent, span_name, roles):
-                # activation checkpointing re-running the module: backward work (recompute.py)
-                b = forward_bucket[m] + 1
-                found.recompute_calls[m] += 1
-            else:
-                b = forward_bucket[m]
-                module_calls[m] += 1
+            b = _module_call(found, role_module[name_id], p, span_name, roles, forward_bucket)
             module_windows.append(i)
         elif role == ROLE_BACKWARD_NODE:
             owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
             b = backward_of.get(bucket[owner], -1) if owner >= 0 else -1  # the owner's module, backward
-            if b < 0 and owner >= 0 and buckets.is_backward(bucket[owner]):
-                b = bucket[owner]  # the backward of work recomputed in the backward (reentrant)
             if b < 0:
                 b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX) :], Phase.BACKWARD)
             backward_windows.append(i)
@@ -164,13 +155,20 @@ def sweep(
     return found
 
 
-def _inside_backward(span: int, parent: list[int], span_name: list[int], roles: list[int]) -> bool:
-    """Whether ``span`` is or runs inside a backward node (a walk up: module spans only)."""
-    while span >= 0:
+def _module_call(
+    found: Sweep, m: int, p: int, span_name: list[int], roles: list[int], forward_bucket: list[int]
+) -> int:
+    """Count a call of module ``m`` (its range's parent span is ``p``) and return its bucket: the
+    forward's, or, inside a backward node (activation checkpointing re-running the module, see
+    ``recompute.py``), the backward's, counted as a recomputation."""
+    span = p
+    while span >= 0:  # a walk up the open spans: module calls are few
         if roles[span_name[span]] == ROLE_BACKWARD_NODE:
-            return True
-        span = parent[span]
-    return False
+            found.recompute_calls[m] += 1
+            return forward_bucket[m] + 1
+        span = found.parent[span]
+    found.module_calls[m] += 1
+    return forward_bucket[m]
 
 
 def forward_ops(table: EventTable, order: np.ndarray) -> dict[tuple[int, int], int]:

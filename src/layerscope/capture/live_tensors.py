@@ -107,10 +107,14 @@ def storage_entry(tensor: Any, category: str, seq: int = -1) -> StorageEntry | N
         return None
     try:
         storage = tensor.untyped_storage()
+        # meta storages hold no memory; asking a FakeTensor's (torch.compile keeps some alive) for
+        # its address warns in the user's program
+        if storage.device.type == "meta":
+            return None
         addr = storage.data_ptr()
-    except (RuntimeError, NotImplementedError, TypeError):  # subclasses and wrappers without a storage
+    except Exception:  # subclasses and wrappers without a storage, or whose storage refuses access
         return None
-    if not addr:  # meta tensors and empty storages hold no memory
+    if not addr:  # empty storages hold no memory
         return None
     return StorageEntry(addr, storage.nbytes(), category, not tensor.is_cpu, seq)
 

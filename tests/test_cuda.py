@@ -149,3 +149,42 @@ def test_device_memory_peak_is_absolute_and_categorised() -> None:
         greedy(torch.randn(2, 8, device="cuda"))
     (oom,) = failing.profile.meta["memory"]["out_of_memory"]
     assert oom["device"] and oom["requested_bytes"] >= 2**50 and oom["module"] == "1"
+
+
+def test_device_baseline_counts_every_tensor_alive_at_entry() -> None:
+    """Plain tensors made before the block (a 32 MiB attribute, an 8 MiB target, 16 MiB freed
+    inside the block): the baseline is the allocator's own figure, the scan sees them all and no
+    more than the allocator counts, they read `other`, the freed one stops counting when the
+    allocator reports its free, and the scan allocates nothing on the device."""
+    import gc
+
+    from layerscope.capture.live_tensors import scan_live
+    from layerscope.model.memory_view import BEFORE_BLOCK
+
+    mib = 2**20
+    gc.collect()
+    model = torch.nn.Linear(64, 64).cuda()
+    model.table = torch.randn(8 * mib, device="cuda")  # 32 MiB, neither parameter nor buffer
+    target = torch.randn(2 * mib, device="cuda")
+    scratch = [torch.empty(16 * mib, dtype=torch.uint8, device="cuda")]
+    x = torch.randn(16, 64, device="cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    scan_live()
+    assert torch.cuda.memory_allocated() == before
+    torch.cuda.reset_peak_memory_stats()
+    with ls.profile(model, memory=True) as prof:
+        scratch.clear()  # freed: the allocator reports it, at the scanned address
+        wide = torch.empty(24 * mib, dtype=torch.uint8, device="cuda")  # the peak, after the free
+        loss = (model(x) * model.table.sum()).sum() + target.sum() + wide[:1].float().sum()
+        loss.backward()
+        torch.cuda.synchronize()
+    p = prof.profile
+    p.validate()
+    at_peak = p.memory_at_peak("device")
+    assert at_peak.baseline_bytes == at_peak.baseline_allocator_bytes == before
+    made = 56 * mib + sum(t.numel() * t.element_size() for t in model.parameters()) + x.numel() * 4
+    assert at_peak.baseline_seen_bytes is not None and made <= at_peak.baseline_seen_bytes <= before
+    assert at_peak.total_bytes == torch.cuda.max_memory_allocated()  # the freed 16 MiB not counted
+    other = sum(r.bytes for r in at_peak.rows if r.module == BEFORE_BLOCK and r.category == "other")
+    assert other >= 40 * mib

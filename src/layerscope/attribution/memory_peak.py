@@ -38,6 +38,8 @@ def memory_report(
                 "device": story.on_device,
                 "addressed": story.addressed,
                 "baseline_bytes": story.baseline.total,
+                "baseline_seen_bytes": story.baseline.seen,
+                "baseline_allocator_bytes": story.baseline.held,
                 "peak_bytes": peak,
                 "peak_ts_ns": int(story.ts[k]) if k >= 0 else None,
                 "where": peak_where,

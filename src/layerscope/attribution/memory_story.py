@@ -3,11 +3,14 @@ the snapshot entries seen at its address while it was live, and the baseline: wh
 recording began.
 
 The baseline comes from the memory watch's snapshots (``capture/memory_watch.py``: parameters,
-buffers, gradients, optimizer state at the start; storages seen later that no allocation of the
-recording holds, such as inputs made before the block), from ``torch.cuda.memory_allocated()`` on
-CUDA, and from frees of memory allocated before the block (which only the CUDA allocator reports).
+buffers, gradients, optimizer state and every other live tensor's storage at the start; storages
+seen later that no allocation of the recording holds), from ``torch.cuda.memory_allocated()`` on
+CUDA (the larger of the two: the allocator also counts tensors with no Python object and its
+rounding), and from frees of memory allocated before the block (which only the CUDA allocator
+reports, and those of memory allocated while an earlier profiler recorded).
 On the CPU torch records no free of memory allocated before profiling began, so a baseline storage
-counts as freed when an allocation inside the block reuses its address (before that, it is live).
+counts as freed when an allocation inside the block reuses any of its bytes (before that, it is
+live).
 """
 
 from __future__ import annotations
@@ -131,9 +134,12 @@ class MemoryStory:
         unmatched: dict[int, tuple[int, str]] = {}
         for k in np.flatnonzero(~matched).tolist():
             entry = found[k][0]
+            # A storage from before the block that an op saves is not an activation the block
+            # made: it keeps its own category, else other (Saved says who keeps it).
+            category = "other" if entry.category == "activation" else entry.category
             known = unmatched.get(entry.addr)
-            if known is None or _CODE[entry.category] < _CODE[known[1]]:
-                unmatched[entry.addr] = (entry.nbytes, entry.category)
+            if known is None or _CODE[category] < _CODE[known[1]]:
+                unmatched[entry.addr] = (entry.nbytes, category)
         return unmatched
 
     def peak(self) -> tuple[int, int]:
@@ -187,6 +193,10 @@ class _Baseline:
     freed_at: dict[int, int]
     silent: set[int]
     unknown_frees: list[tuple[int, int]]  # (time, bytes)
+    #: The bytes the watch's entries name (its scan of live tensors included), and the allocator's
+    #: own figure where it gave one (CUDA, traces): each checks the other.
+    seen: int = 0
+    held: int | None = None
 
     @property
     def total(self) -> int:
@@ -235,23 +245,38 @@ def _baseline(
             entries[addr] = (-int(story.nbytes[k]), entries[addr][1])
         else:
             unknown_frees.append((t, -int(story.nbytes[k])))
-    # A baseline storage whose address an allocation reuses was freed by then, silently (the CPU).
-    silent: set[int] = set()
-    if story.addressed and entries:
-        reused = story.alloc[np.isin(story.addr[story.alloc], np.fromiter(entries, dtype=np.int64))]
-        for addr, t in zip(story.addr[reused].tolist(), story.ts[reused].tolist(), strict=True):
-            if addr not in freed_at:  # the first reuse, in time order
-                freed_at[addr] = t
-                silent.add(addr)
+    silent = _silent_frees(entries, freed_at, story) if story.addressed and entries else set()
     baseline = _Baseline(entries, sum(b for _, b in unknown_frees), freed_at, silent, unknown_frees)
+    baseline.seen = sum(nbytes for nbytes, _ in entries.values())
     # What the allocator itself says it held: torch.cuda.memory_allocated() at the start snapshot,
     # or a trace's "Total Allocated" before its first event.
     held = start.device_allocated if start is not None and on_device else None
     if held is None:
         held = story.allocated_before
+    baseline.held = held
     if held is not None and held > baseline.total:
         baseline.unknown += held - baseline.total
     return baseline
+
+
+def _silent_frees(
+    entries: dict[int, tuple[int, str]], freed_at: dict[int, int], story: MemoryStory
+) -> set[int]:
+    """Baseline storages freed with no event (the CPU allocator reports no free of memory allocated
+    before profiling): an allocation anywhere inside one's bytes means it was freed by then (live
+    storages never overlap). Sets their ``freed_at`` to that first allocation's time."""
+    starts = np.fromiter(sorted(entries), dtype=np.int64)
+    ends = starts + np.array([entries[addr][0] for addr in starts.tolist()], dtype=np.int64)
+    addrs = story.addr[story.alloc]  # allocations in time order
+    pos = np.searchsorted(starts, addrs, side="right") - 1
+    inside = (pos >= 0) & (addrs < ends[np.maximum(pos, 0)])
+    silent: set[int] = set()
+    for k, p in zip(np.flatnonzero(inside).tolist(), pos[inside].tolist(), strict=True):
+        addr = int(starts[p])
+        if addr not in freed_at:  # the first reuse, in time order
+            freed_at[addr] = int(story.ts[story.alloc[k]])
+            silent.add(addr)
+    return silent
 
 
 def placement_of(table: EventTable, bucket: np.ndarray, buckets: Buckets, catalog: list[ModuleInfo]) -> Any:

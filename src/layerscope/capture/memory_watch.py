@@ -8,17 +8,18 @@ which can sit far from torch's clock: see docs/usage.md), and attribution matche
 allocation live at that address then (``attribution/memory_peak.py``).
 
 Snapshots are taken at the start of each recording (what was live before torch saw anything: the
-baseline), after each call of the root module (the tensors its autograd graph saved for backward,
-each with the sequence number of the op that saved it, and the call's inputs), before each
-optimizer step (its gradients), after it (its state), and at the end of each recording. Nothing here
-keeps a tensor alive: snapshots hold addresses, and the graph walk reads saved tensors in place
-(torch's saved-tensor hooks would have to hold every saved output, which leaks graphs never run
-backward).
+baseline: the model's state, and every other live tensor's storage, found by one scan of the
+garbage collector's objects in ``live_tensors.py``, taken before the profiler starts or at the end
+of the warmup step before a scheduled cycle, so that its cost lands outside what is recorded),
+after each call of the root module (the tensors its autograd graph saved for backward, each with
+the sequence number of the op that saved it, and the call's inputs), before each optimizer step
+(its gradients), after it (its state), and at the end of each recording. Nothing here keeps a
+tensor alive: snapshots hold addresses, and the graph walk reads saved tensors in place (torch's
+saved-tensor hooks would have to hold every saved output, which leaks graphs never run backward).
 """
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -31,6 +32,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from layerscope.capture import native
+from layerscope.capture.live_tensors import scan_live, storage_entry
 from layerscope.capture.module_marks import ModuleMarks
 from layerscope.events.memory_snapshots import Snapshot, StorageEntry
 
@@ -48,12 +50,21 @@ class MemoryWatch:
     _marks_running: bool = False
     #: Whether the profiler records now (a schedule's wait and warmup steps take no snapshots).
     recording: bool = True
+    #: Every live storage, scanned ahead of the next start snapshot (addresses and sizes only).
+    pending_scan: list[StorageEntry] | None = None
 
     @classmethod
     def prepare(cls, model: nn.Module | None) -> MemoryWatch:
-        """A watch for ``model``, with the optimizers that already exist over its parameters found
-        now (a scan of every live object: done before the profiler starts, so it is not recorded)."""
-        return cls(model, optimizers=_optimizers_of(model))
+        """A watch for ``model``, with every live tensor's storage and the optimizers that already
+        exist over its parameters found now (one scan of every live object: done before the
+        profiler starts, so it is not recorded)."""
+        try:
+            scan = scan_live(model, optimizers=True)
+        except Exception as exc:  # the watch must never break the block it watches
+            watch = cls(model)
+            watch.errors.append(f"scan: {type(exc).__name__}: {exc}")
+            return watch
+        return cls(model, optimizers=scan.optimizers, pending_scan=scan.entries)
 
     def start(self, session_marks: ModuleMarks | None, stack: ExitStack, recording: bool = True) -> None:
         """Start watching (inside the running profiler): the session's marks give snapshots their
@@ -71,15 +82,21 @@ class MemoryWatch:
         self.snapshot_state("start")
 
     def before_step(self, action: str) -> None:
-        """Before a schedule's step: a cycle that ends with it gets its end snapshot."""
+        """Before a schedule's step: a cycle that ends with it gets its end snapshot; at the end of
+        a warmup step (a recording may follow) live tensors are scanned, outside what is recorded."""
         if action == "record_and_save":
             self.snapshot_state("end")
+        elif action == "warmup":
+            self._guarded_scan()
 
     def after_step(self, before: str, after: str) -> None:
-        """After a schedule's step: a cycle that starts recording gets its start snapshot."""
+        """After a schedule's step: a cycle that starts recording gets its start snapshot (with
+        the warmup step's scan; without a warmup step, a scan now)."""
         self.recording = after.startswith("record")
         if before != "record" and self.recording:
             self.snapshot_state("start")
+        elif not self.recording:
+            self.pending_scan = None  # describes a moment before this step: stale for a later one
 
     def stop_marks(self) -> None:
         """Stop the watch's own marks for good (their points stay for :meth:`take`)."""
@@ -100,8 +117,25 @@ class MemoryWatch:
 
     # ----- snapshot points ---------------------------------------------------------------------------
     def snapshot_state(self, kind: str) -> None:
-        """Parameters, buffers, gradients and optimizer state as they are now (start and end)."""
-        self._guarded(kind, lambda: list(self._state_entries()), device=kind == "start")
+        """Parameters, buffers, gradients and optimizer state as they are now (start and end); a
+        start snapshot adds every other live storage (the pending scan, else one taken now)."""
+        if kind != "start":
+            self._guarded(kind, lambda: list(self._state_entries()))
+            return
+        if self.pending_scan is None:
+            self._guarded_scan()
+        scanned, self.pending_scan = self.pending_scan or [], None
+        self._guarded(kind, lambda: _with_scan(list(self._state_entries()), scanned), device=True)
+
+    def _guarded_scan(self) -> None:
+        """Scan live tensors for the next start snapshot; a failure is recorded, never raised."""
+        try:
+            scan = scan_live()
+        except Exception as exc:  # the watch must never break the block it watches
+            self.errors.append(f"scan: {type(exc).__name__}: {exc}")
+            self.pending_scan = None
+            return
+        self.pending_scan = scan.entries
 
     def _after_root_call(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if not self.recording:
@@ -171,6 +205,12 @@ class MemoryWatch:
         return taken[starts[-1] :] if starts else taken
 
 
+def _with_scan(state: list[StorageEntry], scanned: list[StorageEntry]) -> list[StorageEntry]:
+    """The state entries, then each scanned storage no state entry names (category ``other``)."""
+    named = {(entry.on_device, entry.addr) for entry in state}
+    return state + [entry for entry in scanned if (entry.on_device, entry.addr) not in named]
+
+
 def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
 
@@ -188,22 +228,9 @@ def _place_on_marks(snapshots: list[Snapshot], points: dict[int, list[tuple[int,
 
 def _entries(tensors: Iterable[Any], category: str, seq: int = -1) -> Iterator[StorageEntry]:
     for tensor in tensors:
-        entry = _storage_entry(tensor, category, seq)
+        entry = storage_entry(tensor, category, seq)
         if entry is not None:
             yield entry
-
-
-def _storage_entry(tensor: Any, category: str, seq: int = -1) -> StorageEntry | None:
-    if not isinstance(tensor, torch.Tensor) or tensor.is_sparse:
-        return None
-    try:
-        storage = tensor.untyped_storage()
-        addr = storage.data_ptr()
-    except (RuntimeError, NotImplementedError):  # tensor subclasses and wrappers without a storage
-        return None
-    if not addr:  # meta tensors and empty storages hold no memory
-        return None
-    return StorageEntry(addr, storage.nbytes(), category, not tensor.is_cpu, seq)
 
 
 def _params_of(optimizer: torch.optim.Optimizer) -> list[Any]:
@@ -239,7 +266,7 @@ def _saved_entries(output: Any) -> Iterator[StorageEntry]:
         if kind.saved:
             seq = node._sequence_nr() if kind.has_seq else -1
             for value in _saved_values(node, kind):
-                entry = _storage_entry(value, "activation", seq)
+                entry = storage_entry(value, "activation", seq)
                 if entry is not None:
                     yield entry
         if not kind.leaf:
@@ -281,22 +308,3 @@ def _saved_values(node: Any, kind: _NodeKind) -> Iterator[Any]:
                 yield saved.data
             except RuntimeError:  # released
                 continue
-
-
-def _optimizers_of(model: nn.Module | None) -> list[torch.optim.Optimizer]:
-    """The optimizers that already exist over the model's parameters, or every optimizer without a
-    model (global mode): their state is live before the block. Those created later are found at
-    their first step."""
-    params = {id(p) for p in model.parameters()} if model is not None else None
-    if params is not None and not params:
-        return []
-    found = []
-    for obj in gc.get_objects():
-        if not issubclass(type(obj), torch.optim.Optimizer):  # type(): some objects warn on __class__
-            continue
-        try:  # a subclass instance half built (its __init__ failed) has no param_groups
-            if params is None or any(id(p) in params for p in _params_of(obj)):
-                found.append(obj)
-        except Exception:
-            continue
-    return found

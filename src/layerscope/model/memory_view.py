@@ -49,6 +49,11 @@ class MemoryAtPeak:
     #: Whether layerscope's memory watch named the categories (a live capture with ``memory=True``);
     #: without it (a trace file), live memory is only "temporary" or "other".
     categorised: bool
+    #: Of the baseline: the bytes of the storages the watch saw (every live tensor's, scanned at
+    #: the start), and the allocator's own figure where it gave one (CUDA's
+    #: ``memory_allocated()``, a trace's "Total Allocated"), else None. The baseline is the larger.
+    baseline_seen_bytes: int | None = None
+    baseline_allocator_bytes: int | None = None
 
     def by_category(self) -> dict[str, int]:
         """Bytes live at the peak per category, largest first."""
@@ -86,4 +91,10 @@ def memory_at_peak(meta: dict[str, Any], device: str | bool | None = None) -> Me
         rows=tuple(MemoryRow(str(c), str(m), str(p), int(b)) for c, m, p, b in chosen["rows"]),
         saved=dict(memory.get("saved") or {}),
         categorised=bool(memory.get("watched")),
+        baseline_seen_bytes=_int_or_none(chosen.get("baseline_seen_bytes")),
+        baseline_allocator_bytes=_int_or_none(chosen.get("baseline_allocator_bytes")),
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) else None

@@ -1,0 +1,136 @@
+"""What was alive when a recording began: one pass over the garbage collector's objects finds every
+tensor (its storage's address and size) and the optimizers over the model's parameters.
+
+torch's events show only what the block allocates and frees. A tensor made before the block (a plain
+tensor attribute of a module, a loss target, a cache) shows in no event unless it is freed there, so
+without this scan it is missing from the absolute baseline. Each storage counts once, however many
+tensors view it; a storage that lies inside another one (``torch.from_numpy`` of views of one array)
+counts once too, as the part of memory it covers.
+
+The scan keeps addresses and sizes only, never a tensor; it pauses the cyclic collector while it
+runs (so the objects it makes cannot trigger a collection the program would not have had) and
+restores its state; it calls no tensor method through a subclass's ``__torch_function__`` and
+allocates nothing on any device. Its limit: tensors with no Python object (gradients autograd made
+in C++ and never read from Python, tensors an autograd graph saved before the block) are not in the
+collector's list: the watch's state entries name gradients, and on CUDA the allocator's own figure
+(``torch.cuda.memory_allocated()``) covers the rest. Its cost: docs/benchmarks.md (baseline scan).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from layerscope.events.memory_snapshots import StorageEntry
+from layerscope.gcpause import gc_paused
+
+#: The category of a storage the scan found and nothing else named.
+OTHER = "other"
+
+
+@dataclass
+class LiveScan:
+    """One scan's findings: each live storage once (category ``other``), the optimizers found
+    (only when asked), how many tensor objects were seen and what the scan cost."""
+
+    entries: list[StorageEntry] = field(default_factory=list)
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
+    tensors: int = 0
+    seconds: float = 0.0
+
+
+def scan_live(model: nn.Module | None = None, optimizers: bool = False) -> LiveScan:
+    """Every storage held by a live tensor object, each once; with ``optimizers``, also those over
+    ``model``'s parameters (every optimizer without a model: global mode), from the same pass."""
+    started = time.perf_counter()
+    scan = LiveScan()
+    tensor_types = _subclasses(torch.Tensor)
+    wanted = tensor_types | _subclasses(torch.optim.Optimizer) if optimizers else tensor_types
+    found: dict[tuple[bool, int], int] = {}  # (on a device, address) -> bytes
+    with gc_paused(), torch._C.DisableTorchFunctionSubclass():
+        objects = gc.get_objects()
+        # type(), not isinstance: some objects warn or compute on __class__; a set lookup per object
+        # keeps the pass over millions of objects to about 70 ns each (docs/benchmarks.md)
+        hits = [obj for obj in objects if type(obj) in wanted]
+        del objects  # the list holds every object of the process: it must not outlive the pass
+        for obj in hits:
+            if type(obj) not in tensor_types:
+                scan.optimizers.append(obj)
+                continue
+            scan.tensors += 1
+            entry = storage_entry(obj, OTHER)
+            if entry is not None and found.get((entry.on_device, entry.addr), -1) < entry.nbytes:
+                found[(entry.on_device, entry.addr)] = entry.nbytes
+        del hits
+    if optimizers:
+        scan.optimizers = _over_model(scan.optimizers, model)
+    scan.entries = list(_distinct(found))
+    scan.seconds = time.perf_counter() - started
+    return scan
+
+
+def _subclasses(root: type) -> set[type]:
+    """``root`` and every class derived from it, at any depth."""
+    found, pending = {root}, [root]
+    while pending:
+        derived: list[type] = type.__subclasses__(pending.pop())
+        for cls in derived:
+            if cls not in found:
+                found.add(cls)
+                pending.append(cls)
+    return found
+
+
+def _distinct(found: dict[tuple[bool, int], int]) -> Iterator[StorageEntry]:
+    """The storages in address order, per device class, each byte once: a storage inside one
+    already counted is dropped; one that overlaps its end counts only past it."""
+    end = {False: -1, True: -1}
+    for (on_device, addr), nbytes in sorted(found.items()):
+        stop = addr + nbytes
+        if stop <= end[on_device]:
+            continue
+        start = max(addr, end[on_device])
+        end[on_device] = stop
+        yield StorageEntry(addr, stop - start, OTHER, on_device)
+
+
+def storage_entry(tensor: Any, category: str, seq: int = -1) -> StorageEntry | None:
+    """The entry of ``tensor``'s storage (its address and whole size; views share it), or None
+    where it has none that holds memory (sparse, meta, empty, wrapper subclasses)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.is_sparse:
+        return None
+    try:
+        storage = tensor.untyped_storage()
+        # meta storages hold no memory; asking a FakeTensor's (torch.compile keeps some alive) for
+        # its address warns in the user's program
+        if storage.device.type == "meta":
+            return None
+        addr = storage.data_ptr()
+    except Exception:  # subclasses and wrappers without a storage, or whose storage refuses access
+        return None
+    if not addr:  # empty storages hold no memory
+        return None
+    return StorageEntry(addr, storage.nbytes(), category, not tensor.is_cpu, seq)
+
+
+def _over_model(found: Iterable[Any], model: nn.Module | None) -> list[torch.optim.Optimizer]:
+    """The optimizers over ``model``'s parameters (all of them without a model: global mode)."""
+    params = {id(p) for p in model.parameters()} if model is not None else None
+    if params is not None and not params:
+        return []
+    kept = []
+    for optimizer in found:
+        try:  # a subclass instance half built (its __init__ failed) has no param_groups
+            if params is None or any(
+                id(p) in params for group in optimizer.param_groups for p in group["params"]
+            ):
+                kept.append(optimizer)
+        except Exception:
+            continue
+    return kept

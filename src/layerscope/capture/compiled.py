@@ -38,7 +38,16 @@ _HOLDERS = ("torch._inductor.debug", "torch._inductor.codegen.cpp", "torch._indu
 #: Graphs kept per process (oldest dropped first): each is a few hundred bytes per kernel.
 MAX_GRAPHS = 512
 
-_ROOT_TOKEN = re.compile(r"^(?:[LG]\[['\"][^'\"]*['\"]\]|L__self__|self)(?=\.|$|\[|_modules)")
+# The compiled root: a local or global of the compiled frame (``L['self']``, ``L['fn']``, a compiled
+# function's ``L['model']``, ``G['model']``), or an item of one: a ``*args, **kwargs`` decorator on
+# ``forward`` makes the wrapper the compiled frame, with ``self`` in its varargs (``L['args'][0]``,
+# also through several decorators; ``L['kwargs']['self']``). Dynamo writes a module's children as
+# attributes (``L['fn'].0``), so an item directly after a local is never a child; ``self`` is
+# never a container.
+_ROOT_TOKEN = re.compile(
+    r"^(?:L\[['\"]self['\"]\]|[LG]\[['\"][^'\"]*['\"]\](?:\[(?:\d+|'[^']*'|\"[^\"]*\")\])*|L__self__|self)"
+    r"(?=\.|$|\[|_modules)"
+)
 _GETATTR = re.compile(r"getattr\(([^()]*?),\s*['\"]([^'\"]+)['\"]\)")
 # A method Dynamo wrapped on the instance (Lightning's compiled forward) leads back to the module.
 _WRAPPED_METHOD = re.compile(r"\.?[A-Za-z_]\w*\._torchdynamo_(?:inline|orig_callable)\.__self__")
@@ -108,7 +117,8 @@ class Collector:
         self.module_of_seq: dict[int, str] = {}
 
     def record(self, node_schedule: Any, kernel_name: str, is_extern: bool) -> None:
-        nodes = _origin_nodes(node_schedule, is_extern)
+        nodes = _origin_nodes(node_schedule, kernel_name, is_extern)
+        backward = _in_backward_graph()
         modules: list[str] = []
         seqs: list[int] = []
         for node in nodes:
@@ -126,10 +136,14 @@ class Collector:
             path = _stack_path(meta.get("fwd_nn_module_stack"))
             if path is not None:
                 modules.append(path)
-            elif isinstance(seq, int):
+            elif isinstance(seq, int) and backward:
                 seqs.append(seq)
-            else:
+            elif backward or seq is None or _op_name(getattr(node, "target", None)) == "copy_":
                 modules.extend(self._modules_of_inputs(node))
+            # Else a forward op of the compiled root's own code: no module. In a forward graph a
+            # sequence number names no module: a mutation copied back at the graph's end (a batch
+            # norm's running statistics) carries the last forward op's, so a copy goes to the
+            # module that computed the value copied.
         graph_id = _current_graph_id()
         with self.lock:
             graph = self.graphs.get(graph_id)
@@ -197,17 +211,42 @@ def _stack_path(stack: Any) -> str | None:
         return None
 
 
-def _origin_nodes(node_schedule: Any, is_extern: bool) -> list[Any]:
-    """The post-grad FX nodes behind one kernel call (as torch's own provenance tracing finds them)."""
+def _origin_nodes(node_schedule: Any, kernel_name: str, is_extern: bool) -> list[Any]:
+    """The post-grad FX nodes behind one kernel call (as torch's own provenance tracing finds them).
+
+    An extern kernel without an ``origin_node`` (a fallback op such as a compiled backward's
+    ``aten::convolution_backward``) lists as ``origins`` every node folded into its inputs too (the
+    batch-norm and ReLU backward before a convolution's): its own op's nodes are what it computes."""
     if is_extern:
         origin = getattr(node_schedule, "origin_node", None)
-        return [origin] if origin is not None else list(getattr(node_schedule, "origins", ()))
+        if origin is not None:
+            return [origin]
+        origins = list(getattr(node_schedule, "origins", ()))
+        key = inductor_kernel_key(kernel_name)
+        own = [n for n in origins if _op_name(getattr(n, "target", None)) == key]
+        return own or origins
     nodes: list[Any] = []
     for snode in node_schedule or ():
         ir_node = getattr(snode, "node", None)
         if ir_node is not None:
             nodes.extend(getattr(ir_node, "origins", ()))
     return nodes
+
+
+def _op_name(target: Any) -> str | None:
+    """An FX node's aten op name (``aten.convolution_backward.default`` -> ``convolution_backward``)."""
+    parts = str(target).split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "aten" else None
+
+
+def _in_backward_graph() -> bool:
+    """Whether Inductor is generating a backward graph now (AOTAutograd's lazy backward compile)."""
+    try:
+        from torch._inductor.virtualized import V
+
+        return bool(getattr(V.graph, "is_backward", True))
+    except Exception:  # outside a graph lowering: read sequence numbers as before
+        return True
 
 
 _graph_ids = itertools.count(1)

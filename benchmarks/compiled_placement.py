@@ -1,7 +1,8 @@
 """How much of a compiled model the tree places below its root, on the shapes that once defeated
 the mapping (issue 35): a ``forward`` behind ``*args, **kwargs`` decorators, a tiny Llama (plain,
 and behind transformers' ``@deprecate_kwarg`` as 4.4x-4.5x shipped it), a conv-bn-relu net's
-backward (``aten::convolution_backward`` as a fallback kernel).
+backward (``aten::convolution_backward`` as a fallback kernel), and the ResNet-18 layout at 1/8 width
+(batch norms whose running statistics are copied back at the forward graph's end).
 
 Each model is compiled whole (``torch.compile(model)``) while compiles are watched, warmed up for
 two training steps, then profiled ``--rounds`` times for ``--steps`` steps. Per model: graph calls
@@ -11,7 +12,7 @@ its FLOPs, the
 ``aten::convolution_backward`` calls left on the root, and the warnings the profile raised.
 Runs against any layerscope checkout (``PYTHONPATH=<checkout>/src``), to compare before and after.
 
-    python benchmarks/compiled_placement.py [--steps 2] [--rounds 3] [--only decorated,llama,conv]
+    python benchmarks/compiled_placement.py [--steps 2] [--rounds 3] [--only decorated,conv,...]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tests.fixtures.compiled_models import (
     llama_inputs,
     tiny_llama,
 )
+from tests.fixtures.models import tiny_resnet
 
 import layerscope as ls
 from layerscope.capture.compile_watch import CompileWatch
@@ -89,6 +91,11 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], torch.Tensor], bool
     "llama": (lambda: tiny_llama(decorated=False), llama_inputs, True),
     "llama-decorated": (tiny_llama, llama_inputs, True),
     "conv": (ConvBnRelu, conv_inputs, False),
+    "resnet": (
+        tiny_resnet,
+        lambda: torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(1)),
+        False,
+    ),
 }
 
 

@@ -240,36 +240,76 @@ def test_paths_folded_by_depth_go_to_their_ancestor_without_a_warning(decorated:
     assert "blocks.0.up" in profile.meta["compiled"]["paths_not_in_tree"]  # folded, and said so
 
 
-def _node(target: Any, stack_path: str | None, seq: int | None = None, inputs: tuple[Any, ...] = ()) -> Any:
+_PLACEHOLDER = SimpleNamespace(op="placeholder", target="primals_1", meta={}, all_input_nodes=[], args=())
+
+
+def _node(
+    target: Any,
+    stack_path: str | None,
+    seq: int | None = None,
+    inputs: tuple[Any, ...] = (_PLACEHOLDER,),
+    backward: bool = False,
+) -> Any:
+    """An FX node as the collector reads it: a forward node's ``nn_module_stack``, or (backward) the
+    ``fwd_nn_module_stack`` of the forward op it differentiates."""
     meta: dict[str, Any] = {"seq_nr": seq} if seq is not None else {}
     if stack_path is not None:
-        meta["nn_module_stack"] = {"k": (f"L['self'].{stack_path}", nn.Module)}
-    return SimpleNamespace(target=target, meta=meta, all_input_nodes=list(inputs), args=inputs)
+        meta["fwd_nn_module_stack" if backward else "nn_module_stack"] = {
+            "k": (f"L['self'].{stack_path}", nn.Module)
+        }
+    return SimpleNamespace(
+        op="call_function", target=target, meta=meta, all_input_nodes=list(inputs), args=inputs
+    )
 
 
-def test_a_fallback_kernel_takes_its_own_ops_module_not_its_inputs() -> None:
+@pytest.fixture
+def collector(monkeypatch: pytest.MonkeyPatch) -> compiled_capture.Collector:
+    """A collector outside any graph lowering: every kernel recorded goes to one graph."""
+    monkeypatch.setattr(compiled_capture, "_current_graph_id", lambda: 1)
+    return compiled_capture.Collector()
+
+
+def _fused(*nodes: Any) -> list[Any]:
+    """A fused kernel's node schedule as Inductor hands it to the provenance hook."""
+    return [SimpleNamespace(node=SimpleNamespace(origins=list(nodes)))]
+
+
+def test_a_fallback_kernel_takes_its_own_ops_module_not_its_inputs(
+    collector: compiled_capture.Collector,
+) -> None:
     aten = torch.ops.aten
-    own = _node(aten.convolution_backward.default, None)
-    own.meta["fwd_nn_module_stack"] = {"k": ("L['self'].conv2", nn.Conv2d)}
-    folded = _node(aten.mul.Tensor, None)
-    folded.meta["fwd_nn_module_stack"] = {"k": ("L['self'].bn2", nn.BatchNorm2d)}
-    collector = compiled_capture.Collector()
+    own = _node(aten.convolution_backward.default, "conv2", backward=True)
+    folded = _node(aten.mul.Tensor, "bn2", backward=True)
     kernel = SimpleNamespace(origin_node=None, origins=[folded, own])
     collector.record(kernel, "torch.ops.aten.convolution_backward.default", True)
     assert collector.finished() == [{"kernels": [["convolution_backward", "conv2"]]}]
 
 
-def test_a_forward_copy_back_goes_to_the_module_that_computed_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shared_constant_does_not_widen_a_fused_kernel(collector: compiled_capture.Collector) -> None:
+    """The zeros of every ReLU backward are one node, carrying the module of its first user
+    (the last block's ReLU): the fused batch-norm and ReLU backward of another block stays there."""
+    aten = torch.ops.aten
+    zeros = _node(aten.full.default, "layer4.1.relu", inputs=(), backward=True)
+    where = _node(aten.where.self, "layer3.1.relu", inputs=(_PLACEHOLDER, zeros), backward=True)
+    grad = _node(aten.mul.Tensor, "layer3.1.bn1", inputs=(where,), backward=True)
+    collector.record(_fused(zeros, where, grad), "cpp_fused_threshold_backward_4", False)
+    collector.record(_fused(zeros), "cpp_fused_full_5", False)  # alone, it is all there is
+    assert collector.finished() == [
+        {"kernels": [["cpp_fused_threshold_backward_4", "layer3.1"], ["cpp_fused_full_5", "layer4.1.relu"]]}
+    ]
+
+
+def test_a_forward_copy_back_goes_to_the_module_that_computed_it(
+    collector: compiled_capture.Collector, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A batch norm's running statistics copied back at the forward graph's end carry the last
     forward op's sequence number (another module's): they belong to the batch norm."""
     aten = torch.ops.aten
-    monkeypatch.setattr(compiled_capture, "_in_backward_graph", lambda: False)
-    collector = compiled_capture.Collector()
+    monkeypatch.setattr(compiled_capture, "_in_backward_graph", lambda: False, raising=False)
     last = _node(aten.convolution.default, "conv3", seq=20)
     collector.record(SimpleNamespace(origin_node=last), "extern_kernels.convolution", True)
     stats = _node(aten.add.Tensor, "bn1", seq=15)
-    copy = _node(aten.copy_.default, None, seq=20, inputs=(_node("placeholder", None), stats))
+    copy = _node(aten.copy_.default, None, seq=20, inputs=(_PLACEHOLDER, stats))
     root_op = _node(aten.relu.default, None, seq=12)  # the root's own code: no module
-    fused = [SimpleNamespace(node=SimpleNamespace(origins=[stats, copy, root_op]))]
-    collector.record(fused, "cpp_fused_1", False)
+    collector.record(_fused(stats, copy, root_op), "cpp_fused_1", False)
     assert collector.finished() == [{"kernels": [["convolution", "conv3"], ["cpp_fused_1", "bn1"]]}]

@@ -9,7 +9,10 @@ function: each node's ``meta["nn_module_stack"]`` names the module of forward no
 carry the forward op's stack (``fwd_nn_module_stack``) or its ``seq_nr``, which leads back to that
 module; a node a pass made without metadata (a gradient addition fused into a matmul) takes the
 modules of the nodes it computes from. A kernel fused from nodes of several modules goes to their
-deepest common ancestor.
+deepest common ancestor; constants (shared by every user in a graph) count only where a kernel has
+nothing else, and a fallback kernel (``aten::convolution_backward`` in a compiled backward) is the
+node of its own op, not those Inductor folded into its inputs. Module paths are relative to the
+compiled root however Dynamo names it (``L['self']``, ``L['args'][0]`` behind a decorator).
 
 Kernels are recorded per graph, in the order the generated wrapper calls them; attribution later
 matches them, in order, with the children of each ``## Call CompiledFxGraph ##`` range.
@@ -117,33 +120,22 @@ class Collector:
         self.module_of_seq: dict[int, str] = {}
 
     def record(self, node_schedule: Any, kernel_name: str, is_extern: bool) -> None:
-        nodes = _origin_nodes(node_schedule, kernel_name, is_extern)
         backward = _in_backward_graph()
         modules: list[str] = []
         seqs: list[int] = []
-        for node in nodes:
-            meta = getattr(node, "meta", None) or {}
-            path = _stack_path(meta.get("nn_module_stack"))
-            seq = meta.get("seq_nr")
-            if path is not None:
-                modules.append(path)
-                if isinstance(seq, int):
-                    if len(self.module_of_seq) >= _MAX_SEQUENCE_NUMBERS:
-                        self.module_of_seq.clear()  # a process-wide watch runs for ever
-                    self.module_of_seq.setdefault(seq, path)
-                continue
-            # a backward node: the module of the forward op it differentiates
-            path = _stack_path(meta.get("fwd_nn_module_stack"))
-            if path is not None:
-                modules.append(path)
-            elif isinstance(seq, int) and backward:
-                seqs.append(seq)
-            elif backward or seq is None or _op_name(getattr(node, "target", None)) == "copy_":
-                modules.extend(self._modules_of_inputs(node))
-            # Else a forward op of the compiled root's own code: no module. In a forward graph a
-            # sequence number names no module: a mutation copied back at the graph's end (a batch
-            # norm's running statistics) carries the last forward op's, so a copy goes to the
-            # module that computed the value copied.
+        constants: list[str] = []
+        for node in _origin_nodes(node_schedule, kernel_name, is_extern):
+            found = self._modules_of(node, backward)
+            if isinstance(found, int):
+                seqs.append(found)
+            elif _is_constant(node):
+                # A constant (the zeros of every ReLU backward) is made once per graph and shared,
+                # carrying the module of its first user: it says nothing about this kernel's.
+                constants.extend(found)
+            else:
+                modules.extend(found)
+        if not modules and not seqs:
+            modules = constants
         graph_id = _current_graph_id()
         with self.lock:
             graph = self.graphs.get(graph_id)
@@ -152,6 +144,32 @@ class Collector:
                 while len(self.graphs) > MAX_GRAPHS:
                     del self.graphs[next(iter(self.graphs))]
             graph.kernels.append(_Kernel(inductor_kernel_key(kernel_name), modules, seqs))
+
+    def _modules_of(self, node: Any, backward: bool) -> list[str] | int:
+        """The module paths one FX node computes for, or the sequence number of a backward node
+        that has only that (resolved when the graphs are read: its forward may come later)."""
+        meta = getattr(node, "meta", None) or {}
+        path = _stack_path(meta.get("nn_module_stack"))
+        seq = meta.get("seq_nr")
+        if path is not None:
+            if isinstance(seq, int):
+                if len(self.module_of_seq) >= _MAX_SEQUENCE_NUMBERS:
+                    self.module_of_seq.clear()  # a process-wide watch runs for ever
+                self.module_of_seq.setdefault(seq, path)
+            return [path]
+        # a backward node: the module of the forward op it differentiates
+        path = _stack_path(meta.get("fwd_nn_module_stack"))
+        if path is not None:
+            return [path]
+        if isinstance(seq, int) and backward:
+            return seq
+        if backward or seq is None or _op_name(getattr(node, "target", None)) == "copy_":
+            return self._modules_of_inputs(node)
+        # A forward op of the compiled root's own code: no module. In a forward graph a sequence
+        # number names no module: a mutation copied back at the graph's end (a batch norm's
+        # running statistics) carries the last forward op's, so a copy goes to the module that
+        # computed the value copied.
+        return []
 
     def clear(self) -> None:
         """Forget every graph recorded so far."""
@@ -231,6 +249,11 @@ def _origin_nodes(node_schedule: Any, kernel_name: str, is_extern: bool) -> list
         if ir_node is not None:
             nodes.extend(getattr(ir_node, "origins", ()))
     return nodes
+
+
+def _is_constant(node: Any) -> bool:
+    """Whether an FX node computes from no other node (``full``, ``arange``, ``scalar_tensor``)."""
+    return getattr(node, "op", None) == "call_function" and not getattr(node, "all_input_nodes", True)
 
 
 def _op_name(target: Any) -> str | None:

@@ -311,6 +311,13 @@ def test_compile_info_learns_graphs_for_later_profiles(monkeypatch: pytest.Monke
         ("L['mod'].up", "up"),
         ("G['model'].wide.mid", "wide.mid"),  # a compiled function calling a global model
         ("L['self'].forward._torchdynamo_inline.__self__.head", "head"),  # Lightning's compiled forward
+        # a forward behind `*args, **kwargs` decorators: the wrapper is the compiled frame
+        ("L['args'][0].blocks.0.up", "blocks.0.up"),
+        ("L['args'][0]", ""),
+        ("L['kwargs']['self'].head", "head"),
+        ("L['s'].net.layers.0", "net.layers.0"),  # an undecorated root calling a decorated child
+        ("L['fn'].2.0", "2.0"),  # a compiled Sequential
+        ("L['self'][0]", "0"),  # `self` is never a container
     ],
 )
 def test_module_paths_from_dynamo_stacks(entry: str, path: str) -> None:
@@ -360,7 +367,12 @@ def test_triton_kernels_follow_the_mapping_on_a_real_cuda_trace(real_traces: Pat
     rotary = profile.find("rotary")
     assert rotary.forward.self_device_us == pytest.approx(kernel["dur"])
     assert profile.root.forward.self_device_us == 0
-    assert profile.meta["compiled"] == {"graph_calls": 1, "mapped_graph_calls": 1, "kernels_placed": 1}
+    assert profile.meta["compiled"] == {
+        "graph_calls": 1,
+        "mapped_graph_calls": 1,
+        "kernels_matched": 1,
+        "kernels_placed": 1,
+    }
 
 
 def test_a_torch_without_the_provenance_hook_still_profiles(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -373,11 +373,7 @@ def _profile_meta(
         full_meta["call_lines"] = {"ops": table.call_lines.op_count, "stacks": len(table.call_lines.stacks)}
     compiled = nested.compiled
     if compiled.graph_calls:
-        full_meta["compiled"] = {
-            "graph_calls": compiled.graph_calls,
-            "mapped_graph_calls": compiled.matched_calls,
-            "kernels_placed": compiled.moved,
-        }
+        full_meta["compiled"] = compiled.meta()
     return full_meta
 
 

@@ -15,7 +15,7 @@ ancestor of their modules. Everything still adds up: only the bucket of whole sp
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -130,6 +130,32 @@ class CompiledAttribution:
     moved: int = 0
     graph_calls: int = 0
     matched_calls: int = 0
+    #: kernel spans matched to a kernel of their graph (``moved`` of them left the compiled module)
+    matched_kernels: int = 0
+    #: module paths kernels were learnt for that have no node of their own in the tree (folded by
+    #: ``depth``/``paths``, or not a module of this model), with how many kernel spans named each;
+    #: those kernels went to the nearest ancestor in the tree
+    not_in_tree: dict[str, int] = field(default_factory=dict)
+
+    def meta(self) -> dict[str, Any]:
+        """The ``meta["compiled"]`` of a profile: graph calls, those matched, kernel spans matched,
+        those placed below the compiled module, and the paths not in the tree (the most named
+        first, at most :data:`MAX_PATHS_SAVED`)."""
+        found: dict[str, Any] = {
+            "graph_calls": self.graph_calls,
+            "mapped_graph_calls": self.matched_calls,
+            "kernels_matched": self.matched_kernels,
+            "kernels_placed": self.moved,
+        }
+        if self.not_in_tree:
+            ranked = sorted(self.not_in_tree.items(), key=lambda item: (-item[1], item[0]))
+            found["kernels_not_in_tree"] = sum(self.not_in_tree.values())
+            found["paths_not_in_tree"] = dict(ranked[:MAX_PATHS_SAVED])
+        return found
+
+
+#: Paths not in the tree kept in a profile's meta (the rest are counted only).
+MAX_PATHS_SAVED = 8
 
 
 def attribute_compiled_kernels(
@@ -187,10 +213,14 @@ def attribute_compiled_kernels(
         for child, k in zip(kids, matched, strict=True):
             if k < 0:
                 continue
+            result.matched_kernels += 1
             rel = graph.modules[k]
-            target = resolve_path(f"{root_path}.{rel}" if root_path and rel else root_path or rel, index)
+            path = f"{root_path}.{rel}" if root_path and rel else root_path or rel
+            target = resolve_path(path, index)
             if target < 0:
                 continue
+            if catalog[target].path != path:
+                result.not_in_tree[path] = result.not_in_tree.get(path, 0) + 1
             new_bucket = buckets.with_phase(target, phase_bit)
             if new_bucket != bucket[child]:
                 changed[child] = (bucket[child], new_bucket)

@@ -9,7 +9,10 @@ function: each node's ``meta["nn_module_stack"]`` names the module of forward no
 carry the forward op's stack (``fwd_nn_module_stack``) or its ``seq_nr``, which leads back to that
 module; a node a pass made without metadata (a gradient addition fused into a matmul) takes the
 modules of the nodes it computes from. A kernel fused from nodes of several modules goes to their
-deepest common ancestor.
+deepest common ancestor; constants (shared by every user in a graph) count only where a kernel has
+nothing else, and a fallback kernel (``aten::convolution_backward`` in a compiled backward) is the
+node of its own op, not those Inductor folded into its inputs. Module paths are relative to the
+compiled root however Dynamo names it (``L['self']``, ``L['args'][0]`` behind a decorator).
 
 Kernels are recorded per graph, in the order the generated wrapper calls them; attribution later
 matches them, in order, with the children of each ``## Call CompiledFxGraph ##`` range.
@@ -38,7 +41,16 @@ _HOLDERS = ("torch._inductor.debug", "torch._inductor.codegen.cpp", "torch._indu
 #: Graphs kept per process (oldest dropped first): each is a few hundred bytes per kernel.
 MAX_GRAPHS = 512
 
-_ROOT_TOKEN = re.compile(r"^(?:[LG]\[['\"][^'\"]*['\"]\]|L__self__|self)(?=\.|$|\[|_modules)")
+# The compiled root: a local or global of the compiled frame (``L['self']``, ``L['fn']``, a compiled
+# function's ``L['model']``, ``G['model']``), or an item of one: a ``*args, **kwargs`` decorator on
+# ``forward`` makes the wrapper the compiled frame, with ``self`` in its varargs (``L['args'][0]``,
+# also through several decorators; ``L['kwargs']['self']``). Dynamo writes a module's children as
+# attributes (``L['fn'].0``), so an item directly after a local is never a child; ``self`` is
+# never a container.
+_ROOT_TOKEN = re.compile(
+    r"^(?:L\[['\"]self['\"]\]|[LG]\[['\"][^'\"]*['\"]\](?:\[(?:\d+|'[^']*'|\"[^\"]*\")\])*|L__self__|self)"
+    r"(?=\.|$|\[|_modules)"
+)
 _GETATTR = re.compile(r"getattr\(([^()]*?),\s*['\"]([^'\"]+)['\"]\)")
 # A method Dynamo wrapped on the instance (Lightning's compiled forward) leads back to the module.
 _WRAPPED_METHOD = re.compile(r"\.?[A-Za-z_]\w*\._torchdynamo_(?:inline|orig_callable)\.__self__")
@@ -108,28 +120,22 @@ class Collector:
         self.module_of_seq: dict[int, str] = {}
 
     def record(self, node_schedule: Any, kernel_name: str, is_extern: bool) -> None:
-        nodes = _origin_nodes(node_schedule, is_extern)
+        backward = _in_backward_graph()
         modules: list[str] = []
         seqs: list[int] = []
-        for node in nodes:
-            meta = getattr(node, "meta", None) or {}
-            path = _stack_path(meta.get("nn_module_stack"))
-            seq = meta.get("seq_nr")
-            if path is not None:
-                modules.append(path)
-                if isinstance(seq, int):
-                    if len(self.module_of_seq) >= _MAX_SEQUENCE_NUMBERS:
-                        self.module_of_seq.clear()  # a process-wide watch runs for ever
-                    self.module_of_seq.setdefault(seq, path)
-                continue
-            # a backward node: the module of the forward op it differentiates
-            path = _stack_path(meta.get("fwd_nn_module_stack"))
-            if path is not None:
-                modules.append(path)
-            elif isinstance(seq, int):
-                seqs.append(seq)
+        constants: list[str] = []
+        for node in _origin_nodes(node_schedule, kernel_name, is_extern):
+            found = self._modules_of(node, backward)
+            if isinstance(found, int):
+                seqs.append(found)
+            elif _is_constant(node):
+                # A constant (the zeros of every ReLU backward) is made once per graph and shared,
+                # carrying the module of its first user: it says nothing about this kernel's.
+                constants.extend(found)
             else:
-                modules.extend(self._modules_of_inputs(node))
+                modules.extend(found)
+        if not modules and not seqs:
+            modules = constants
         graph_id = _current_graph_id()
         with self.lock:
             graph = self.graphs.get(graph_id)
@@ -138,6 +144,32 @@ class Collector:
                 while len(self.graphs) > MAX_GRAPHS:
                     del self.graphs[next(iter(self.graphs))]
             graph.kernels.append(_Kernel(inductor_kernel_key(kernel_name), modules, seqs))
+
+    def _modules_of(self, node: Any, backward: bool) -> list[str] | int:
+        """The module paths one FX node computes for, or the sequence number of a backward node
+        that has only that (resolved when the graphs are read: its forward may come later)."""
+        meta = getattr(node, "meta", None) or {}
+        path = _stack_path(meta.get("nn_module_stack"))
+        seq = meta.get("seq_nr")
+        if path is not None:
+            if isinstance(seq, int):
+                if len(self.module_of_seq) >= _MAX_SEQUENCE_NUMBERS:
+                    self.module_of_seq.clear()  # a process-wide watch runs for ever
+                self.module_of_seq.setdefault(seq, path)
+            return [path]
+        # a backward node: the module of the forward op it differentiates
+        path = _stack_path(meta.get("fwd_nn_module_stack"))
+        if path is not None:
+            return [path]
+        if isinstance(seq, int) and backward:
+            return seq
+        if backward or seq is None or _op_name(getattr(node, "target", None)) == "copy_":
+            return self._modules_of_inputs(node)
+        # A forward op of the compiled root's own code: no module. In a forward graph a sequence
+        # number names no module: a mutation copied back at the graph's end (a batch norm's
+        # running statistics) carries the last forward op's, so a copy goes to the module that
+        # computed the value copied.
+        return []
 
     def clear(self) -> None:
         """Forget every graph recorded so far."""
@@ -197,17 +229,47 @@ def _stack_path(stack: Any) -> str | None:
         return None
 
 
-def _origin_nodes(node_schedule: Any, is_extern: bool) -> list[Any]:
-    """The post-grad FX nodes behind one kernel call (as torch's own provenance tracing finds them)."""
+def _origin_nodes(node_schedule: Any, kernel_name: str, is_extern: bool) -> list[Any]:
+    """The post-grad FX nodes behind one kernel call (as torch's own provenance tracing finds them).
+
+    An extern kernel without an ``origin_node`` (a fallback op such as a compiled backward's
+    ``aten::convolution_backward``) lists as ``origins`` every node folded into its inputs too (the
+    batch-norm and ReLU backward before a convolution's): its own op's nodes are what it computes."""
     if is_extern:
         origin = getattr(node_schedule, "origin_node", None)
-        return [origin] if origin is not None else list(getattr(node_schedule, "origins", ()))
+        if origin is not None:
+            return [origin]
+        origins = list(getattr(node_schedule, "origins", ()))
+        key = inductor_kernel_key(kernel_name)
+        own = [n for n in origins if _op_name(getattr(n, "target", None)) == key]
+        return own or origins
     nodes: list[Any] = []
     for snode in node_schedule or ():
         ir_node = getattr(snode, "node", None)
         if ir_node is not None:
             nodes.extend(getattr(ir_node, "origins", ()))
     return nodes
+
+
+def _is_constant(node: Any) -> bool:
+    """Whether an FX node computes from no other node (``full``, ``arange``, ``scalar_tensor``)."""
+    return getattr(node, "op", None) == "call_function" and not getattr(node, "all_input_nodes", True)
+
+
+def _op_name(target: Any) -> str | None:
+    """An FX node's aten op name (``aten.convolution_backward.default`` -> ``convolution_backward``)."""
+    parts = str(target).split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "aten" else None
+
+
+def _in_backward_graph() -> bool:
+    """Whether Inductor is generating a backward graph now (AOTAutograd's lazy backward compile)."""
+    try:
+        from torch._inductor.virtualized import V
+
+        return bool(getattr(V.graph, "is_backward", True))
+    except Exception:  # outside a graph lowering: read sequence numbers as before
+        return True
 
 
 _graph_ids = itertools.count(1)

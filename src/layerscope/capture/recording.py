@@ -26,7 +26,7 @@ from layerscope.capture.environment import device_meta, distributed_info, enviro
 from layerscope.capture.flops import FlopCalculator
 from layerscope.capture.kineto import table_from_kineto
 from layerscope.capture.module_marks import ModuleMarks
-from layerscope.capture.options import CaptureOptions
+from layerscope.capture.options import CaptureOptions, ModuleSelection
 from layerscope.capture.scope_plan import ScopePlan
 from layerscope.errors import CaptureError, LayerscopeWarning
 from layerscope.events.call_lines import CallLines
@@ -36,7 +36,8 @@ from layerscope.model.profile import Profile
 
 
 class CompileInfoWarning(LayerscopeWarning):
-    """Compiled code ran whose kernels layerscope cannot place in modules (it compiled unwatched)."""
+    """Compiled code ran whose kernels layerscope cannot place in modules (it compiled unwatched,
+    or its compiler named modules that are not the profiled model's)."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class Recording:
             compiled_graphs=known_graphs(),
             snapshots=self.context.snapshots,
         )
-        _warn_unmapped_compiled_calls(profile)
+        _warn_unplaced_compiled_kernels(profile, self.context.options.selection)
         return profile
 
     def _meta(self) -> dict[str, Any]:
@@ -191,18 +192,38 @@ class Recording:
         return {"layerscope": own, **trace} if own else trace
 
 
-def _warn_unmapped_compiled_calls(profile: Profile) -> None:
+def _warn_unplaced_compiled_kernels(profile: Profile, selection: ModuleSelection) -> None:
+    """One warning (and ``meta["compiled"]["note"]``) for compiled kernels left with the compiled
+    module: graph calls of code compiled unwatched, and kernels whose module paths are not the
+    model's (paths that ``depth``/``paths`` fold are meant to go to their ancestors)."""
     compiled = profile.meta.get("compiled")
-    if not compiled or compiled["mapped_graph_calls"] >= compiled["graph_calls"]:
+    if not compiled:
         return
+    notes = []
     unmapped = compiled["graph_calls"] - compiled["mapped_graph_calls"]
-    note = (
-        f"{unmapped} of {compiled['graph_calls']} compiled graph calls ran code compiled before "
-        "layerscope could watch, so their kernels stay with the compiled module: call "
-        "layerscope.watch_compiles() before the first call of the compiled model (or set "
-        "LAYERSCOPE_WATCH_COMPILES=1), or run the script under `layerscope run`; in a process that "
-        "already ran it (a notebook), call torch._dynamo.reset() first so that it compiles again"
-    )
+    if unmapped > 0:
+        notes.append(
+            f"{unmapped} of {compiled['graph_calls']} compiled graph calls ran code compiled before "
+            "layerscope could watch, so their kernels stay with the compiled module: call "
+            "layerscope.watch_compiles() before the first call of the compiled model (or set "
+            "LAYERSCOPE_WATCH_COMPILES=1), or run the script under `layerscope run`; in a process "
+            "that already ran it (a notebook), call torch._dynamo.reset() first so that it compiles again"
+        )
+    unknown = {p: n for p, n in compiled.get("paths_not_in_tree", {}).items() if not selection.why_folded(p)}
+    if unknown:
+        named = ", ".join(f"'{p}'" for p in list(unknown)[:3]) + (", ..." if len(unknown) > 3 else "")
+        notes.append(
+            f"{sum(unknown.values())} compiled kernel calls name modules that are not in "
+            f"{profile.root.type_name} ({named}), so they stay with the nearest module the tree "
+            "has: torch.compile named the model in a way layerscope does not read "
+            "(a wrapper around forward it does not know). Totals are right; only their place below "
+            "that module is lost. To see the tree, compile the blocks instead (block.compile(): "
+            "each is scoped by its own call) or profile uncompiled; and please report this message "
+            "to layerscope with how the model's forward is wrapped"
+        )
+    if not notes:
+        return
+    note = "; also, ".join(notes)
     compiled["note"] = note
     warnings.warn(note, CompileInfoWarning, stacklevel=_first_frame_outside_layerscope())
 

@@ -62,10 +62,14 @@ def test_the_absolute_peak_counts_what_was_live_before_the_block(adamw_run: dict
     # counters (4-byte scalars, one per parameter), and the input.
     step_counters = F32 * len(list(model.parameters()))
     input_bytes = BATCH * D_IN * F32
-    assert at_peak.baseline_bytes == params + 2 * params + step_counters + input_bytes
+    # Tensors of the process this test did not make (earlier tests' module-level constants, a few
+    # bytes) are alive too: the scan counts them as "other", and the block never touches them.
+    categories = at_peak.by_category()
+    elsewhere = categories.get("other", 0)
+    assert elsewhere < 64 * 1024
+    assert at_peak.baseline_bytes == params + 2 * params + step_counters + input_bytes + elsewhere
     # At the peak (inside AdamW's step): all of that, the gradients, and a parameter-sized
     # temporary AdamW makes (its denominator) on top.
-    categories = at_peak.by_category()
     assert categories["parameter"] == params
     assert categories["gradient"] == params
     assert categories["optimizer_state"] == 2 * params + step_counters
@@ -83,7 +87,8 @@ def test_live_at_peak_agrees_with_torchs_memory_profile(adamw_run: dict[str, Any
     peak_ns = profile.meta["memory"]["classes"][0]["peak_ts_ns"]
     theirs = _torch_categories_at(prof.torch_profiler._memory_profile(), peak_ns)
     ours = profile.memory_at_peak().by_category()
-    assert sum(theirs.values()) == sum(ours.values())
+    # torch's replay knows only tensors the block's events touch: not other tests' leftovers ("other")
+    assert sum(theirs.values()) == sum(ours.values()) - ours.get("other", 0)
     for category in ("parameter", "gradient", "optimizer_state"):
         assert ours[category] == theirs[category], category
     # torch also calls an 8-byte scalar of AdamW's step an input; ours calls it temporary.

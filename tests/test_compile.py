@@ -377,14 +377,28 @@ def test_triton_kernels_follow_the_mapping_on_a_real_cuda_trace(real_traces: Pat
 
 def test_a_torch_without_the_provenance_hook_still_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Older torch (2.4) has no set_kernel_post_grad_provenance_tracing: profiling must go on, with
-    compiled regions kept whole, and nothing left patched."""
+    compiled regions kept whole, and nothing left patched. The installation is tried at the start of
+    the first compilation in the block (without the hook this torch's Inductor cannot compile, so
+    only the start Dynamo announces is played)."""
     import torch._inductor.config as inductor_config
     import torch._inductor.debug as inductor_debug
 
+    try:
+        from torch._dynamo.callback import CallbackTrigger, callback_handler
+    except ImportError:  # an older torch without compile callbacks: the installation is tried at once
+        callback_handler = None
+
     monkeypatch.delattr(inductor_debug, "set_kernel_post_grad_provenance_tracing", raising=False)
+    compile_watch._unsupported.clear()
     model = nn.Linear(8, 8)
     with ls.profile(model) as prof:
+        if callback_handler is not None:
+            with callback_handler.install_callbacks(CallbackTrigger.DYNAMO, "0/0"):
+                pass  # what Dynamo runs around a compilation
         model(torch.randn(4, 8)).sum().backward()
     prof.profile.validate()
     assert compile_watch._unsupported  # why watching failed is kept (a missing hook or config key)
     assert inductor_config.cpp.enable_kernel_profile is False  # flags set before the failure are undone
+    assert not compile_watch._installation.holders
+    if callback_handler is not None:  # the trigger left with the block
+        assert compile_watch._installation._on_compile_start not in callback_handler.start_callbacks

@@ -178,6 +178,43 @@ def test_the_environment_variable_watches_lazily_from_import(tmp_path: Path) -> 
     assert found["forward"] > 0 and found["backward"] > 0
 
 
+def test_a_watch_where_dynamo_is_loaded_installs_at_the_first_compile(tmp_path: Path) -> None:
+    """Libraries such as transformers load Dynamo without compiling: a watch (and a profile) started
+    there must not import Inductor's code generators (about 1 s) until something compiles, and must
+    still place what compiles later."""
+    out = _run_python(
+        """
+        import json, sys
+        import torch
+        import torch._dynamo  # as transformers does on import
+        import layerscope as ls
+        from layerscope.capture.compile_watch import CompileWatch
+        from tests.fixtures.models import WideAmongNarrow
+
+        watch = CompileWatch().start()
+        with ls.profile(WideAmongNarrow()):  # a profile in such a process, nothing compiled
+            pass
+        before = "torch._inductor.codegen.cpp" in sys.modules
+        model = torch.compile(WideAmongNarrow())  # (imports the code generators itself)
+        x = torch.randn(256, 32)
+        model(x).sum().backward()
+        with ls.profile(model) as session:
+            model(x).sum().backward()
+        watch.stop()
+        compiled = session.profile.meta["compiled"]
+        print(json.dumps({
+            "imported_before": before, "imported_after": "torch._inductor.codegen.cpp" in sys.modules,
+            "mapped": compiled["mapped_graph_calls"], "calls": compiled["graph_calls"],
+            "forward": session.profile.find("wide.mid").forward.self_cpu_us,
+        }))
+        """,
+        tmp_path,
+    )
+    found = json.loads(out.strip().splitlines()[-1])
+    assert not found["imported_before"] and found["imported_after"]
+    assert found["mapped"] == found["calls"] > 0 and found["forward"] > 0
+
+
 TRAIN_SCRIPT = """
 import torch
 from tests.fixtures.models import WideAmongNarrow

@@ -152,8 +152,13 @@ def test_transformers_trainer_with_torch_compile(tmp_path: Path) -> None:
 
 
 # ----- Hugging Face Accelerate --------------------------------------------------------------------------
+def said_saved(err: str) -> list[str]:
+    """The ``layerscope: saved ... in ...`` lines an integration printed."""
+    return [line for line in err.splitlines() if line.startswith("layerscope: saved")]
+
+
 @needs("accelerate")
-def test_accelerate_profile_kwargs(tmp_path: Path) -> None:
+def test_accelerate_profile_kwargs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from accelerate import Accelerator
     from accelerate.utils import ProfileKwargs
 
@@ -183,6 +188,8 @@ def test_accelerate_profile_kwargs(tmp_path: Path) -> None:
     written = prof.on_trace_ready.written
     assert [w.name.split("_")[0] for w in written] == ["rank0"] * 4  # profile, trace, HTML, text
     assert any(".pt.trace.json.gz" in w.name for w in written)
+    (said,) = said_saved(capsys.readouterr().err)  # where it wrote, one line for the cycle
+    assert said.endswith(f" in {tmp_path / 'trace'}") and all(w.name in said for w in written)
 
 
 # ----- PyTorch Lightning ---------------------------------------------------------------------------------
@@ -224,7 +231,7 @@ def _fit_tiny_lightning_module(dirpath: Path, compile_it: bool = False) -> objec
 
 
 @needs("lightning")
-def test_lightning_profiler(tmp_path: Path) -> None:
+def test_lightning_profiler(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     profiler = _fit_tiny_lightning_module(tmp_path)
     assert len(profiler.cycles) == 1  # type: ignore[attr-defined]
     p = profiler.cycles[0].profile  # type: ignore[attr-defined]
@@ -234,6 +241,35 @@ def test_lightning_profiler(tmp_path: Path) -> None:
     files = sorted((tmp_path / "layerscope").iterdir())
     assert [f.name.startswith("rank0_steps2-4_") for f in files] == [True, True, True]  # json.gz, html, txt
     assert "encoder" in profiler.summary()  # type: ignore[attr-defined]
+    (said,) = said_saved(capsys.readouterr().err)  # where it wrote, one line for the cycle
+    assert said.endswith(f" in {tmp_path / 'layerscope'}") and all(f.name in said for f in files)
+
+
+@needs("accelerate")
+@needs("lightning")
+def test_only_the_main_process_says_where_it_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every rank writes its own files, named by its global rank; only rank 0 prints the line."""
+    from accelerate.utils import ProfileKwargs
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from layerscope.integrations.accelerate import profile
+
+    monkeypatch.setenv("RANK", "1")  # a second process of a torchrun job, given the same kwargs
+    schedule = {"wait": 0, "warmup": 1, "active": 1, "repeat": 1, "skip_first": 0}
+    kwargs = ProfileKwargs(schedule_option=schedule, output_trace_dir=str(tmp_path / "trace"))
+    model = nn.Linear(4, 2)
+    with profile(kwargs, model, trace=False) as prof:
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            prof.step()
+    assert [w.name.split("_")[0] for w in prof.on_trace_ready.written] == ["rank1"] * 3
+    monkeypatch.setattr(rank_zero_only, "rank", 1)  # Lightning's global rank, as its strategy sets it
+    _fit_tiny_lightning_module(tmp_path / "lightning")
+    files = sorted((tmp_path / "lightning" / "layerscope").iterdir())
+    assert len(files) == 3 and all(f.name.startswith("rank1_") for f in files)
+    assert said_saved(capsys.readouterr().err) == []
 
 
 @needs("lightning")

@@ -164,6 +164,69 @@ def test_run_module_with_dash_m(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert ls.load(profile_file).find("Linear").calls == 2
 
 
+ARGV_SCRIPT = """
+import sys
+import torch
+print("ARGV", sys.argv[1:])
+m = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(4):
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+"""
+
+
+def test_everything_after_the_module_or_the_script_is_theirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As with python: run's options end at -m MODULE or at the script; what follows is theirs,
+    also where it looks like ours (-q, --steps, -o) or like nothing we know (--lr)."""
+    package = tmp_path / "argpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(ARGV_SCRIPT)
+    (tmp_path / "train.py").write_text(ARGV_SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    theirs = ["--lr", "3e-4", "-q", "--steps", "9", "-o", "elsewhere", "--", "-m", "x"]
+    for i, target in enumerate(
+        (["-m", "argpkg.train"], ["-margpkg.train"], ["train.py"], ["--", "train.py"])
+    ):
+        assert main(["run", "--steps", "2", "-o", f"runs{i}", *target, *theirs]) == 0, target
+        captured = capsys.readouterr()
+        assert f"ARGV {theirs}" in captured.out, target
+        assert "layerscope: step" in captured.err  # their -q is not ours
+        (profile_file,) = saved(tmp_path / f"runs{i}")  # our -o and --steps, not theirs
+        assert ls.load(profile_file).find("Linear").calls == 2
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "ours", "theirs"),
+    [
+        (["run", "s.py", "-q"], ["run"], ["s.py", "-q"]),
+        (
+            ["-v", "run", "-q", "--ste", "3", "-o", "o", "s.py"],
+            ["-v", "run", "-q", "--ste", "3", "-o", "o"],
+            ["s.py"],
+        ),
+        (
+            ["run", "--wait=2", "-oout", "-m", "p", "-m", "q"],
+            ["run", "--wait=2", "-oout", "-m", "p"],
+            ["-m", "q"],
+        ),
+        (["run", "--", "-odd.py", "--", "a"], ["run"], ["-odd.py", "--", "a"]),
+        (["run", "-m"], ["run", "-m"], None),  # argparse says the module is missing
+        (["run", "--steps"], ["run", "--steps"], None),
+        (["show", "p.json", "-m", "x"], ["show", "p.json", "-m", "x"], None),
+    ],
+)
+def test_run_command_line_split(argv: list[str], ours: list[str], theirs: list[str] | None) -> None:
+    from layerscope.cli.run_argv import split_run_command_line
+
+    assert split_run_command_line(argv) == (ours, theirs)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

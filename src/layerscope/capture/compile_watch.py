@@ -4,8 +4,10 @@ and process-wide from ``layerscope.watch_compiles()`` (also ``LAYERSCOPE_WATCH_C
 
 Each of these holds the one installation of ``compiled.install`` (Inductor's provenance hook
 wrapped, its flags set around every compilation, in the compiling thread): the first to open
-installs it, the last to close undoes it, so they nest in any order. The graphs learnt join a
-per-process registry that profiles read when they are built.
+installs it, the last to close undoes it, so they nest in any order. Where Dynamo is loaded, the
+installation itself waits for the start of the next compilation (Dynamo's start callback), since it
+imports Inductor's code generators, and libraries such as transformers load Dynamo without ever
+compiling. The graphs learnt join a per-process registry that profiles read when they are built.
 
 A process-wide watch is lazy: until ``torch.compile`` is first called, one stand-in shared by every
 waiting watch stands in front of that function (importing Inductor takes seconds, and most scripts
@@ -20,7 +22,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from typing import Any
 
 from layerscope.capture.compiled import MAX_GRAPHS, Collector, CompileFlags, install
@@ -32,8 +34,20 @@ ENV_VARIABLE = "LAYERSCOPE_WATCH_COMPILES"
 _unsupported: list[str] = []
 
 
+def _note_unsupported(exc: BaseException) -> None:
+    _unsupported.append(f"{type(exc).__name__}: {exc}")
+    del _unsupported[:-10]
+
+
 class _Installation:
-    """The provenance wrapper and flags, installed while at least one watcher holds them."""
+    """The provenance wrapper and flags, installed while at least one watcher holds them.
+
+    Installing imports Inductor's code generators (about 1 s), which a process that never compiles
+    should not pay, and Dynamo is imported by many libraries (transformers) that never compile. So
+    where Dynamo's compile callbacks exist, the first holder only arms a start callback (a few µs)
+    and the installation happens at the start of the next compilation, before any code is generated:
+    a compilation, even of a model wrapped by ``torch.compile`` long before, always passes there.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -42,34 +56,82 @@ class _Installation:
         self.collector: Collector | None = None
         self.flags = CompileFlags()
         self.registry: list[dict[str, Any]] = []  # graphs of collectors already closed
+        self.armed: Any = None  # Dynamo's callback handler while the trigger is registered there
+        self.failed = False  # installing failed on this torch (reset when the last holder leaves)
+
+    @property
+    def installed(self) -> bool:
+        """Whether the provenance wrapper and flags are in place (not only armed)."""
+        return self.undo is not None
 
     def acquire(self) -> None:
         with self.lock:
             self.holders += 1
-            if self.holders > 1:
-                if self.undo is not None:
+            if self.undo is not None:
+                if self.holders > 1:
                     self.flags.ensure()  # a torch._dynamo.reset() may have dropped the callbacks
                 return
-            undo, collector = ExitStack(), Collector()
-            try:
-                install(undo, collector, self.flags)
-            except (AttributeError, ImportError, KeyError, RuntimeError) as exc:
-                # An older or newer torch without what this needs: profiling goes on; compiled
-                # regions then stay whole (their kernels with the compiled module).
-                undo.close()
-                _unsupported.append(f"{type(exc).__name__}: {exc}")
-                del _unsupported[:-10]
+            if self._arm():  # again for a later holder: a reset may have dropped the trigger
                 return
-            except BaseException:
-                undo.close()
-                self.holders -= 1
-                raise
-            self.undo, self.collector = undo, collector
+            if self.holders == 1:
+                try:
+                    self._install()
+                except BaseException:
+                    self.holders -= 1
+                    raise
+
+    def _arm(self) -> bool:
+        """Install at the next compilation's start; False where Dynamo (or its callbacks) is not
+        loaded, in which case importing it would cost what arming saves."""
+        if "torch._dynamo" not in sys.modules:
+            return False
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:
+            return False
+        if self._on_compile_start not in callback_handler.start_callbacks:
+            callback_handler.register_start_callback(self._on_compile_start)
+        self.armed = callback_handler
+        return True
+
+    def _on_compile_start(self, _args: object) -> None:
+        """Dynamo's start callback: install now (its own flag callbacks, appended to the list being
+        run, then run for this compilation too). Stays registered until the last holder leaves:
+        removing it from inside the loop over the callbacks would skip the next one."""
+        with self.lock:
+            if self.holders > 0 and self.undo is None and not self.failed:
+                try:
+                    self._install()
+                except Exception as exc:  # never let watching break the user's compilation
+                    _note_unsupported(exc)
+
+    def _install(self) -> None:
+        """Install now (on a torch without what it needs, note why and go on without)."""
+        undo, collector = ExitStack(), Collector()
+        try:
+            install(undo, collector, self.flags)
+        except (AttributeError, ImportError, KeyError, RuntimeError) as exc:
+            # An older or newer torch without what this needs: profiling goes on; compiled
+            # regions then stay whole (their kernels with the compiled module).
+            undo.close()
+            _note_unsupported(exc)
+            self.failed = True  # not again at every compilation while this holding lasts
+            return
+        except BaseException:
+            undo.close()
+            raise
+        self.undo, self.collector = undo, collector
 
     def release(self) -> None:
         with self.lock:
             self.holders = max(0, self.holders - 1)
-            if self.holders > 0 or self.undo is None:
+            if self.holders > 0:
+                return
+            armed, self.armed, self.failed = self.armed, None, False
+            if armed is not None:
+                with suppress(ValueError):  # already cleared by torch._dynamo.reset()
+                    armed.remove_start_callback(self._on_compile_start)
+            if self.undo is None:
                 return
             undo, collector = self.undo, self.collector
             self.undo = self.collector = None
@@ -168,7 +230,7 @@ class _FirstCompile:
             try:
                 watch.begin_collecting()
             except Exception as exc:  # never let watching break the user's torch.compile
-                _unsupported.append(f"{type(exc).__name__}: {exc}")
+                _note_unsupported(exc)
 
     def _restore(self) -> None:
         import torch

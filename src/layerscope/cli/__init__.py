@@ -20,6 +20,7 @@ from layerscope.cli import (
     show_cmd,
     views,
 )
+from layerscope.cli.run_argv import split_run_command_line
 from layerscope.errors import LayerscopeError, LayerscopeWarning
 
 EPILOG = """\
@@ -77,11 +78,14 @@ def _our_warnings_on_one_line() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (2 for bad input, 1 for other failures)."""
     parser = build_parser()
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    # What follows run's script or -m module is the script's, whatever it looks like.
+    args_list, target = split_run_command_line(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # argparse already printed its one-line usage error
         return int(exc.code) if isinstance(exc.code, int) else 2
+    if target is not None:
+        args.target = target
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return 2

@@ -51,7 +51,17 @@ def register(sub: Any) -> None:
         epilog=EXAMPLES,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
+    add_arguments(parser)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``run``'s own options; what follows the script or ``-m MODULE`` is never among them."""
+    parser.add_argument(
+        "-m",
+        dest="module",
+        metavar="MODULE",
+        help="run a library module as a script (what follows goes to it, as with python -m)",
+    )
     parser.add_argument(
         "target",
         nargs=argparse.REMAINDER,

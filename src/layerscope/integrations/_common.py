@@ -1,11 +1,13 @@
-"""Shared pieces of the integrations: a per-cycle handler that saves and writes a text report."""
+"""Shared pieces of the integrations: a per-cycle handler that saves, writes a text report and says
+where (the one ``layerscope: saved ... in ...`` line of every integration)."""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from layerscope.handlers import save_to
 from layerscope.model.serialize import write_atomic
@@ -29,10 +31,25 @@ def text_report(cycle: Cycle) -> str:
     return buffer.getvalue()
 
 
+def announce_saved(paths: Sequence[Path], stream: TextIO | None = None) -> None:
+    """One line on stderr naming the files a cycle wrote and their folder (frameworks log nothing
+    of ours, so without it nobody knows where the profile went)."""
+    if not paths:
+        return
+    names = ", ".join(Path(path).name for path in paths)
+    print(f"layerscope: saved {names} in {Path(paths[0]).parent}", file=stream or sys.stderr, flush=True)
+
+
 def save_with_report(
-    directory: str | Path, *, trace: bool = False, rank: int | None = None, report: bool = True
+    directory: str | Path,
+    *,
+    trace: bool = False,
+    rank: int | None = None,
+    report: bool = True,
+    announce: bool = True,
 ) -> Callable[[Cycle], None]:
-    """``save_to`` plus, per cycle, a ``.txt`` report and the HTML report beside the profile."""
+    """``save_to`` plus, per cycle, a ``.txt`` report and the HTML report beside the profile; with
+    ``announce`` (the main process: every rank writes, one says so), :func:`announce_saved`."""
     saver = save_to(directory, trace=trace, html=report, rank=rank)
     written: list[Path] = saver.written  # type: ignore[attr-defined]
 
@@ -43,6 +60,8 @@ def save_with_report(
             profile_path = written[first]  # save_to writes the profile first, then trace and HTML
             target = profile_path.with_name(profile_path.name.replace(".json.gz", ".txt"))
             written.append(write_atomic(target, text_report(cycle).encode()))
+        if announce:
+            announce_saved(written[first:])
 
     handler.written = written  # type: ignore[attr-defined]
     return handler

@@ -10,7 +10,8 @@
 Fields used: ``activities``, ``schedule_option``, ``record_shapes``, ``profile_memory``,
 ``with_flops``, ``with_stack``, ``output_trace_dir`` (each cycle's profile, text report and Chrome
 trace, with the process index in the names, as Accelerate writes one trace per process); the
-files written are in ``prof.on_trace_ready.written``.
+files written are in ``prof.on_trace_ready.written``, and the main process says on stderr, one line
+per cycle, which files it wrote where.
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ from __future__ import annotations
 from typing import Any
 
 from layerscope.errors import UsageError
+from layerscope.handlers import current_rank
 from layerscope.integrations._common import save_with_report
 
 
 def _profile_kwargs(source: Any) -> tuple[Any, int]:
+    """The ProfileKwargs and this process's rank (the Accelerator's process index, else the
+    environment's: every process given the same ProfileKwargs must still write its own files)."""
     from accelerate.utils import ProfileKwargs
 
     if isinstance(source, ProfileKwargs):
-        return source, 0
+        return source, current_rank()
     handler = getattr(source, "profile_handler", None)
     if handler is None and hasattr(source, "process_index"):
         handler = ProfileKwargs()  # an Accelerator without ProfileKwargs: Accelerate's defaults
@@ -47,7 +51,8 @@ def profile(source: Any, model: Any = None, *, trace: bool = True, depth: int | 
         schedule = ls.schedule(**{k: int(v) for k, v in option.items() if k in allowed})
     handler = None
     if kwargs.output_trace_dir:
-        handler = save_with_report(kwargs.output_trace_dir, trace=trace, rank=rank)
+        # every process writes its files; the main process says where they went
+        handler = save_with_report(kwargs.output_trace_dir, trace=trace, rank=rank, announce=rank == 0)
     session = ls.profile(
         model,
         activities=activities,

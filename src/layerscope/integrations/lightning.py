@@ -6,8 +6,9 @@ step of one batch) is a step of the schedule, and ``teardown`` ends it. (Steppin
 ``training_step``, as Lightning's PyTorchProfiler does, would cut torch's ``Optimizer.step`` range in
 two: with automatic optimisation, ``training_step`` runs inside the optimizer's closure.)
 Modules are named by their attribute path in the LightningModule. Each cycle is saved (profile,
-text report, optionally the Chrome trace) into ``dirpath`` (default: the Trainer's log dir), with
-the rank in the names; ``summary()`` is the last cycle's report.
+text report, HTML report, optionally the Chrome trace) into ``<dirpath>/layerscope`` (default: the
+Trainer's log dir), with the global rank in the names; the main process says on stderr, one line per
+cycle, which files it wrote where. ``summary()`` is the last cycle's report.
 
 ``torch.compile`` is watched from ``setup`` (before Lightning compiles and first runs the model),
 so ``trainer.fit(torch.compile(model))`` shows the model's modules.
@@ -19,10 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.profilers import Profiler
+from lightning.pytorch.utilities import rank_zero_only
 
 from layerscope.integrations._common import save_with_report, text_report
 
 _STEP_ACTION = "run_training_batch"
+
+
+def _global_rank() -> int:
+    """This process's rank among all of the run's (Lightning sets it when its strategy starts)."""
+    return int(getattr(rank_zero_only, "rank", 0) or 0)
 
 
 class LayerscopeProfiler(Profiler):
@@ -76,7 +83,10 @@ class LayerscopeProfiler(Profiler):
         import layerscope as ls
 
         folder = Path(self.dirpath) if self.dirpath else Path("lightning_logs")
-        self.handler = save_with_report(folder / "layerscope", trace=self.trace, rank=self._local_rank or 0)
+        rank = _global_rank()  # not the local rank: two nodes would both write rank0 files
+        self.handler = save_with_report(
+            folder / "layerscope", trace=self.trace, rank=rank, announce=rank == 0
+        )
         module = self._lightning_module
         model = module.named_modules.__self__ if module is not None else None  # unwrap the weakref proxy
         self.session = ls.profile(

@@ -12,8 +12,6 @@ compiled wrapper the Trainer runs is the one profiled, so compiled models show t
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
@@ -49,7 +47,6 @@ class LayerscopeCallback(TrainerCallback):
         self.depth = depth
         self.session: Any = None
         self.handler: Any = None
-        self.announce = False
         self.compile_watch: Any = None
 
     @property
@@ -76,21 +73,12 @@ class LayerscopeCallback(TrainerCallback):
             model = model if wrapper is None else wrapper
         folder = self.output_dir or os.path.join(args.output_dir, "layerscope")
         rank = int(getattr(args, "process_index", 0) or 0)
-        self.handler = save_with_report(folder, trace=self.trace, rank=rank)
-        self.announce = rank == 0  # the main process says where the files went; every rank writes
+        # every rank writes its files; the main process says where they went
+        self.handler = save_with_report(folder, trace=self.trace, rank=rank, announce=rank == 0)
         self.session = ls.profile(
-            model, memory=self.memory, depth=self.depth, schedule=self.schedule, on_trace_ready=self._save
+            model, memory=self.memory, depth=self.depth, schedule=self.schedule, on_trace_ready=self.handler
         )
         self.session.start()
-
-    def _save(self, cycle: Any) -> None:
-        """Save a finished cycle, then say where on stderr (one line, as the Trainer logs nothing)."""
-        first = len(self.written)
-        self.handler(cycle)
-        new = self.written[first:]
-        if self.announce and new:
-            names = ", ".join(Path(path).name for path in new)
-            print(f"layerscope: saved {names} in {Path(new[0]).parent}", file=sys.stderr, flush=True)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:

@@ -3,9 +3,9 @@
 pandas is optional: it is imported when a frame is asked for, with one clear error without it.
 Columns (documented in docs/usage.md):
 
-* ``modules``: ``path``, ``type``, ``parent``, ``depth``, ``calls``, ``params``, ``params_total``, then
-  ``{phase}_{metric}`` for ``forward`` and ``backward`` and every :class:`Metrics` field
-  (``forward_self_cpu_us``, ``backward_flops``...), then ``{phase}_flops_per_s``.
+* ``modules``: ``path``, ``type``, ``parent``, ``depth``, ``calls``, ``recompute_calls``, ``params``,
+  ``params_total``, then ``{phase}_{metric}`` for ``forward`` and ``backward`` and every
+  :class:`Metrics` field (``forward_self_cpu_us``, ``backward_flops``...), then ``{phase}_flops_per_s``.
 * ``ops``: ``name``, ``phase``, ``module``, ``scope``, ``input_shapes``, ``calls``, every metric,
   ``flops_per_s``.
 * ``unattributed``: ``label``, ``phase``, ``calls``, every metric.
@@ -134,6 +134,7 @@ def _module_rows(profile: Profile) -> list[dict[str, Any]]:
             "parent": parent,
             "depth": depth,
             "calls": node.calls,
+            "recompute_calls": node.recompute_calls,
             "params": node.params,
             "params_total": node.params_total,
             "input_shapes": node.input_shapes,

@@ -1,5 +1,5 @@
 """One zoo case, run every way the checks need, once: unprofiled, profiled, under torch's
-``FlopCounterMode``, and profiled with memory (and the stacks torch's ``MemoryProfile`` needs).
+``FlopCounterMode``, and profiled with memory.
 
 Eager models run unprofiled first (the reference, which also warms the model up), then profiled from
 the same RNG state and weights (gradients reset to None in between). A compiled model is compiled
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import pickle
 import random
 import traceback
 import warnings
@@ -55,10 +56,10 @@ def _bits(tensor: torch.Tensor | None) -> bytes | None:
 
 
 def _snapshot(out: Any, model: nn.Module) -> dict[str, bytes | None]:
-    values = {"loss": _bits(out.loss), "logits": _bits(getattr(out, "logits", None))}
+    values: dict[str, bytes | None] = {"loss": _bits(out.loss), "logits": _bits(getattr(out, "logits", None))}
     values.update({f"grad {name}": _bits(p.grad) for name, p in model.named_parameters()})
     values["torch RNG"] = _bits(torch.get_rng_state())
-    values["NumPy RNG"] = np.random.get_state()[1].tobytes()
+    values["NumPy RNG"] = pickle.dumps(np.random.get_state())
     values["Python RNG"] = repr(random.getstate()).encode()
     return values
 
@@ -73,7 +74,7 @@ class ZooRun:
     profiled: StepResult | None = None
     session: Any = None  # ls.profile of the default capture
     flop_counter_total: int | None = None
-    memory_session: Any = None  # ls.profile(memory=True, with_stack=True)
+    memory_session: Any = None  # ls.profile(memory=True)
     #: CPU storages live when the memory capture began, address to bytes
     alive_at_entry: dict[int, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
@@ -193,7 +194,7 @@ def cpu_storages_alive() -> dict[int, int]:
 def _memory(run: ZooRun, model: nn.Module, inputs: dict[str, torch.Tensor]) -> None:
     def capture() -> Any:
         run.alive_at_entry = cpu_storages_alive()
-        return ls.profile(model, memory=True, with_stack=True)
+        return ls.profile(model, memory=True)
 
     done = _attempt(run, "memory run", lambda: train_step(model, inputs, run.case, capture))
     if done is not None:

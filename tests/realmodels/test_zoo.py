@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.realmodels.conftest import why_no_zoo
+
+if why_no_zoo():
+    pytest.skip(str(why_no_zoo()), allow_module_level=True)
+
 from tests.realmodels.checks import CHECKS, applies
 from tests.realmodels.models import CASES
 from tests.realmodels.runs import ZooRun

@@ -270,10 +270,24 @@ def check_peak(run: ZooRun) -> Check:
     return Check(ours == theirs_then == theirs_max, figure, detail)
 
 
+#: torch.compile's runtime ranges: guards, Dynamo's and AOTAutograd's wrappers, the graph call. They
+#: are the compiled root's own time by right (~3-5 ms a call on this machine, more than a tiny
+#: model's kernels), not op time: placement is measured over the ops and kernels.
+COMPILED_RUNTIME = (
+    "Torch-Compiled Region",
+    "Pregraph bytecode",
+    "AOTDispatcher Runtime Wrapper",
+    "CompiledFunction",
+    "autograd::engine::evaluate_function: CompiledFunction",
+    "## Call CompiledFxGraph",
+)
+
+
 def check_placement(run: ZooRun) -> Check:
-    """Compiled: at least 80% of the op time (device time where there is some, else CPU) lies below
-    the root, as tests/test_compile.py measures it, and no FLOP-counted op (matmul, convolution,
-    forward or backward) is left on the root's own time."""
+    """Compiled: at least 80% of the op time (device time where there is some, else CPU: ops and
+    kernels, :data:`COMPILED_RUNTIME` left out) lies below the root, as tests/test_compile.py
+    measures it, and no FLOP-counted op (matmul, convolution, forward or backward) is left on the
+    root's own time."""
     if not run.case.compiled:
         return NOT_APPLICABLE
     failed = _failed_runs(run, "profiled run")
@@ -283,14 +297,23 @@ def check_placement(run: ZooRun) -> Check:
     assert profile is not None
     root = profile.root
     field = "device_us" if profile.has_device_time else "cpu_us"
-    whole = getattr(root.total, field)
-    share = sum(getattr(c.total, field) for c in root.children) / whole if whole else 0.0
-    on_root = root.forward.self_flops + root.backward.self_flops
-    figure = f"{share:.0%}" + (
-        f", {on_root / (root.total.flops or 1):.0%} of FLOPs on the root" if on_root else ""
+    below = sum(getattr(c.total, field) for c in root.children)
+    rows = profile.ops(group_by=("name", "module"))
+    on_root = sum(
+        getattr(r.metrics, f"self_{field}")
+        for r in rows
+        if r.module == "" and not r.name.startswith(COMPILED_RUNTIME)
     )
-    detail = f"{share:.0%} below the root, {on_root:,} FLOPs on it; compiled: {profile.meta.get('compiled')}"
-    return Check(share >= PLACED_SHARE and on_root == 0, figure, detail)
+    share = below / (below + on_root) if below + on_root else 0.0
+    flops = root.forward.self_flops + root.backward.self_flops
+    figure = f"{share:.0%}" + (
+        f", {flops / (root.total.flops or 1):.0%} of FLOPs on the root" if flops else ""
+    )
+    detail = (
+        f"{share:.0%} of op time below the root ({on_root:.0f} us of ops on it), {flops:,} FLOPs on it; "
+        f"compiled: {profile.meta.get('compiled')}"
+    )
+    return Check(share >= PLACED_SHARE and flops == 0, figure, detail)
 
 
 CHECKS: dict[str, Callable[[ZooRun], Check]] = {

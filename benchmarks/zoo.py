@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.realmodels
 
-from tests.realmodels.checks import CHECKS, Check
+from tests.realmodels.checks import CHECKS, COMPILED_RUNTIME, Check
 from tests.realmodels.models import CASES
-from tests.realmodels.runs import run_case
+from tests.realmodels.runs import ZooRun, run_case
 
 TITLES = {
     "runs": "runs, validate()",
@@ -49,6 +49,21 @@ def summary(check: Check) -> str:
     return lines[-1] if lines[0].startswith("Traceback") else lines[0]
 
 
+def compiled_runtime(run: ZooRun) -> str:
+    """How the compiled root's own time compares with its ops: why placement leaves the runtime's
+    ranges out (``COMPILED_RUNTIME``)."""
+    profile = run.profile
+    if profile is None:
+        return f"{run.case.id}: no profile"
+    rows = profile.ops(group_by=("name", "module"))
+    runtime = sum(
+        r.metrics.self_cpu_us for r in rows if r.module == "" and r.name.startswith(COMPILED_RUNTIME)
+    )
+    below = sum(c.total.cpu_us for c in profile.root.children)
+    ms = f"{runtime / 1000:.1f} ms in torch.compile's runtime ranges, {below / 1000:.1f} ms below"
+    return f"{run.case.id}: {ms}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", help="comma-separated case ids (default: all)")
@@ -59,6 +74,7 @@ def main() -> None:
     print("|" + "---|" * len(header))
     failures: list[str] = []
     timings: list[str] = []
+    runtimes: list[str] = []
     for case in CASES:
         if wanted is not None and case.id not in wanted:
             continue
@@ -69,12 +85,15 @@ def main() -> None:
         cells = " | ".join(cell(results[name]) for name in TITLES)
         print(f"| {case.id} | {case.kind} | {cells} |", flush=True)
         failures += [f"- {case.id} {n}: {summary(r)}" for n, r in results.items() if r.ok is False]
+        if case.compiled:
+            runtimes.append(compiled_runtime(run))
         run.release()
         del run
         if case.compiled:
             torch._dynamo.reset()
         gc.collect()
     print("\nFailures:\n" + ("\n".join(failures) or "none"))
+    print("\nCompiled roots' own time (CPU), the step with the first call:\n" + "\n".join(runtimes))
     print("\nSeconds per case (run and checks): " + ", ".join(timings))
 
 

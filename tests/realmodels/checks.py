@@ -77,8 +77,8 @@ def _differences(a: StepResult, b: StepResult) -> list[str]:
 
 
 def check_identical(run: ZooRun) -> Check:
-    """Loss, logits, every gradient and the RNG state after the step bit-identical (torch.equal)
-    to the unprofiled run's."""
+    """Loss, logits, every gradient and the RNG states after the step bit-identical to the
+    unprofiled run's (equal bytes: stricter than torch.equal, which calls -0.0 and 0.0 equal)."""
     failed = _failed_runs(run, "unprofiled run", "profiled run")
     if failed:
         return failed
@@ -148,6 +148,8 @@ def check_self_cpu(run: ZooRun) -> Check:
         theirs = e.self_cpu_time_total
         if calls != e.count or not (e.key in overlapping or _close(self_us, theirs)):
             wrong.append(f"{e.key}: {calls} calls {self_us:.1f} us, torch {e.count} calls {theirs:.1f} us")
+    extra = set(ours) - {e.key for e in averages} - {n for n in ours if n.startswith(SKIPPED)}
+    wrong += [f"{name}: {ours[name][0]} calls, not in torch's table" for name in sorted(extra)]
     theirs_ops = sum(e.self_cpu_time_total for e in averages)
     ours_ops = sum(r.metrics.self_cpu_us for r in profile.op_rows if not r.name.startswith(SKIPPED))
     ratio = ours_ops / theirs_ops if theirs_ops else float("nan")
@@ -271,8 +273,8 @@ def check_peak(run: ZooRun) -> Check:
 
 
 #: torch.compile's runtime ranges: guards, Dynamo's and AOTAutograd's wrappers, the graph call. They
-#: are the compiled root's own time by right (~3-5 ms a call on this machine, more than a tiny
-#: model's kernels), not op time: placement is measured over the ops and kernels.
+#: are the compiled root's own time by right (on a tiny model more than its kernels: docs/compared.md),
+#: not op time: placement is measured over the ops and kernels.
 COMPILED_RUNTIME = (
     "Torch-Compiled Region",
     "Pregraph bytecode",

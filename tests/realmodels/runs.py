@@ -4,7 +4,9 @@
 Eager models run unprofiled first (the reference, which also warms the model up), then profiled from
 the same RNG state and weights (gradients reset to None in between). A compiled model is compiled
 once, inside the profiled block, as a user would; the unprofiled run follows with the same compiled
-code and must compile nothing more.
+code and must compile nothing more. Then FlopCounterMode, and last a ``memory=True`` capture, with
+the CPU storages live at its entry found first (one pass over the GC's objects); what the test keeps
+of the earlier runs is bytes, no tensor.
 """
 
 from __future__ import annotations

@@ -73,8 +73,11 @@ def test_gradient_checkpointing_still_recomputes(use_reentrant: bool, module_sco
     assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
     prof.profile.validate()
     layer = prof.scope_plan.modules[[m.scope.path for m in prof.scope_plan].index("model.layers.0")]
-    assert layer.scope.mechanism == HOOKS
-    assert "checks which forward its class holds" in layer.scope.reason
+    # transformers >= 5.2x checkpoints a wrapped `forward` that checks it is its class's; earlier
+    # releases checkpointed `__call__`, which a class wrapper does not disturb.
+    if hasattr(type(layer.module).forward, "__wrapped__"):
+        assert layer.scope.mechanism == HOOKS
+        assert "checks which forward its class holds" in layer.scope.reason
 
 
 class Watchful(nn.Module):

@@ -314,6 +314,8 @@ def test_compile_info_learns_graphs_for_later_profiles(monkeypatch: pytest.Monke
         # a forward behind `*args, **kwargs` decorators: the wrapper is the compiled frame
         ("L['args'][0].blocks.0.up", "blocks.0.up"),
         ("L['args'][0]", ""),
+        ("L['f'].__self__.model.layers.0", "model.layers.0"),  # a decorated bound forward
+        ("L['f'].__self__", ""),
         ("L['kwargs']['self'].head", "head"),
         ("L['s'].net.layers.0", "net.layers.0"),  # an undecorated root calling a decorated child
         ("L['fn'].2.0", "2.0"),  # a compiled Sequential

@@ -46,10 +46,11 @@ MAX_GRAPHS = 512
 # ``forward`` makes the wrapper the compiled frame, with ``self`` in its varargs (``L['args'][0]``,
 # also through several decorators; ``L['kwargs']['self']``). Dynamo writes a module's children as
 # attributes (``L['fn'].0``), so an item directly after a local is never a child; ``self`` is
-# never a container.
+# never a container. A decorator applied to the instance's bound ``forward`` closes over it: the
+# model is then that method's ``__self__`` (``L['f'].__self__``).
 _ROOT_TOKEN = re.compile(
     r"^(?:L\[['\"]self['\"]\]|[LG]\[['\"][^'\"]*['\"]\](?:\[(?:\d+|'[^']*'|\"[^\"]*\")\])*|L__self__|self)"
-    r"(?=\.|$|\[|_modules)"
+    r"(?:\.__self__)?(?=\.|$|\[|_modules)"
 )
 _GETATTR = re.compile(r"getattr\(([^()]*?),\s*['\"]([^'\"]+)['\"]\)")
 # A method Dynamo wrapped on the instance (Lightning's compiled forward) leads back to the module.

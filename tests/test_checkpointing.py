@@ -141,3 +141,24 @@ def test_transformers_llama_under_checkpointing_counts_what_ran(use_reentrant: b
     assert p.totals.flops - extra == counter.get_total_flops()
     attention = p.find("model.layers.1.self_attn")
     assert (attention.calls, attention.recompute_calls) == (1, 1)
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
+def test_a_double_backward_through_square_bias_free_layers_keeps_its_flops(frozen: bool) -> None:
+    """The backward's own mm has the forward mm's name and shapes here (LoRA-like projections)."""
+    model = nn.Sequential(nn.Linear(16, 16, bias=False), nn.Tanh(), nn.Linear(16, 16, bias=False))
+    model.requires_grad_(not frozen)
+    leaf = torch.randn(16, 16, requires_grad=True)
+
+    def step() -> None:
+        x = leaf * 1.0
+        (grad,) = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+        grad.pow(2).sum().backward()
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    with ls.profile(model) as prof:
+        step()
+    p = prof.profile
+    p.validate()
+    assert p.totals.flops == counter.get_total_flops()

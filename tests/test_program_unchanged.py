@@ -75,7 +75,7 @@ def test_gradient_checkpointing_still_recomputes(use_reentrant: bool, module_sco
     layer = prof.scope_plan.modules[[m.scope.path for m in prof.scope_plan].index("model.layers.0")]
     # transformers >= 5.2x checkpoints a wrapped `forward` that checks it is its class's; earlier
     # releases checkpointed `__call__`, which a class wrapper does not disturb.
-    if hasattr(type(layer.module).forward, "__wrapped__"):
+    if type(layer.module).forward.__code__.co_name == "forward_with_checkpointing":
         assert layer.scope.mechanism == HOOKS
         assert "checks which forward its class holds" in layer.scope.reason
 
@@ -192,3 +192,60 @@ def test_a_profile_holds_the_model_in_no_reference_cycle(options: dict[str, Any]
     assert [ref() for ref in alive] == [None, None, None]
     assert torch_profiler() is None
     assert profile.find("fc1").calls == 1  # and the profile stays whole
+
+
+class Builtin(nn.Module):
+    forward = torch.tanh  # not bound to self: a class wrapper (a function) would pass self to it
+
+
+def test_a_forward_that_is_not_a_plain_function_gets_hooks() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), Builtin())
+    x = torch.randn(2, 4)
+    expected = model(x)
+    with ls.profile(model) as prof:
+        out = model(x)
+    assert torch.equal(out, expected)
+    prof.profile.validate()
+    assert prof.profile.find("1").calls == 1
+    assert {m.scope.path: m.scope.mechanism for m in prof.scope_plan}["1"] == HOOKS
+
+
+def test_a_lazy_fx_graph_module_is_not_class_wrapped() -> None:
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    with _use_lazy_graph_module(True):
+        traced = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    model = nn.Sequential(traced, nn.Linear(4, 2))
+    x = torch.randn(2, 4)
+    expected = model(x)
+    with ls.profile(model) as prof:
+        out = model(x)
+    assert torch.equal(out, expected)
+    prof.profile.validate()
+    assert {m.scope.path: m.scope.mechanism for m in prof.scope_plan}["0"] == HOOKS
+
+
+def test_the_schedule_is_asked_only_by_torch() -> None:
+    asked: list[int] = []
+    inner = torch.profiler.schedule(wait=1, warmup=1, active=1, repeat=1)
+
+    def schedule(step: int) -> torch.profiler.ProfilerAction:
+        asked.append(step)
+        return inner(step)
+
+    model = TinyMLP()
+    with torch.profiler.profile(schedule=schedule):
+        pass
+    plain = len(asked)
+    asked.clear()
+    with ls.profile(model, schedule=schedule) as prof:
+        for _ in range(4):
+            model(torch.randn(2, 8))
+            prof.step()
+    with torch.profiler.profile(schedule=schedule) as tp:
+        for _ in range(4):
+            model(torch.randn(2, 8))
+            tp.step()
+    assert plain >= 1 and len(asked) == 2 * (len(asked) // 2)
+    half = len(asked) // 2
+    assert asked[:half] == asked[half:]  # layerscope asked the schedule exactly what torch asks

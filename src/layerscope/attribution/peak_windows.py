@@ -101,7 +101,7 @@ def _backward_stretches(
     np.maximum.at(end, slot, ts[node_of] + dur[node_of])
     first_node = np.full(unique_calls.size, -1, dtype=np.int64)
     first_node[slot[::-1]] = node_of[::-1]  # any node of the call: its thread ran the backward
-    backward_of = buckets.backward_of_forward()
+    backward_of = buckets.backward_of_module()  # recomputed ops run in backward buckets
     stretch_bucket = np.array(
         [backward_of.get(int(b), -1) for b in bucket[unique_calls].tolist()], dtype=np.int64
     )

@@ -51,10 +51,11 @@ def stopped_recompute_ops(
 
     Per backward node that re-ran forward work (ops autograd recorded, running inside it), the last
     of those ops to start is where the recomputation stopped. It is taken as never having computed
-    when it carries FLOPs, its derivative saves only inputs, and the forward ran the same op on the
-    same shapes (what a recomputation does; a double backward's own ops are not re-runs of forward
-    ops). Assumes torch's default early stop (``set_checkpoint_early_stop(False)`` turns it off:
-    capture records that, and then nothing is taken out).
+    when it carries FLOPs, its derivative saves only inputs, and every op run under that node ran in
+    the forward too, in the same order, names and shapes, one after the other (a recomputation; a
+    double backward runs its derivatives' formulas, which do not repeat the forward). Assumes
+    torch's default early stop: ``set_checkpoint_early_stop(False)`` around the block is recorded
+    and then nothing is taken out; turned off per call or inside the block it is not seen.
     """
     flops = table.array("span_flops")
     if not flops.any():
@@ -66,23 +67,36 @@ def stopped_recompute_ops(
     rerun = np.flatnonzero(recorded & (above >= 0))
     if not rerun.size:
         return None
-    # the last re-run op to start under each backward node
-    ts = table.array("span_ts")[rerun]
-    by_node = np.lexsort((ts, above[rerun]))
-    nodes = above[rerun][by_node]
-    last = rerun[by_node][np.append(nodes[1:] != nodes[:-1], True)]
+    # the re-run ops under each backward node, in the order they started
+    ts = table.array("span_ts")
+    by_node = rerun[np.lexsort((ts[rerun], above[rerun]))]
+    nodes = above[by_node]
+    cuts = np.flatnonzero(nodes[1:] != nodes[:-1]) + 1
     names = table.names
     shapes = table.array("span_shapes")
-    forward = recorded & (above < 0)
-    forward_calls = set(zip(span_name[forward].tolist(), shapes[forward].tolist(), strict=True))
+    key = list(zip(span_name.tolist(), shapes.tolist(), strict=True))
+    forward = np.flatnonzero(recorded & (above < 0))
+    forward_keys = [key[i] for i in forward[np.argsort(ts[forward], kind="stable")].tolist()]
+    starts: dict[tuple[int, int], list[int]] = {}
+    for position, k in enumerate(forward_keys):
+        starts.setdefault(k, []).append(position)
     stopped = np.zeros(parent.size, dtype=bool)
-    for i in last.tolist():
-        name = names[span_name[i]]
+    for group in np.split(by_node, cuts):
+        last = int(group[-1])
         if (
-            flops[i] > 0
-            and name not in SAVES_OUTPUTS
-            and names[span_name[above[i]]] != REENTRANT_NODE
-            and (int(span_name[i]), int(shapes[i])) in forward_calls
+            flops[last] > 0
+            and names[span_name[last]] not in SAVES_OUTPUTS
+            and names[span_name[above[last]]] != REENTRANT_NODE
+            and _reruns_forward([key[i] for i in group.tolist()], forward_keys, starts)
         ):
-            stopped[i] = True
+            stopped[last] = True
     return stopped if stopped.any() else None
+
+
+def _reruns_forward(
+    keys: list[tuple[int, int]], forward_keys: list[tuple[int, int]], starts: dict[tuple[int, int], list[int]]
+) -> bool:
+    """Whether ``keys`` (op name and shapes, in order) ran in the forward as one unbroken run: what a
+    recomputation does, and a double backward's own ops (a derivative's formula) do not."""
+    n = len(keys)
+    return any(forward_keys[p : p + n] == keys for p in starts.get(keys[0], ()))

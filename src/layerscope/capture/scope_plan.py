@@ -24,6 +24,7 @@ This module decides; ``scopes.py`` carries the plan out and ``Recording`` saves 
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,10 +230,18 @@ def forward_owner(module: nn.Module) -> tuple[type | None, str]:
         return None, "TorchScript runs no Python hooks"
     if "forward" in module.__dict__:
         return None, "the instance carries its own forward (a class wrapper would not run)"
+    if isinstance(module, torch.fx.GraphModule):
+        # recompile() assigns the class's forward, and a lazy graph module's forward compares itself
+        # with what its class holds (it would recurse forever under a class wrapper)
+        return None, "an fx GraphModule manages its class's forward itself"
     for cls in type(module).__mro__:
         if "forward" in cls.__dict__:
-            if cls is nn.Module or not callable(cls.__dict__["forward"]):
+            forward = cls.__dict__["forward"]
+            if cls is nn.Module or not callable(forward):
                 return None, "no forward of its own (a container: never called)"
+            if not isinstance(forward, types.FunctionType):
+                # a builtin, staticmethod or partial is not bound to self: a wrapper function would be
+                return None, "its forward is not a plain function (a class wrapper would pass self to it)"
             return cls, ""
     return None, "no forward of its own (a container: never called)"
 
@@ -264,19 +273,25 @@ def forward_identity_watcher(cls: type, owner: type) -> str | None:
 
 
 def _wrapped_chain(function: Any) -> Iterator[Any]:
-    """``function`` and every function under it through ``__wrapped__`` (functools.wraps)."""
-    seen: set[int] = set()
-    while function is not None and id(function) not in seen:
-        seen.add(id(function))
+    """``function`` and every function under it through ``__wrapped__`` (functools.wraps), at most
+    as deep as ``inspect.unwrap`` goes; an object whose attributes raise ends the chain."""
+    seen: list[Any] = []  # kept alive, so no id is reused while the chain is walked
+    while function is not None and all(f is not function for f in seen) and len(seen) < 100:
+        seen.append(function)
         yield function
-        function = getattr(function, "__wrapped__", None)
+        try:
+            function = getattr(function, "__wrapped__", None)
+        except Exception:
+            return
 
 
 def _reads_class_forward(function: Any) -> bool:
+    """Whether ``function``'s code looks ``forward`` up on a class (``type(self).forward``,
+    ``self.__class__.forward``, ``getattr(type(self), "forward")``) or closes over itself."""
     code = getattr(function, "__code__", None)
     if code is None:
         return False
-    names = set(code.co_names)
+    names = set(code.co_names) | {c for c in code.co_consts if isinstance(c, str)}
     if "forward" in names and names & {"type", "__class__"}:
         return True
     cells = getattr(function, "__closure__", None) or ()
@@ -284,6 +299,7 @@ def _reads_class_forward(function: Any) -> bool:
 
 
 def _cell_holds(cell: Any, value: Any) -> bool:
+    """Whether closure ``cell`` holds ``value`` (an empty cell holds nothing)."""
     try:
         return cell.cell_contents is value
     except ValueError:  # an empty cell (a name not bound yet)

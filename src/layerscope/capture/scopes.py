@@ -280,6 +280,7 @@ class _FirstForward:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
+        """Run ``scoped_forward`` for ``module``'s first call, keeping its input and output shapes."""
         path = self._paths[id(module)]
         inputs = shapes_of(args)
         self._first_shapes[path] = (inputs, None)

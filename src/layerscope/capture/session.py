@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity
+from torch.profiler import ProfilerAction, ProfilerActivity
 
 from layerscope.capture import native
 from layerscope.capture.block_error import block_error
@@ -279,8 +279,10 @@ class profile:
         (and after the schedule's last cycle) no class is patched and no hook runs, so a long job
         profiled every N steps runs as it would without us in between. Global mode keeps torch's
         global hooks: they drive the deferred steps of ``layerscope run`` and patch no class."""
-        assert self._scopes is not None
-        waiting = self.action() == "wait" and not self._scopes.plan.global_mode
+        assert self._scopes is not None and self._torch_profiler is not None
+        # torch's own current action: calling the user's schedule again could consume their RNG
+        current = getattr(self._torch_profiler, "current_action", None)
+        waiting = current == ProfilerAction.NONE and not self._scopes.plan.global_mode
         if waiting and self._scopes.installed:
             self._scopes.remove()
         elif not waiting and not self._scopes.installed:

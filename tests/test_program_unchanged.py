@@ -249,3 +249,35 @@ def test_the_schedule_is_asked_only_by_torch() -> None:
     assert plain >= 1 and len(asked) == 2 * (len(asked) // 2)
     half = len(asked) // 2
     assert asked[:half] == asked[half:]  # layerscope asked the schedule exactly what torch asks
+
+
+class SharedBase(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+class Checked(SharedBase):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if type(self).forward is not SharedBase.forward:
+            raise AssertionError("the inherited forward was replaced")
+        return super().__call__(*args, **kwargs)
+
+
+class Unchecked(SharedBase):
+    pass
+
+
+def test_no_class_wrapper_on_a_forward_another_module_watches() -> None:
+    model = nn.Sequential(Unchecked(), Checked())  # both inherit SharedBase.forward
+    x = torch.randn(2, 4)
+    expected = model(x)
+    with ls.profile(model) as prof:
+        out = model(x)
+    assert torch.equal(out, expected)
+    prof.profile.validate()
+    mechanisms = {m.scope.path: m.scope.mechanism for m in prof.scope_plan}
+    assert mechanisms["0"] == mechanisms["1"] == HOOKS

@@ -23,6 +23,7 @@ This module decides; ``scopes.py`` carries the plan out and ``Recording`` saves 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from collections.abc import Iterator
@@ -65,7 +66,7 @@ class PlannedModule:
     scope: ModuleScope
     module: nn.Module
     params_from: nn.Module
-    owner: type | None = None  # the class whose forward a class wrapper patches
+    owner: type | None = None  # the class whose forward a class wrapper patches (or would have)
     in_catalog: bool = True  # gets a node in the tree (folded and TorchScript children do not)
 
     @property
@@ -160,7 +161,22 @@ def plan_scopes(
         plan.modules.append(planned)
         if planned.scope.mechanism == COMPILED_CALL or has_compiled_methods(entry.inner):
             compiled_roots.append(entry.path)
+    _hooks_for_watched_owners(plan)
     return plan
+
+
+def _hooks_for_watched_owners(plan: ScopePlan) -> None:
+    """A class wrapper patches the owner class for every module that inherits its forward: where
+    one of them watches that forward (``forward_identity_watcher``), none of them may patch it."""
+    watched = {m.owner for m in plan.modules if m.scope.mechanism == HOOKS and m.owner is not None}
+    if not watched:
+        return
+    for k, m in enumerate(plan.modules):
+        if m.scope.mechanism == CLASS_WRAPPER and m.owner in watched:
+            assert m.owner is not None
+            reason = f"{m.owner.__name__}.forward is watched by another module's class"
+            scope = dataclasses.replace(m.scope, mechanism=HOOKS, clock=RANGES, reason=reason)
+            plan.modules[k] = dataclasses.replace(m, scope=scope, owner=None)
 
 
 def _inside(path: str, compiled_roots: list[str]) -> bool:
@@ -216,7 +232,7 @@ def _plan_module(
         return planned(HOOKS, RANGES, why_not)
     watcher = forward_identity_watcher(type(module), owner)
     if watcher is not None:
-        return planned(HOOKS, RANGES, watcher)
+        return planned(HOOKS, RANGES, watcher, owner=owner)  # the owner: see _hooks_for_watched_owners
     clock = MARKS if plan.marks else RANGES
     return planned(CLASS_WRAPPER, clock, plan.marks_reason, owner=owner)
 

@@ -88,6 +88,20 @@ def timed(method: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
     return wrapper
 
 
+def quiet_arguments(out: str, steps: int) -> TrainingArguments:
+    """The Trainer's arguments for every run: CPU, batch 2, ``steps`` steps, no saving or logging."""
+    return TrainingArguments(
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+
+
 def one_run(base: GPT2LMHeadModel, data: list[Batch], kind: str, steps: int, out: str) -> dict[str, Any]:
     """Train ``steps`` steps with ``kind``'s callbacks; the step marks and the callback's own times."""
     clock = StepClock()
@@ -101,16 +115,7 @@ def one_run(base: GPT2LMHeadModel, data: list[Batch], kind: str, steps: int, out
         callbacks.insert(0, ours)
     elif kind.startswith("busy"):
         callbacks.insert(0, Busy())
-    args = TrainingArguments(
-        output_dir=out,
-        max_steps=steps,
-        per_device_train_batch_size=2,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-    )
+    args = quiet_arguments(out, steps)
     # the same model object every run: a fresh copy per run would put its tensors elsewhere in memory,
     # which moves a step this small by more than what is measured
     trainer = Trainer(model=base, args=args, train_dataset=data, callbacks=callbacks)
@@ -254,16 +259,7 @@ def one_fresh(kind: str, steps: int) -> None:
         {"input_ids": torch.randint(0, 64, (16,)), "labels": torch.randint(0, 64, (16,))} for _ in range(64)
     ]
     with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(
-            output_dir=out,
-            max_steps=steps,
-            per_device_train_batch_size=2,
-            report_to=[],
-            use_cpu=True,
-            save_strategy="no",
-            logging_strategy="no",
-            disable_tqdm=True,
-        )
+        args = quiet_arguments(out, steps)
         callbacks = [LayerscopeCallback(wait=10**6, output_dir=out)] if kind == "callback" else []
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
         trainer.remove_callback(PrinterCallback)

@@ -7,6 +7,7 @@ here (attribution/recompute.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -96,10 +97,27 @@ def test_recompute_calls_survive_save_and_load(tmp_path: Path) -> None:
     assert loaded.find("blocks.1.act").recompute_calls == 1
 
 
-def test_a_double_backward_keeps_its_flops() -> None:
+def biased() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def square_bias_free(frozen: bool) -> Callable[[], nn.Module]:
+    """The backward's own mm has the forward mm's name and shapes here (LoRA-like projections)."""
+
+    def make() -> nn.Module:
+        model = nn.Sequential(nn.Linear(16, 16, bias=False), nn.Tanh(), nn.Linear(16, 16, bias=False))
+        return model.requires_grad_(not frozen)
+
+    return make
+
+
+@pytest.mark.parametrize(
+    "make", [biased, square_bias_free(False), square_bias_free(True)], ids=["biased", "square", "frozen"]
+)
+def test_a_double_backward_keeps_its_flops(make: Callable[[], nn.Module]) -> None:
     """A gradient penalty runs autograd-recorded ops inside backward nodes: no recomputation there."""
-    model = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
-    leaf = torch.randn(8, 16, requires_grad=True)
+    model = make()
+    leaf = torch.randn(16, 16, requires_grad=True)
 
     def step() -> None:
         x = leaf * 1.0  # not a leaf: FlopCounterMode's module tracker refuses leaves in autograd.grad
@@ -143,22 +161,22 @@ def test_transformers_llama_under_checkpointing_counts_what_ran(use_reentrant: b
     assert (attention.calls, attention.recompute_calls) == (1, 1)
 
 
-@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
-def test_a_double_backward_through_square_bias_free_layers_keeps_its_flops(frozen: bool) -> None:
-    """The backward's own mm has the forward mm's name and shapes here (LoRA-like projections)."""
-    model = nn.Sequential(nn.Linear(16, 16, bias=False), nn.Tanh(), nn.Linear(16, 16, bias=False))
-    model.requires_grad_(not frozen)
-    leaf = torch.randn(16, 16, requires_grad=True)
+def test_validate_catches_impossible_recompute_counts() -> None:
+    from dataclasses import replace
 
-    def step() -> None:
-        x = leaf * 1.0
-        (grad,) = torch.autograd.grad(model(x).sum(), x, create_graph=True)
-        grad.pow(2).sum().backward()
+    from layerscope.errors import ValidationError
 
-    with FlopCounterMode(display=False) as counter:
-        step()
-    with ls.profile(model) as prof:
-        step()
+    model = Block()
+    with ls.profile(model) as prof:  # forward only: no module has backward time
+        model(torch.randn(4, 16))
     p = prof.profile
     p.validate()
-    assert p.totals.flops == counter.get_total_flops()
+
+    def with_first_child(**changes: int) -> ls.Profile:
+        first = replace(p.root.children[0], **changes)
+        return replace(p, root=replace(p.root, children=(first, *p.root.children[1:])))
+
+    with pytest.raises(ValidationError, match="negative calls"):
+        with_first_child(recompute_calls=-1).validate()
+    with pytest.raises(ValidationError, match="recomputed with no backward time"):
+        with_first_child(recompute_calls=1).validate()

@@ -19,23 +19,16 @@ from torch import nn
 
 import layerscope as ls
 from layerscope.capture.scope_plan import HOOKS
+from tests.fixtures.compiled_models import tiny_llama as llama_fixture
 from tests.fixtures.models import TinyMLP
-
-transformers = pytest.importorskip("transformers")
 
 
 def tiny_llama(checkpointing: bool | None) -> nn.Module:
-    """A two-layer Llama with random weights; ``checkpointing`` is ``use_reentrant`` (None: off)."""
+    """The fixtures' two-layer Llama in training mode; ``checkpointing`` is ``use_reentrant``
+    (None: off). Skips the test without transformers."""
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-    )
-    model = transformers.LlamaForCausalLM(config).train()
+    model = llama_fixture().train()
     if checkpointing is not None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing})
     return model
@@ -94,6 +87,8 @@ class Watchful(nn.Module):
 
 
 def logged(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A decorator that fails unless its wrapper is still the class's forward."""
+
     @functools.wraps(function)
     def wrapper(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if type(self).forward is not wrapper:
@@ -113,9 +108,61 @@ class Decorated(nn.Module):
         return self.fc(x)
 
 
-@pytest.mark.parametrize("make", [Watchful, Decorated])
-def test_forwards_that_look_at_their_class_get_hooks(make: Callable[[], nn.Module]) -> None:
-    model = nn.Sequential(make(), nn.ReLU())
+class SharedBase(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+class Checked(SharedBase):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if type(self).forward is not SharedBase.forward:
+            raise AssertionError("the inherited forward was replaced")
+        return super().__call__(*args, **kwargs)
+
+
+class Unchecked(SharedBase):
+    pass
+
+
+class Builtin(nn.Module):
+    forward = torch.tanh  # not bound to self: a class wrapper (a function) would pass self to it
+
+
+def watched_twice() -> nn.Module:
+    return nn.Sequential(Unchecked(), Checked())  # both inherit SharedBase.forward
+
+
+def builtin_forward() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 4), Builtin())
+
+
+def lazy_fx_module() -> nn.Module:
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    with _use_lazy_graph_module(True):
+        traced = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    return nn.Sequential(traced, nn.Linear(4, 4))
+
+
+@pytest.mark.parametrize(
+    ("make", "hooked"),
+    [
+        (lambda: nn.Sequential(Watchful(), nn.ReLU()), ["0"]),  # forward checks its class's forward
+        (lambda: nn.Sequential(Decorated(), nn.ReLU()), ["0"]),  # ... through a decorator
+        (watched_twice, ["0", "1"]),  # a watched forward is patched for no module sharing it
+        (builtin_forward, ["1"]),  # a class wrapper would pass self to torch.tanh
+        (lazy_fx_module, ["0"]),  # a lazy GraphModule compares its forward with its class's
+    ],
+    ids=["watchful", "decorated", "shared-owner", "builtin", "lazy-fx"],
+)
+def test_modules_a_class_wrapper_would_disturb_get_hooks(
+    make: Callable[[], nn.Module], hooked: list[str]
+) -> None:
+    model = make()
     x = torch.randn(2, 4)
     expected = model(x)
     with ls.profile(model) as prof:
@@ -123,9 +170,10 @@ def test_forwards_that_look_at_their_class_get_hooks(make: Callable[[], nn.Modul
     assert torch.equal(out, expected)
     p = prof.profile
     p.validate()
-    assert p.find("0.fc").calls == 1
     mechanisms = {m.scope.path: m.scope.mechanism for m in prof.scope_plan}
-    assert mechanisms["0"] == HOOKS and mechanisms["0.fc"] != HOOKS
+    assert [path for path in hooked if mechanisms[path] == HOOKS] == hooked
+    assert all(p.find(path).calls == 1 for path in hooked)
+    assert mechanisms.get("0.fc") in (None, "class wrapper")  # children keep their wrappers
 
 
 def test_plain_modules_keep_class_wrappers() -> None:
@@ -194,90 +242,24 @@ def test_a_profile_holds_the_model_in_no_reference_cycle(options: dict[str, Any]
     assert profile.find("fc1").calls == 1  # and the profile stays whole
 
 
-class Builtin(nn.Module):
-    forward = torch.tanh  # not bound to self: a class wrapper (a function) would pass self to it
-
-
-def test_a_forward_that_is_not_a_plain_function_gets_hooks() -> None:
-    model = nn.Sequential(nn.Linear(4, 4), Builtin())
-    x = torch.randn(2, 4)
-    expected = model(x)
-    with ls.profile(model) as prof:
-        out = model(x)
-    assert torch.equal(out, expected)
-    prof.profile.validate()
-    assert prof.profile.find("1").calls == 1
-    assert {m.scope.path: m.scope.mechanism for m in prof.scope_plan}["1"] == HOOKS
-
-
-def test_a_lazy_fx_graph_module_is_not_class_wrapped() -> None:
-    from torch.fx._lazy_graph_module import _use_lazy_graph_module
-
-    with _use_lazy_graph_module(True):
-        traced = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
-    model = nn.Sequential(traced, nn.Linear(4, 2))
-    x = torch.randn(2, 4)
-    expected = model(x)
-    with ls.profile(model) as prof:
-        out = model(x)
-    assert torch.equal(out, expected)
-    prof.profile.validate()
-    assert {m.scope.path: m.scope.mechanism for m in prof.scope_plan}["0"] == HOOKS
-
-
 def test_the_schedule_is_asked_only_by_torch() -> None:
-    asked: list[int] = []
-    inner = torch.profiler.schedule(wait=1, warmup=1, active=1, repeat=1)
+    """A sampling schedule's RNG must not move: layerscope follows torch's own current action."""
 
-    def schedule(step: int) -> torch.profiler.ProfilerAction:
-        asked.append(step)
-        return inner(step)
+    def steps_asked(session: Callable[[Callable[[int], Any]], Any]) -> list[int]:
+        asked: list[int] = []
+        inner = torch.profiler.schedule(wait=1, warmup=1, active=1, repeat=1)
 
-    model = TinyMLP()
-    with torch.profiler.profile(schedule=schedule):
-        pass
-    plain = len(asked)
-    asked.clear()
-    with ls.profile(model, schedule=schedule) as prof:
-        for _ in range(4):
-            model(torch.randn(2, 8))
-            prof.step()
-    with torch.profiler.profile(schedule=schedule) as tp:
-        for _ in range(4):
-            model(torch.randn(2, 8))
-            tp.step()
-    assert plain >= 1 and len(asked) == 2 * (len(asked) // 2)
-    half = len(asked) // 2
-    assert asked[:half] == asked[half:]  # layerscope asked the schedule exactly what torch asks
+        def schedule(step: int) -> torch.profiler.ProfilerAction:
+            asked.append(step)
+            return inner(step)
 
+        model = TinyMLP()
+        with session(schedule) as prof:
+            for _ in range(4):
+                model(torch.randn(2, 8))
+                prof.step()
+        return asked
 
-class SharedBase(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x)
-
-
-class Checked(SharedBase):
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if type(self).forward is not SharedBase.forward:
-            raise AssertionError("the inherited forward was replaced")
-        return super().__call__(*args, **kwargs)
-
-
-class Unchecked(SharedBase):
-    pass
-
-
-def test_no_class_wrapper_on_a_forward_another_module_watches() -> None:
-    model = nn.Sequential(Unchecked(), Checked())  # both inherit SharedBase.forward
-    x = torch.randn(2, 4)
-    expected = model(x)
-    with ls.profile(model) as prof:
-        out = model(x)
-    assert torch.equal(out, expected)
-    prof.profile.validate()
-    mechanisms = {m.scope.path: m.scope.mechanism for m in prof.scope_plan}
-    assert mechanisms["0"] == mechanisms["1"] == HOOKS
+    theirs = steps_asked(lambda schedule: torch.profiler.profile(schedule=schedule))
+    ours = steps_asked(lambda schedule: ls.profile(TinyMLP(), schedule=schedule))
+    assert theirs and ours == theirs

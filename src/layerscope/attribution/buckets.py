@@ -87,10 +87,6 @@ class Buckets:
         """Per module (catalog index), its forward bucket: a table for hot loops."""
         return [self.forward(m) for m in range(self.module_count)]
 
-    def backward_of_forward(self) -> dict[int, int]:
-        """Per forward bucket, the same module's backward bucket: a table for hot loops."""
-        return {self.forward(m): self.backward(m) for m in range(self.module_count)}
-
     def backward_of_module(self) -> dict[int, int]:
         """Per module bucket, forward or backward, the same module's backward bucket: where a backward
         node goes whose forward op ran in it (a recomputation's ops run in the backward bucket)."""

@@ -74,9 +74,9 @@ def stopped_recompute_ops(
     cuts = np.flatnonzero(nodes[1:] != nodes[:-1]) + 1
     names = table.names
     shapes = table.array("span_shapes")
-    key = list(zip(span_name.tolist(), shapes.tolist(), strict=True))
     forward = np.flatnonzero(recorded & (above < 0))
-    forward_keys = [key[i] for i in forward[np.argsort(ts[forward], kind="stable")].tolist()]
+    forward = forward[np.argsort(ts[forward], kind="stable")]
+    forward_keys = list(zip(span_name[forward].tolist(), shapes[forward].tolist(), strict=True))
     starts: dict[tuple[int, int], list[int]] = {}
     for position, k in enumerate(forward_keys):
         starts.setdefault(k, []).append(position)
@@ -87,7 +87,11 @@ def stopped_recompute_ops(
             flops[last] > 0
             and names[span_name[last]] not in SAVES_OUTPUTS
             and names[span_name[above[last]]] != REENTRANT_NODE
-            and _reruns_forward([key[i] for i in group.tolist()], forward_keys, starts)
+            and _reruns_forward(
+                list(zip(span_name[group].tolist(), shapes[group].tolist(), strict=True)),
+                forward_keys,
+                starts,
+            )
         ):
             stopped[last] = True
     return stopped if stopped.any() else None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from layerscope.attribution.buckets import Buckets, NameRoles
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.nesting import Sweep
@@ -58,12 +56,10 @@ def assemble_tree(
             pending.append((i, True))
             pending.extend((c, False) for c in kids)
             continue
+        counts = (calls[i], recompute_calls[i] if recompute_calls is not None else 0)
         built[i] = _node(
-            i, [(*built.pop(c), c) for c in kids], i == root, catalog, own, calls, first_call.get(i, never)
+            i, [(*built.pop(c), c) for c in kids], i == root, catalog, own, counts, first_call.get(i, never)
         )
-        made, earliest = built[i]
-        if recompute_calls is not None and recompute_calls[i] and made is not None:
-            built[i] = (dataclasses.replace(made, recompute_calls=recompute_calls[i]), earliest)
     node = built[root][0]
     assert node is not None
     return node
@@ -75,23 +71,25 @@ def _node(
     is_root: bool,
     catalog: list[ModuleInfo],
     own: list[tuple[Metrics, Metrics]],
-    calls: list[int],
+    counts: tuple[int, int],
     first: int,
 ) -> tuple[ModuleNode | None, int]:
     """The node of module ``i`` (None when left out) and the earliest first call in its subtree,
-    from its children's ``(node, earliest first call, catalog index)``."""
+    from its children's ``(node, earliest first call, catalog index)``; ``counts`` are its forward
+    calls and its recomputations."""
     # Ties (modules never called) keep the catalog order, which is the model's.
     built.sort(key=lambda entry: (entry[1], entry[2]))
     kids = [node for node, _, _ in built if node is not None]
     earliest = min([first, *(f for _, f, _ in built)])
     fwd, bwd = own[i]
-    if not is_root and calls[i] == 0 and not kids and fwd == Metrics() and bwd == Metrics():
+    calls, recompute_calls = counts
+    if not is_root and calls == 0 and not kids and fwd == Metrics() and bwd == Metrics():
         return None, earliest
     info = catalog[i]
     node = ModuleNode(
         path=info.path,
         type_name=info.type_name,
-        calls=calls[i],
+        calls=calls,
         params=info.params,
         params_total=info.params_total,
         input_shapes=info.input_shapes,
@@ -100,6 +98,7 @@ def _node(
         backward=with_children_totals(bwd, [k.backward for k in kids]),
         children=tuple(kids),
         source=info.source,
+        recompute_calls=recompute_calls,
     )
     return node, earliest
 

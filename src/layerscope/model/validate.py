@@ -44,8 +44,11 @@ def validate_profile(profile: Profile) -> None:
         if node.path in seen:
             errors.append(f"duplicate module path {node.path!r}")
         seen.add(node.path)
-        if node.calls < 0:
+        if node.calls < 0 or node.recompute_calls < 0:
             errors.append(f"{node.path!r}: negative calls")
+        if node.recompute_calls and not node.backward.cpu_us and not node.backward.device_us:
+            # a recomputation runs inside the backward pass: its module has backward work
+            errors.append(f"{node.path!r}: recomputed with no backward time")
         for child in node.children:
             if node.path and not child.path.startswith(node.path + "."):
                 errors.append(f"{child.path!r} is not below its parent {node.path!r}")

@@ -53,7 +53,7 @@ def test_export_writes_one_file_per_suffix_as_report_does(
 def test_export_csv_writes_two_files(profile: Profile, tmp_path: Path) -> None:
     written = profile.export(tmp_path / "r.csv")
     assert written == [tmp_path / "r.modules.csv", tmp_path / "r.ops.csv"]
-    assert written[0].read_text().startswith("path,type,calls,params_total,phase,")
+    assert written[0].read_text().startswith("path,type,calls,recompute_calls,params_total,phase,")
     assert written[1].read_text().startswith("name,phase,module,unattributed,input_shapes,calls,")
 
 

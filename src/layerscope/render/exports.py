@@ -17,15 +17,24 @@ FRAME_KINDS = ("modules", "source")
 
 
 def modules_csv(profile: Profile) -> str:
-    """One row per module and phase: path, type, calls, params, and every metric."""
+    """One row per module and phase: path, type, calls, recomputations (activation checkpointing),
+    params, and every metric."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["path", "type", "calls", "params_total", "phase", *FIELD_NAMES])
+    writer.writerow(["path", "type", "calls", "recompute_calls", "params_total", "phase", *FIELD_NAMES])
     for node in profile.modules():
         for phase in ("forward", "backward"):
             metrics: Metrics = getattr(node, phase)
             writer.writerow(
-                [node.path, node.type_name, node.calls, node.params_total, phase, *metrics.to_list()]
+                [
+                    node.path,
+                    node.type_name,
+                    node.calls,
+                    node.recompute_calls,
+                    node.params_total,
+                    phase,
+                    *metrics.to_list(),
+                ]
             )
     return out.getvalue()
 

@@ -193,14 +193,18 @@ class _Baseline:
     freed_at: dict[int, int]
     silent: set[int]
     unknown_frees: list[tuple[int, int]]  # (time, bytes)
-    #: The bytes the watch's entries name (its scan of live tensors included), and the allocator's
-    #: own figure where it gave one (CUDA, traces): each checks the other.
-    seen: int = 0
+    #: The allocator's own figure where it gave one (CUDA, traces): it and :attr:`seen` check each other.
     held: int | None = None
 
     @property
+    def seen(self) -> int:
+        """The bytes the watch's entries name (its scan of live tensors included)."""
+        return sum(nbytes for nbytes, _ in self.entries.values())
+
+    @property
     def total(self) -> int:
-        return sum(nbytes for nbytes, _ in self.entries.values()) + self.unknown
+        """Everything live when recording began: what the watch named and what it did not."""
+        return self.seen + self.unknown
 
     def running(self, story: MemoryStory) -> np.ndarray:
         """Live bytes just after each event: the baseline, plus the events, less silent frees."""
@@ -247,7 +251,6 @@ def _baseline(
             unknown_frees.append((t, -int(story.nbytes[k])))
     silent = _silent_frees(entries, freed_at, story) if story.addressed and entries else set()
     baseline = _Baseline(entries, sum(b for _, b in unknown_frees), freed_at, silent, unknown_frees)
-    baseline.seen = sum(nbytes for nbytes, _ in entries.values())
     # What the allocator itself says it held: torch.cuda.memory_allocated() at the start snapshot,
     # or a trace's "Total Allocated" before its first event.
     held = start.device_allocated if start is not None and on_device else None

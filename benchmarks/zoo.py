@@ -31,7 +31,7 @@ TITLES = {
     "self-cpu": "op self CPU / key_averages",
     "flops": "FLOPs / FlopCounterMode",
     "peak": "absolute peak / MemoryProfile",
-    "placement": "compiled: op time below the root",
+    "placement": "compiled: kernels placed below the root",
 }
 
 

@@ -312,10 +312,11 @@ COMPILED_RUNTIME = (
 
 
 def check_placement(run: ZooRun) -> Check:
-    """Compiled: at least 80% of the op time (device time where there is some, else CPU: ops and
-    kernels, :data:`COMPILED_RUNTIME` left out) lies below the root, as tests/test_compile.py
-    measures it, and no FLOP-counted op (matmul, convolution, forward or backward) is left on the
-    root's own time."""
+    """Compiled: at least 80% of the compiled graphs' kernel spans are placed below the root
+    (``meta["compiled"]``: a count, so the machine's load cannot move it), and no FLOP-counted op
+    (matmul, convolution, forward or backward) is left on the root's own time. The share of op time
+    below the root (device time where there is some, else CPU, :data:`COMPILED_RUNTIME` left out)
+    is reported beside it."""
     if not run.case.compiled:
         return NOT_APPLICABLE
     failed = _failed_runs(run, "profiled run")
@@ -333,15 +334,17 @@ def check_placement(run: ZooRun) -> Check:
         if r.module == "" and not r.name.startswith(COMPILED_RUNTIME)
     )
     share = below / (below + on_root) if below + on_root else 0.0
+    compiled = profile.meta.get("compiled") or {}
+    placed = compiled.get("kernels_placed", 0) / (compiled.get("kernels_matched") or 1)
     flops = root.forward.self_flops + root.backward.self_flops
-    figure = f"{share:.0%}" + (
+    figure = f"{placed:.0%} of kernels ({share:.0%} of op time)" + (
         f", {flops / (root.total.flops or 1):.0%} of FLOPs on the root" if flops else ""
     )
     detail = (
         f"{share:.0%} of op time below the root ({on_root:.0f} us of ops on it), {flops:,} FLOPs on it; "
-        f"compiled: {profile.meta.get('compiled')}"
+        f"compiled: {compiled}"
     )
-    return Check(share >= PLACED_SHARE and flops == 0, figure, detail)
+    return Check(placed >= PLACED_SHARE and flops == 0, figure, detail)
 
 
 CHECKS: dict[str, Callable[[ZooRun], Check]] = {

@@ -25,9 +25,9 @@ import numpy as np
 
 from layerscope.analysis.device import TINY_KERNEL_US, is_graph_launch, kernel_kind
 from layerscope.analysis.streams import overlap_share
-from layerscope.analysis.verdict import step_windows
 from layerscope.errors import TraceFormatError
 from layerscope.events.intervals import union_length
+from layerscope.events.steps import step_windows
 from layerscope.events.table import EventKind, EventTable
 from layerscope.loading import _read
 
@@ -45,7 +45,7 @@ def hta_kept(table: EventTable, device: np.ndarray) -> np.ndarray:
     windows = step_windows(table)
     if len(windows) < 2:
         return np.ones(device.size, dtype=bool)
-    cut = windows[-1][1]
+    cut = windows[-1].start
     kinds = table.array("span_kind")
     launch_ts = {
         table.span_corr[i]: table.span_ts[i]

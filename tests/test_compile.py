@@ -344,7 +344,7 @@ def test_triton_kernels_follow_the_mapping_on_a_real_cuda_trace(real_traces: Pat
 
     import orjson
 
-    from layerscope.events.module_ranges import module_range_name
+    from layerscope.events.names import module_range_name
 
     trace = orjson.loads(gzip.decompress((real_traces / "cuda_triton.json.gz").read_bytes()))
     region = next(e for e in trace["traceEvents"] if e.get("name") == "Torch-Compiled Region: 0/0")

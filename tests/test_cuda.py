@@ -12,8 +12,7 @@ from torch.autograd import DeviceType
 
 import layerscope as ls
 from layerscope.attribution.compiled import LABEL_COMPILING
-from layerscope.events.module_ranges import MODULE_RANGE_PREFIX
-from layerscope.model.profile import STEP_PREFIX
+from layerscope.events.names import MODULE_RANGE_PREFIX, PROFILER_STEP_PREFIX
 from tests.fixtures.models import tiny_resnet
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -54,7 +53,7 @@ def test_device_totals_match_key_averages() -> None:
         for e in averages
         if e.device_type != DeviceType.CPU
         and not getattr(e, "is_user_annotation", False)
-        and not e.key.startswith((STEP_PREFIX, MODULE_RANGE_PREFIX))
+        and not e.key.startswith((PROFILER_STEP_PREFIX, MODULE_RANGE_PREFIX))
     )
     assert p.totals.device_us == pytest.approx(theirs, rel=0.02)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +14,7 @@ from layerscope.analysis.device_summary import device_summary
 from layerscope.attribution.attribute import build_profile
 from layerscope.errors import LayerscopeWarning, TraceFormatError
 from layerscope.events.chrome import FlopCounter, TraceTableBuilder
+from layerscope.events.names import profiler_step_number
 from layerscope.events.stream import Progress, stream_trace
 from layerscope.events.table import EventTable
 from layerscope.filemap import FileResults, map_files
@@ -65,7 +66,7 @@ def _read(path: Path, progress: Progress | None = None, strict: bool = False) ->
         data = result.whole_document
         if isinstance(data, dict) and data.get("format") == FORMAT_TAG:
             try:
-                return profile_from_dict(data)
+                return _without_step_rows(profile_from_dict(data))
             except TraceFormatError as exc:
                 raise TraceFormatError(f"{path}: {exc}") from None
         if isinstance(data, list):
@@ -91,6 +92,15 @@ def _read(path: Path, progress: Progress | None = None, strict: bool = False) ->
             stacklevel=3,
         )
     return table
+
+
+def _without_step_rows(profile: Profile) -> Profile:
+    """Profiles saved before 0.2.0 list torch's step ranges as ops (outside every module): they
+    belong in the step table, not the op table."""
+    kept = tuple(
+        r for r in profile.op_rows if not (r.module is None and profiler_step_number(r.name) is not None)
+    )
+    return profile if len(kept) == len(profile.op_rows) else replace(profile, op_rows=kept)
 
 
 def _trace_meta(path: Path, table: EventTable) -> dict[str, Any]:

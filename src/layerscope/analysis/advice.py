@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layerscope.analysis.device import DeviceReport
+from layerscope.events.names import DATA_LOADER_PREFIX, OPTIMIZER_STEP_PREFIX
 from layerscope.model.profile import Profile
 from layerscope.units import fmt_bytes, fmt_time_us
 
@@ -42,7 +43,7 @@ def _unattributed_share(profile: Profile, prefix: str) -> tuple[float, str] | No
 
 
 def data_loading(profile: Profile, device: DeviceReport | None) -> Advice | None:
-    found = _unattributed_share(profile, "enumerate(DataLoader)")
+    found = _unattributed_share(profile, DATA_LOADER_PREFIX)
     if found is None or found[0] < 0.2:
         return None
     share, label = found
@@ -56,7 +57,7 @@ def data_loading(profile: Profile, device: DeviceReport | None) -> Advice | None
 
 
 def optimizer_step(profile: Profile, device: DeviceReport | None) -> Advice | None:
-    found = _unattributed_share(profile, "Optimizer.step#")
+    found = _unattributed_share(profile, OPTIMIZER_STEP_PREFIX)
     if found is None or found[0] < 0.2:
         return None
     share, label = found

@@ -16,8 +16,9 @@ from layerscope.analysis.streams import (
     StreamWork,
     stream_stats,
 )
-from layerscope.analysis.verdict import StepVerdict, comm_overlap, device_idle, step_verdicts, step_windows
+from layerscope.analysis.verdict import StepVerdict, comm_overlap, device_idle, step_verdicts
 from layerscope.events.intervals import union_length
+from layerscope.events.steps import step_windows
 from layerscope.events.table import EventKind, EventTable
 
 #: Kernel kinds, first match wins (names of cuBLAS/cuDNN/CUTLASS/Triton/NCCL/ROCm kernels), tried on
@@ -344,7 +345,7 @@ def _collective_kernels(table: EventTable, comm: np.ndarray) -> tuple[Collective
     found = []
     for k in comm.tolist():
         start = table.span_ts[k]
-        step = next((n for n, lo, hi in windows if lo <= start < hi), None)
+        step = next((w.number for w in windows if w.start <= start < w.end), None)
         name = kernel_function_name(table.names[table.span_name[k]]).removeprefix("void ")
         found.append(CollectiveKernel(name, start / 1000.0, (start + table.span_dur[k]) / 1000.0, step))
     return tuple(sorted(found, key=lambda c: c.start_us))

@@ -7,16 +7,18 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from layerscope.attribution.buckets import LABEL_STEP_GAPS
+from layerscope.events.names import DATA_LOADER_PREFIX, OPTIMIZER_STEP_PREFIX, OPTIMIZER_ZERO_GRAD_PREFIX
 from layerscope.model.profile import Profile, StepStats
 
 #: A step is an outlier when its wall time exceeds this multiple of the median step's.
 OUTLIER_RATIO = 1.5
 
 _FRIENDLY = (
-    ("enumerate(DataLoader)", "data loader"),
-    ("Optimizer.step#", "optimizer step"),
-    ("Optimizer.zero_grad#", "optimizer zero_grad"),
-    ("(Python between ops)", "Python between ops"),
+    (DATA_LOADER_PREFIX, "data loader"),
+    (OPTIMIZER_STEP_PREFIX, "optimizer step"),
+    (OPTIMIZER_ZERO_GRAD_PREFIX, "optimizer zero_grad"),
+    (LABEL_STEP_GAPS, "Python between ops"),
 )
 
 

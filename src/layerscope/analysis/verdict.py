@@ -18,7 +18,8 @@ import numpy as np
 
 from layerscope.analysis.streams import KERNEL_WAIT_US, IdleTime, StreamWork, idle_time, overlap_parts
 from layerscope.events.intervals import union_length
-from layerscope.events.table import CPU_KINDS, EventTable
+from layerscope.events.steps import step_windows
+from layerscope.events.table import EventTable
 
 #: What bounds a step (StepVerdict.verdict), decided by :func:`step_verdict`.
 VERDICTS = (
@@ -140,30 +141,6 @@ def exposed_comm_us(comm: Intervals, comp: Intervals) -> float:
     return (both - union_length(*comp)) / 1000.0
 
 
-def step_windows(table: EventTable) -> list[tuple[int, int, int]]:
-    """(step number, start, end) of each ProfilerStep: from its start to the next step's start.
-    Steps are the CPU-side ranges: Kineto mirrors them on the GPU timeline as
-    ``gpu_user_annotation`` events, which are no steps of their own."""
-    names = table.names
-    cpu_side = [int(k) for k in CPU_KINDS]
-    steps = [
-        i
-        for i, (n, kind) in enumerate(zip(table.span_name, table.span_kind, strict=True))
-        if kind in cpu_side and names[n].startswith("ProfilerStep#")
-    ]
-    steps.sort(key=lambda i: table.span_ts[i])
-    windows = []
-    for k, i in enumerate(steps):
-        lo = table.span_ts[i]
-        hi = table.span_ts[steps[k + 1]] if k + 1 < len(steps) else lo + table.span_dur[i]
-        try:
-            number = int(names[table.span_name[i]].split("#", 1)[1])
-        except ValueError:
-            number = k
-        windows.append((number, lo, hi))
-    return windows
-
-
 def device_idle(work: StreamWork, span: tuple[int, int]) -> IdleTime:
     """Idle time by cause over ``span`` (ns), each device on its own timeline, summed."""
     total = IdleTime()
@@ -211,16 +188,17 @@ class _DeviceTimelines:
 def step_verdicts(
     table: EventTable, work: StreamWork, is_comm: np.ndarray, is_comp: np.ndarray, span: tuple[int, int]
 ) -> tuple[StepVerdict, ...]:
-    """Per ProfilerStep window: device busy time, idle time by cause and the verdict, each device
-    on its own timeline and summed. ``is_comm``/``is_comp`` mark the communication and computation
-    kernels among ``work``'s rows; ``span`` is the trace's (start, end): idle time before the first
-    and after the last device work counts."""
+    """Per step window (``events/steps.py``: the step table's windows): device busy time, idle time
+    by cause and the verdict, each device on its own timeline and summed. ``is_comm``/``is_comp``
+    mark the communication and computation kernels among ``work``'s rows; ``span`` is the trace's
+    (start, end): idle time before the first and after the last device work counts."""
     windows = step_windows(table)
     if not windows:
         return ()
     devices = [_DeviceTimelines.of(work, rows, is_comm, is_comp, span) for rows in work.devices()]
     verdicts = []
-    for number, lo, hi in windows:
+    for window in windows:
+        lo, hi = window.start, window.end
         busy_ns = exposed_ns = overlapped = comm_total = 0.0
         idle = IdleTime()
         for d in devices:
@@ -235,7 +213,7 @@ def step_verdicts(
         exposed = exposed_ns / busy_ns if busy_ns > 0 else 0.0
         verdicts.append(
             StepVerdict(
-                number,
+                window.number,
                 wall,
                 busy_ns / 1000.0,
                 step_verdict(share, idle, exposed),

@@ -8,6 +8,6 @@ CPU spans), ``devices`` (kernels to their launching op), ``memory`` (owners, pea
 
 from layerscope.attribution.attribute import build_profile
 from layerscope.attribution.catalog import ModuleInfo
-from layerscope.events.module_ranges import module_range_name, parse_module_range
+from layerscope.events.names import module_range_name, parse_module_range
 
 __all__ = ["ModuleInfo", "build_profile", "module_range_name", "parse_module_range"]

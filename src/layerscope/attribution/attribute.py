@@ -58,6 +58,7 @@ from layerscope.attribution.stacks import op_stacks
 from layerscope.attribution.steps import step_stats
 from layerscope.attribution.tree import module_tree
 from layerscope.events.memory_snapshots import Snapshot
+from layerscope.events.steps import step_windows
 from layerscope.events.table import EventKind, EventTable
 from layerscope.model.metrics import Metrics, own_metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, UnattributedEntry
@@ -120,7 +121,7 @@ def build_profile(
     root = module_tree(table, named, buckets, nested.swept, per_bucket)
     steps = step_stats(
         table,
-        nested.swept.step_spans,
+        step_windows(table),
         nested.order,
         nested.bucket,
         nested.excl,
@@ -222,7 +223,7 @@ def _memory_report(
 
 
 def _step_names(named: NameRoles) -> set[int]:
-    """The name ids of ``ProfilerStep#N`` ranges: steps, never ops (no op row, no device launch)."""
+    """The name ids of step ranges (``events/steps.py``): steps, never ops (no op row, no device launch)."""
     return {i for i, role in enumerate(named.roles) if role == ROLE_STEP}
 
 

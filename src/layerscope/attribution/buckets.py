@@ -9,11 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from layerscope.attribution.catalog import ModuleInfo, catalog_from_ranges
-from layerscope.attribution.compiled import COMPILED_GRAPH_PREFIX, is_compiling_range
-from layerscope.events.module_ranges import parse_module_range
-from layerscope.model.profile import STEP_PREFIX, Phase
+from layerscope.events.names import (
+    backward_node_name,
+    is_compiled_graph_call,
+    is_compiling_range,
+    parse_module_range,
+)
+from layerscope.events.steps import step_name_ids
+from layerscope.model.profile import Phase
 
-BACKWARD_NODE_PREFIX = "autograd::engine::evaluate_function: "
 LABEL_STEP_GAPS = "(Python between ops)"
 LABEL_MEMORY_OUTSIDE_OPS = "(memory outside ops)"
 LABEL_UNLINKED_DEVICE = "(device work without a launching op)"
@@ -164,11 +168,12 @@ def name_roles(
     known_modules: list[tuple[str, str]] | None = None,
     annotation_names: set[int] | None = None,
 ) -> NameRoles:
-    """Classify every distinct name once: module range, backward node, profiler step, compilation,
-    compiled graph call, or plain op. Without a catalog, modules come from the range names plus
+    """Classify every distinct name once: module range, backward node, step (``events/steps.py``),
+    compilation, compiled graph call, or plain op. Without a catalog, modules come from the range names plus
     ``known_modules`` ((path, type) pairs a trace carries for modules without ranges of their own);
     a trace with neither uses its user annotations (``record_function`` ranges, ``annotation_names``)
     as top-level regions instead (``NameRoles.regions``)."""
+    steps = step_name_ids(names)
     found_ranges: dict[int, tuple[str, str]] = {}
     for name_id, name in enumerate(names):
         parsed = parse_module_range(name)
@@ -178,7 +183,7 @@ def name_roles(
     if catalog is None and not found_ranges and not known_modules and annotation_names:
         for name_id in sorted(annotation_names):
             name = names[name_id]
-            if name and not name.startswith(STEP_PREFIX) and not is_compiling_range(name):
+            if name and name_id not in steps and not is_compiling_range(name):
                 # a dot would make a hierarchy out of a name: regions are flat, under the root
                 found_ranges[name_id] = (name.replace(".", "_"), REGION_TYPE)
         regions = bool(found_ranges)
@@ -196,13 +201,13 @@ def name_roles(
         if name_id in found_ranges:
             roles[name_id] = ROLE_MODULE
             role_module[name_id] = module_index[found_ranges[name_id][0]]
-        elif name.startswith(BACKWARD_NODE_PREFIX):
+        elif backward_node_name(name) is not None:
             roles[name_id] = ROLE_BACKWARD_NODE
-        elif name.startswith(STEP_PREFIX):
+        elif name_id in steps:
             roles[name_id] = ROLE_STEP
         elif is_compiling_range(name):
             roles[name_id] = ROLE_COMPILING
-        elif name.startswith(COMPILED_GRAPH_PREFIX):
+        elif is_compiled_graph_call(name):
             roles[name_id] = ROLE_COMPILED_GRAPH
     return NameRoles(catalog, found_ranges, roles, role_module, regions)
 

@@ -16,27 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import GLOBAL_ROOT_TYPE, ModuleInfo
 from layerscope.model.profile import Phase
-
-if TYPE_CHECKING:  # buckets.py imports this module (for the names of compiled graph ranges)
-    from layerscope.attribution.buckets import Buckets
-
-COMPILED_GRAPH_PREFIX = "## Call CompiledFxGraph"
-#: Ranges in which torch.compile compiles: Dynamo's frame (forward), AOTAutograd's lazy backward, and
-#: Inductor's C++ builds on worker threads; phases timed by ``dynamo_timed`` end in this suffix.
-COMPILING_NAMES = frozenset({"dynamo", "entire_backward_compile", "compile_file"})
-COMPILING_SUFFIX = "(dynamo_timed)"
-
-
-def is_compiling_range(name: str) -> bool:
-    """Whether a range name is torch.compile at work (compiling, not running compiled code)."""
-    return name in COMPILING_NAMES or name.endswith(COMPILING_SUFFIX)
-
 
 LABEL_COMPILING = "(torch.compile: compiling)"
 _GRAPH_PREFIX = re.compile(r"graph_\d+_")

@@ -15,8 +15,8 @@ from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.memory import innermost_spans
 from layerscope.attribution.memory_story import MemoryStory, placement_of
 from layerscope.attribution.nesting import Sweep
-from layerscope.attribution.steps import step_number
 from layerscope.events.memory_snapshots import Snapshot
+from layerscope.events.steps import step_windows
 from layerscope.events.table import EventTable
 from layerscope.model.profile import StepStats
 
@@ -135,7 +135,7 @@ def build_memory_report(
     """``meta["memory"]``: baseline, peak and live-at-peak per device class, per-step peaks, and
     tensors saved for backward per keeping module (the last only with the watch's snapshots)."""
     snaps = snapshots or []
-    ts, dur = table.array("span_ts"), table.array("span_dur")
+    ts = table.array("span_ts")
     place = placement_of(table, bucket, buckets, catalog)
     on_device = table.array("mem_on_device")
     stories = [
@@ -143,8 +143,7 @@ def build_memory_report(
         for device in (False, True)
         if bool((on_device == device).any())
     ]
-    steps = sorted(swept.step_spans, key=lambda i: int(ts[i]))
-    windows = [(step_number(table.names[table.span_name[i]]), int(ts[i]), int(ts[i] + dur[i])) for i in steps]
+    windows = [(w.number, w.start, w.end) for w in step_windows(table)]
     ops = swept.forward_op_of
     by_seq: dict[int, int] = {}  # for snapshots whose thread is unknown (no marks)
     if any(s.tid < 0 for s in snaps if s.kind == "forward"):

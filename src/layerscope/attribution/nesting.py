@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from layerscope.attribution.buckets import (
-    BACKWARD_NODE_PREFIX,
     LABEL_STEP_GAPS,
     ROLE_BACKWARD_NODE,
     ROLE_COMPILED_GRAPH,
@@ -37,6 +36,7 @@ from layerscope.attribution.buckets import (
 )
 from layerscope.attribution.compiled import LABEL_COMPILING
 from layerscope.events.intervals import union_length
+from layerscope.events.names import backward_node_name
 from layerscope.events.table import CPU_KINDS, EventTable
 from layerscope.model.profile import Phase
 
@@ -62,8 +62,9 @@ class Sweep:
     backward_windows: list[int] = field(default_factory=list)  # backward-node spans
     #: Forward ops by (thread, sequence number): what backward nodes and saved tensors point at.
     forward_op_of: dict[tuple[int, int], int] = field(default_factory=dict)
-    step_spans: list[int] = field(default_factory=list)  # ProfilerStep#N spans
-    # "## Call CompiledFxGraph ##" spans (their kernels are children)
+    #: Step ranges (``events/steps.py``; the step windows are ``step_windows``'s, not these)
+    step_spans: list[int] = field(default_factory=list)
+    # compiled graph call spans (their kernels are children)
     compiled_graph_spans: list[int] = field(default_factory=list)
     compiling_bucket: int = -1  # the bucket of torch.compile compiling, -1 if it never did
 
@@ -135,7 +136,7 @@ def sweep(
             owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
             b = backward_of.get(bucket[owner], -1) if owner >= 0 else -1  # the owner's module, backward
             if b < 0:
-                b = buckets.unattributed(names[name_id][len(BACKWARD_NODE_PREFIX) :], Phase.BACKWARD)
+                b = buckets.unattributed(backward_node_name(names[name_id]) or "", Phase.BACKWARD)
             backward_windows.append(i)
         elif role == ROLE_STEP:
             b = buckets.unattributed(LABEL_STEP_GAPS, Phase.OTHER)

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from layerscope.attribution.buckets import BACKWARD_NODE_PREFIX, ROLE_BACKWARD_NODE
+from layerscope.attribution.buckets import ROLE_BACKWARD_NODE
+from layerscope.events.names import REENTRANT_CHECKPOINT_NODE
 from layerscope.events.table import EventTable
-
-#: The backward node of reentrant checkpointing: it re-runs the whole region, with no early stop.
-REENTRANT_NODE = f"{BACKWARD_NODE_PREFIX}CheckpointFunctionBackward"
 
 #: FLOP-counted ops whose derivative also saves an output: their last save comes after the kernel,
 #: so an early stop there still ran them.
@@ -86,7 +84,8 @@ def stopped_recompute_ops(
         if (
             flops[last] > 0
             and names[span_name[last]] not in SAVES_OUTPUTS
-            and names[span_name[above[last]]] != REENTRANT_NODE
+            # reentrant checkpointing re-runs the whole region, with no early stop
+            and names[span_name[above[last]]] != REENTRANT_CHECKPOINT_NODE
             and _reruns_forward(
                 list(zip(span_name[group].tolist(), shapes[group].tolist(), strict=True)),
                 forward_keys,

@@ -19,6 +19,7 @@ import re
 import numpy as np
 
 from layerscope.events.frame_chains import FrameChains
+from layerscope.events.names import NN_MODULE_EVENT_PREFIX, NN_MODULE_FRAME_PREFIX
 from layerscope.events.table import EventKind, EventTable
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -38,7 +39,9 @@ def is_internal_frame(frame: str) -> bool:
     markers, and code inside torch or layerscope."""
     return (
         # "layerscope(N): <module>" is the console script that `layerscope run` starts from
-        frame.startswith(("<built-in", "nn.Module: ", "nn.Module.", "<frozen ", "layerscope("))
+        frame.startswith(
+            ("<built-in", NN_MODULE_EVENT_PREFIX, NN_MODULE_FRAME_PREFIX, "<frozen ", "layerscope(")
+        )
         or frame.startswith(_INTERNAL_PACKAGES)
         or _INSTALLED.search(frame) is not None
     )

@@ -1,4 +1,4 @@
-"""Per-step statistics: each ``ProfilerStep#N`` range with its CPU time split by module and label."""
+"""Per-step statistics: each step window (``events/steps.py``) with its CPU time split by module and label."""
 
 from __future__ import annotations
 
@@ -6,16 +6,9 @@ import numpy as np
 
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
+from layerscope.events.steps import StepWindow
 from layerscope.events.table import DEVICE_WORK_KINDS, EventTable
-from layerscope.model.profile import STEP_PREFIX, StepStats
-
-
-def step_number(name: str) -> int:
-    """``"ProfilerStep#12"`` -> 12 (-1 when the suffix is not a number)."""
-    try:
-        return int(name[len(STEP_PREFIX) :])
-    except ValueError:
-        return -1
+from layerscope.model.profile import StepStats
 
 
 def device_in_windows(table: EventTable, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -46,7 +39,7 @@ def device_in_windows(table: EventTable, lo: np.ndarray, hi: np.ndarray) -> np.n
 
 def step_stats(
     table: EventTable,
-    step_spans: list[int],
+    windows: list[StepWindow],
     order: np.ndarray,
     bucket: np.ndarray,
     excl: np.ndarray,
@@ -55,35 +48,30 @@ def step_stats(
     kept_paths: set[str],
     drop_idle_last: bool = True,
 ) -> tuple[StepStats, ...]:
-    """One StepStats per step span, in step order.
+    """One StepStats per step window (``step_windows``, in time order), in step order.
 
-    A CPU span belongs to the step whose time window contains its start, whatever its thread (the
+    A CPU span belongs to the step whose window contains its start, whatever its thread (the
     backward of a GPU run executes on autograd's own thread, outside the step's nesting). Device
     time is the device work run inside the window (``device_in_windows``): the kernels of backward
     threads count, and a step is charged for what its device did, as the step verdicts of
     ``analysis/device.py`` measure it, not for work it queued that ran in the next step.
     ``bucket`` holds each span's bucket, numbered by ``buckets``.
     """
-    if not step_spans:
+    if not windows:
         return ()
     ts = table.array("span_ts")
-    dur = table.array("span_dur")
-    steps = sorted(step_spans, key=lambda i: int(ts[i]))
-    starts = ts[steps]
-    ends = starts + dur[steps]
+    starts = np.asarray([w.start for w in windows], dtype=np.int64)
+    # windows never overlap: a span or a kernel is counted in one step at most
+    ends = np.asarray([w.end for w in windows], dtype=np.int64)
     span_start = ts[order]
     which = np.searchsorted(starts, span_start, side="right") - 1
     inside = (which >= 0) & (span_start < ends[np.maximum(which, 0)])
-    # A step's window ends where the next one begins at the latest (as CPU spans are assigned
-    # above), so no device work is counted in two steps.
-    window_ends = ends.copy()
-    window_ends[:-1] = np.minimum(ends[:-1], starts[1:])
-    device_ns = device_in_windows(table, starts, window_ends)
+    device_ns = device_in_windows(table, starts, ends)
     n_modules = buckets.module_count
     n_buckets = buckets.count
     key = which[inside] * n_buckets + bucket[order][inside]
-    flat = np.bincount(key, weights=excl[order][inside], minlength=len(steps) * n_buckets)
-    sums: np.ndarray = flat.reshape(len(steps), n_buckets) / 1000.0
+    flat = np.bincount(key, weights=excl[order][inside], minlength=len(windows) * n_buckets)
+    sums: np.ndarray = flat.reshape(len(windows), n_buckets) / 1000.0
     forward = sums[:, buckets.forward_slice].copy()  # per step, per module (catalog order)
     backward = sums[:, buckets.backward_slice].copy()
     # Inclusive times: children into parents, deepest first (the catalog lists parents first).
@@ -93,9 +81,8 @@ def step_stats(
         if parent is not None:
             forward[:, index[parent]] += forward[:, m]
             backward[:, index[parent]] += backward[:, m]
-    names = table.names
     result = []
-    for row, i in enumerate(steps):
+    for row, window in enumerate(windows):
         modules = {
             info.path: (float(forward[row, m]), float(backward[row, m]))
             for m, info in enumerate(catalog)
@@ -108,8 +95,8 @@ def step_stats(
                 unattributed[label] = unattributed.get(label, 0.0) + value
         result.append(
             StepStats(
-                step=step_number(names[table.span_name[i]]),
-                wall_us=int(dur[i]) / 1000.0,
+                step=window.number,
+                wall_us=window.wall_ns / 1000.0,
                 device_us=int(device_ns[row]) / 1000.0,
                 cpu_us=float(sums[row].sum()),
                 modules=modules,

@@ -15,7 +15,6 @@ from typing import Any
 
 import orjson
 
-from layerscope.attribution.buckets import BACKWARD_NODE_PREFIX
 from layerscope.capture.event_columns import (
     UNDECODABLE_NAME,
     count_flops,
@@ -25,13 +24,14 @@ from layerscope.capture.event_columns import (
     set_flop_dtypes,
 )
 from layerscope.capture.flops import FlopCalculator
-from layerscope.events.module_ranges import MODULE_RANGE_PREFIX
+from layerscope.events.names import (
+    BACKWARD_NODE_PREFIX,
+    MODULE_RANGE_PREFIX,
+    OUT_OF_MEMORY_EVENT,
+    PROFILER_STEP_PREFIX,
+)
 from layerscope.events.shapes import shapes_key_from_json
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
-from layerscope.model.profile import STEP_PREFIX
-
-#: The name torch gives an allocation the allocator refused.
-OUT_OF_MEMORY = "[OutOfMemory]"
 
 
 def _read_names(spans: list[Any], event_type: Any) -> tuple[list[str], int]:
@@ -69,7 +69,7 @@ def _signed(values: list[int]) -> list[int]:
 def _records_no_inputs(name: str) -> bool:
     """Spans whose ``shapes()`` is always empty: layerscope's module ranges, autograd's
     ``evaluate_function`` wrappers and ``ProfilerStep#N`` (checked on torch 2.13 captures)."""
-    return name.startswith((MODULE_RANGE_PREFIX, BACKWARD_NODE_PREFIX, STEP_PREFIX))
+    return name.startswith((MODULE_RANGE_PREFIX, BACKWARD_NODE_PREFIX, PROFILER_STEP_PREFIX))
 
 
 def table_from_bindings(
@@ -94,7 +94,7 @@ def table_from_bindings(
     span_names, undecodable = _read_names(spans, event_type)
     if undecodable:
         table.meta["undecodable_names"] = undecodable
-    if OUT_OF_MEMORY in span_names:  # a refused allocation is no op: its own list
+    if OUT_OF_MEMORY_EVENT in span_names:  # a refused allocation is no op: its own list
         spans, span_names = _take_out_of_memory(table, spans, span_names, event_type, cpu_only)
     if memory:
         _read_memory(table, memory, list(compress(all_bytes, is_memory)), event_type, cpu_only)
@@ -131,9 +131,9 @@ def _take_out_of_memory(
     """Move torch's ``[OutOfMemory]`` events out of the spans into ``table.out_of_memory``. Their size
     is not in torch's bindings (``nbytes()`` is 0 and the event's fields are not bound), so it reads
     0 here; the native reader has it."""
-    kept = [k for k, name in enumerate(names) if name != OUT_OF_MEMORY]
+    kept = [k for k, name in enumerate(names) if name != OUT_OF_MEMORY_EVENT]
     for k in range(len(names)):
-        if names[k] == OUT_OF_MEMORY:
+        if names[k] == OUT_OF_MEMORY_EVENT:
             event = spans[k]
             on_device = not cpu_only and int(event_type.device_type(event)) != 0
             tid = _signed([event_type.start_thread_id(event)])[0]

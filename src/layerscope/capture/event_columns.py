@@ -11,6 +11,7 @@ import numpy as np
 import orjson
 
 from layerscope.capture.flops import FlopCalculator
+from layerscope.events.names import MEMCPY_PREFIX, MEMSET_PREFIX
 from layerscope.events.table import EventKind, EventTable
 
 _KIND_BY_ACTIVITY: dict[str, EventKind] = {
@@ -72,9 +73,9 @@ def guess_activities(
     found: list[str] = []
     for name, device, marked, where in zip(names, on_device, annotation, index, strict=True):
         if device:
-            if name.startswith("Memcpy"):
+            if name.startswith(MEMCPY_PREFIX):
                 found.append("gpu_memcpy")
-            elif name.startswith("Memset"):
+            elif name.startswith(MEMSET_PREFIX):
                 found.append("gpu_memset")
             else:
                 found.append("gpu_user_annotation" if marked else "kernel")

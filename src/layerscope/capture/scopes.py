@@ -32,7 +32,7 @@ from layerscope.capture.scope_plan import (
     marks_blocker,
     plan_scopes,
 )
-from layerscope.events.module_ranges import module_range_name
+from layerscope.events.names import module_range_name
 
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 # Inside a region torch.compile traces, the hooks must do nothing: Dynamo folds this call to True and

@@ -18,12 +18,11 @@ import numpy as np
 import orjson
 
 from layerscope.errors import TraceFormatError
+from layerscope.events import names as event_names
 from layerscope.events.call_lines import HandleColumn, saved_call_lines
-from layerscope.events.module_ranges import MODULE_RANGE_PREFIX, module_range_name
 from layerscope.events.shapes import first_input_dtype, shapes_key
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
 
-_NN_MODULE = "nn.Module: "
 #: Bytes per element of record_param_comms dtypes (unknown: 4).
 _DTYPE_BYTES = {
     "float": 4,
@@ -257,7 +256,7 @@ class TraceTableBuilder:
                         self.handles.add(i, args.get("Record function id"))
                     if kind in (EventKind.CPU_OP, EventKind.USER_ANNOTATION):
                         self.span_at.setdefault((tid, ts), i)
-                elif ph == "i" and ev.get("name") in ("[memory]", "[OutOfMemory]"):
+                elif ph == "i" and ev.get("name") in event_names.MEMORY_EVENTS:
                     self._memory_event(ev)
                 elif ph in ("s", "f") and ev.get("cat") == "fwdbwd":
                     target = self.flow_starts if ph == "s" else self.flow_ends
@@ -275,7 +274,7 @@ class TraceTableBuilder:
         args = _args(ev)
         on_device = _int(args.get("Device Type", 0) or 0) != 0
         allocated = _int(args.get("Total Allocated", 0) or 0)
-        if ev.get("name") == "[OutOfMemory]":
+        if ev.get("name") == event_names.OUT_OF_MEMORY_EVENT:
             requested = _int(args.get("Bytes", 0) or 0)
             oom = OutOfMemory(self._thread(ev), _ns(ev["ts"]), requested, on_device, allocated)
             self.table.out_of_memory.append(oom)
@@ -348,15 +347,15 @@ def _module_ranges_from_python_events(table: EventTable, python_ids: dict[int, t
     """Traces recorded with ``with_stack`` carry ``nn.Module: Linear_0`` Python events. Without
     layerscope's own ranges, they become module ranges, named by their chain of module events
     (``Sequential_0.Linear_1``: torch records class and instance index, not attribute names)."""
-    if any(name.startswith(MODULE_RANGE_PREFIX) for name in table.names):
+    if any(name.startswith(event_names.MODULE_RANGE_PREFIX) for name in table.names):
         return
     names = table.names
     by_python_id: dict[Any, int] = {pid: i for i, (pid, _) in python_ids.items() if pid is not None}
     label: dict[int, str] = {}
     for i in python_ids:
-        name = names[table.span_name[i]]
-        if name.startswith(_NN_MODULE):
-            label[i] = name[len(_NN_MODULE) :].strip()
+        found = event_names.nn_module_event_label(names[table.span_name[i]])
+        if found is not None:
+            label[i] = found
     if not label:
         return
     for i, own in label.items():
@@ -370,7 +369,7 @@ def _module_ranges_from_python_events(table: EventTable, python_ids: dict[int, t
             parent = python_ids[j][1]
             seen += 1
         type_name = own.rsplit("_", 1)[0] if own.rsplit("_", 1)[-1].isdigit() else own
-        table.span_name[i] = table.intern(module_range_name(".".join(reversed(chain)), type_name))
+        table.span_name[i] = table.intern(event_names.module_range_name(".".join(reversed(chain)), type_name))
         table.span_kind[i] = int(EventKind.USER_ANNOTATION)
 
 

@@ -17,9 +17,6 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 
-#: The name torch gives the range of each training step (``ProfilerStep#12``): a step, never an op.
-STEP_PREFIX = "ProfilerStep#"
-
 
 class Phase(str, Enum):
     """Which pass a piece of work belongs to."""
@@ -113,10 +110,12 @@ class UnattributedEntry:
 
 @dataclass(frozen=True, slots=True)
 class StepStats:
-    """One ``ProfilerStep#N`` range (a training step marked by ``prof.step()``).
+    """One training step: a ``ProfilerStep#N`` range (marked by ``prof.step()``) or a user step
+    annotation (``record_function("step N")``), over its window (``layerscope.events.steps``).
 
-    ``wall_us`` is the range's duration and ``device_us`` the device time run inside it: every
-    kernel, copy and set on any stream, launched from any thread, clipped to the range (overlapping
+    ``wall_us`` is the window's length (the range's duration) and ``device_us`` the device time run
+    inside it: every kernel, copy and set on any stream, launched from any thread, clipped to the
+    window (overlapping
     streams count each; the device section's busy time counts overlaps once).
     ``cpu_us`` is the CPU time of all work that started inside the step's time window (any thread),
     split into ``modules`` (path -> (forward µs, backward µs), inclusive of children) and
@@ -309,3 +308,19 @@ class Profile:
         from layerscope.render.console import render_to_text
 
         return render_to_text(self.__rich__())
+
+
+def __getattr__(name: str) -> Any:
+    """``STEP_PREFIX``, deprecated: event names belong to ``layerscope.events.names``."""
+    if name == "STEP_PREFIX":
+        import warnings
+
+        warnings.warn(
+            "layerscope.model.profile.STEP_PREFIX is deprecated; use "
+            "layerscope.events.names.PROFILER_STEP_PREFIX (removed in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        # spelled out here, not imported: the data model sits below the events layer
+        return "ProfilerStep#"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,6 @@ from layerscope.errors import TraceFormatError
 from layerscope.model.metrics import FIELD_NAMES, Metrics
 from layerscope.model.profile import (
     SCHEMA_VERSION,
-    STEP_PREFIX,
     ModuleNode,
     OpStats,
     Phase,
@@ -168,8 +167,6 @@ def profile_from_dict(data: Any) -> Profile:
                 stack_of_row,
                 strict=True,
             )
-            # Profiles saved before 0.2.0 list the step ranges as ops; they belong in the step table.
-            if not (strings[n].startswith(STEP_PREFIX) and m < 0)
         )
         return Profile(
             meta=data["meta"],

@@ -13,9 +13,9 @@ from layerscope.events.names import (
     backward_node_name,
     is_compiled_graph_call,
     is_compiling_range,
+    is_step_range,
     parse_module_range,
 )
-from layerscope.events.steps import step_name_ids
 from layerscope.model.profile import Phase
 
 LABEL_STEP_GAPS = "(Python between ops)"
@@ -173,7 +173,8 @@ def name_roles(
     ``known_modules`` ((path, type) pairs a trace carries for modules without ranges of their own);
     a trace with neither uses its user annotations (``record_function`` ranges, ``annotation_names``)
     as top-level regions instead (``NameRoles.regions``)."""
-    steps = step_name_ids(names)
+    # both kinds of step range, whichever gives the step windows (``events/steps.py``)
+    steps = {name_id for name_id, name in enumerate(names) if is_step_range(name) is not None}
     found_ranges: dict[int, tuple[str, str]] = {}
     for name_id, name in enumerate(names):
         parsed = parse_module_range(name)

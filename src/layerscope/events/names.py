@@ -18,9 +18,9 @@ import re
 #: The range torch opens for each training step under a schedule (``prof.step()``): ``ProfilerStep#12``.
 PROFILER_STEP_PREFIX = "ProfilerStep#"
 
-#: A user step annotation: a ``record_function`` range named ``step N``, ``step#N`` or ``step_N``
-#: (``step`` in any case, N a non-negative integer, nothing before or after). Used only in a trace
-#: without any ``ProfilerStep#N`` range (see :func:`layerscope.events.steps.step_name_ids`).
+#: A user step annotation: a ``record_function`` range named ``step N``, ``step#N``, ``step_N`` or ``stepN``
+#: (``step`` in any case, N a non-negative integer, nothing before or after). Where a trace has any,
+#: they give the step windows, not ``ProfilerStep#N`` (see :mod:`layerscope.events.steps`).
 USER_STEP_PATTERN = re.compile(r"step[ #_]?([0-9]+)", re.IGNORECASE)
 
 #: The number of a step whose name carries none a reader can parse (``ProfilerStep#x``).
@@ -44,8 +44,8 @@ def user_step_number(name: str) -> int | None:
 
 def is_step_range(name: str) -> int | None:
     """The step number a range name marks (torch's ``ProfilerStep#N`` or a user step annotation),
-    None when it marks no step. Which of the two kinds a trace's steps are is decided per trace
-    (:func:`layerscope.events.steps.step_name_ids`): this says only what a name could be."""
+    None when it marks no step. Which of the two kinds gives a trace's step windows is decided per
+    trace (:func:`layerscope.events.steps.step_windows`): this says only what a name marks."""
     found = profiler_step_number(name)
     return found if found is not None else user_step_number(name)
 

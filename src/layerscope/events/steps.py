@@ -2,9 +2,13 @@
 
 A *step* is a CPU-side range that marks one training step (see :mod:`layerscope.events.names`):
 
-* torch's ``ProfilerStep#N`` ranges, which ``prof.step()`` opens under a schedule; or, in a trace
-  that has none of them,
-* user step annotations: ``record_function`` ranges named ``step N`` / ``step#N`` / ``step_N``.
+* user step annotations: ``record_function`` ranges named ``step N`` / ``step#N`` / ``step_N``; or,
+  in a trace that has none of them,
+* torch's ``ProfilerStep#N`` ranges, which ``prof.step()`` opens under a schedule (and ``ls.profile``
+  around the whole block without one).
+
+Both kinds are step ranges to attribution wherever they are (never op rows; their own time is the
+"Python between ops" entry); only one kind gives the windows.
 
 Device-side copies of a range (Kineto mirrors ``ProfilerStep#N`` on the GPU timeline as a
 ``gpu_user_annotation``) are not steps. A step's *window* is ``[start, end)`` of its range, in the
@@ -16,7 +20,9 @@ table's nanoseconds, and windows never overlap:
   start (the CPU work that starts in between belongs to one step only).
 
 Time between two windows (torch's own ``prof.step()`` call, or whatever runs outside the user's
-ranges) belongs to no step.
+ranges) belongs to no step. A step's number is the one its name carries; where two steps would
+share one (a loop that counts from 0 again each epoch, or names without a number), the steps are
+numbered in time order from 0 instead.
 """
 
 from __future__ import annotations
@@ -45,32 +51,34 @@ class StepWindow:
         return self.end - self.start
 
 
-def step_name_ids(names: Sequence[str]) -> dict[int, int]:
-    """Per name id that marks a step, the step's number: torch's ``ProfilerStep#N`` names, or,
-    where ``names`` holds none, user step annotations (torch's steps win: a user range inside
-    ``prof.step()``'s steps would count each step twice)."""
-    found: dict[int, int] = {}
+def step_name_ids(names: Sequence[str]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per name id that marks a step, its number: torch's ``ProfilerStep#N`` names, then user step
+    annotations (``events/names.py``)."""
+    torch_steps: dict[int, int] = {}
+    user_steps: dict[int, int] = {}
     for name_id, name in enumerate(names):
         number = profiler_step_number(name)
         if number is not None:
-            found[name_id] = number
-    if found:
-        return found
-    for name_id, name in enumerate(names):
-        number = user_step_number(name)
-        if number is not None:
-            found[name_id] = number
-    return found
+            torch_steps[name_id] = number
+        elif (number := user_step_number(name)) is not None:
+            user_steps[name_id] = number
+    return torch_steps, user_steps
 
 
 def step_windows(table: EventTable) -> list[StepWindow]:
     """The steps of ``table`` in time order, each with its window (the module docstring's rules)."""
-    ids = step_name_ids(table.names)
-    if not ids:
+    torch_steps, user_steps = step_name_ids(table.names)
+    if not torch_steps and not user_steps:
         return []
     name_arr = table.array("span_name")
     cpu_side = np.isin(table.array("span_kind"), [int(k) for k in CPU_KINDS])
-    candidates = np.flatnonzero(cpu_side & np.isin(name_arr, list(ids)))
+    # the user's own step marks win: torch's may be one range around the whole block (ls.profile
+    # without a schedule) or the same steps again
+    ids = user_steps
+    candidates = np.flatnonzero(cpu_side & np.isin(name_arr, list(user_steps)))
+    if not candidates.size:
+        ids = torch_steps
+        candidates = np.flatnonzero(cpu_side & np.isin(name_arr, list(torch_steps)))
     ts, dur = table.array("span_ts"), table.array("span_dur")
     # by start, the longest first among equal starts: an enclosing range comes before those inside
     candidates = candidates[np.lexsort((-dur[candidates], ts[candidates]))]
@@ -80,8 +88,11 @@ def step_windows(table: EventTable) -> list[StepWindow]:
         if kept and end <= kept[-1][2]:
             continue  # nested in the previous step (every earlier one ends before that one does)
         kept.append((i, start, end))
+    numbers = [ids[int(name_arr[i])] for i, _, _ in kept]
+    if len(set(numbers)) < len(numbers):  # a loop that counts from 0 each epoch: number in time order
+        numbers = list(range(len(kept)))
     windows = []
     for k, (i, start, end) in enumerate(kept):
         cut = min(end, kept[k + 1][1]) if k + 1 < len(kept) else end
-        windows.append(StepWindow(ids[int(name_arr[i])], i, start, cut))
+        windows.append(StepWindow(numbers[k], i, start, cut))
     return windows

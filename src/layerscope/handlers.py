@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -50,29 +50,45 @@ def _unused(path: Path) -> Path:
 
 
 def _write_cycle(
-    cycle: Cycle, profile_path: Path, companion: Callable[[str], Path], *, trace: bool, html: bool
+    cycle: Cycle, profile_path: Path, companion: Callable[[str], Path], *, trace: bool, also: Sequence[str]
 ) -> list[Path]:
-    """Write a cycle's profile, and its Chrome trace / HTML report when asked (their paths from
-    ``companion(ending)``); the paths written."""
-    written = [cycle.profile.save(profile_path)]
+    """Write a cycle's profile and its companions (one per suffix in ``also``, e.g. ``.html``,
+    ``.txt``) through the output assembler, then its Chrome trace when asked (torch's events, not a
+    rendering of the profile); their paths from ``companion(ending)``; the paths written."""
+    from layerscope.render.writers import write_outputs
+
+    written = write_outputs(cycle.profile, [profile_path, *(companion(ending) for ending in also)])
     if trace:
         written.append(cycle.export_chrome_trace(companion(".pt.trace.json.gz")))
-    if html:
-        from layerscope.render.html import write_html_report
-
-        written.append(write_html_report(cycle.profile, companion(".html")))
     return written
 
 
+def _companions(html: bool, also: Sequence[str]) -> tuple[str, ...]:
+    """The suffixes written beside each cycle's profile, checked once (before any cycle runs)."""
+    from layerscope.render.writers import writer_for
+
+    suffixes = tuple(dict.fromkeys([*([".html"] if html else []), *also]))
+    for suffix in suffixes:
+        writer_for("cycle" + suffix)
+    return suffixes
+
+
 def save_to(
-    directory: str | Path, *, trace: bool = False, html: bool = False, rank: int | None = None
+    directory: str | Path,
+    *,
+    trace: bool = False,
+    html: bool = False,
+    rank: int | None = None,
+    also: Sequence[str] = (),
 ) -> Callable[[Cycle], None]:
     """A handler writing each cycle's profile (``.json.gz``) into ``directory``; with ``trace``, its
-    Chrome trace (``.pt.trace.json.gz``); with ``html``, its HTML report (``.html``). Names carry
+    Chrome trace (``.pt.trace.json.gz``); with ``html``, its HTML report (``.html``); ``also``: more
+    formats beside it by suffix (``.txt``, ``.csv``, ``.svg``...: see ``Profile.save``). Names carry
     rank, step range and time; nothing is overwritten. The paths written are kept in the handler's
     ``written`` list."""
     folder = Path(directory)
     written: list[Path] = []
+    companions = _companions(html, also)
 
     def handler(cycle: Cycle) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -82,7 +98,7 @@ def save_to(
         def companion(ending: str) -> Path:
             return _unused(target.with_name(target.name.replace(".json.gz", ending)))
 
-        written.extend(_write_cycle(cycle, target, companion, trace=trace, html=html))
+        written.extend(_write_cycle(cycle, target, companion, trace=trace, also=companions))
 
     handler.written = written  # type: ignore[attr-defined]
     return handler
@@ -118,7 +134,9 @@ class FileSaver:
         def companion(ending: str) -> Path:
             return base.with_name(base.name + ending)
 
-        written = _write_cycle(cycle, companion(self.suffix), companion, trace=self.trace, html=self.html)
+        written = _write_cycle(
+            cycle, companion(self.suffix), companion, trace=self.trace, also=(".html",) if self.html else ()
+        )
         self.written.extend(written)
 
     def finish(self) -> None:

@@ -266,11 +266,23 @@ class Profile:
         validate_profile(self)
 
     # ----- persistence --------------------------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
-        """Write the profile as ``.json`` or ``.json.gz`` (atomically: temp file, then rename)."""
-        from layerscope.model.serialize import save_profile
+    def save(
+        self,
+        path: str | Path,
+        *,
+        metric: str = "cpu_us",
+        frames: str = "modules",
+        internal_frames: bool = False,
+    ) -> Path:
+        """Write the profile in the format its suffix names, atomically (temp file, then rename):
+        ``.json``/``.json.gz`` (the profile, for ``ls.load``), ``.html`` (the report), ``.txt`` (the
+        console view), ``.csv``/``.parquet`` (``NAME.modules.*`` and ``NAME.ops.*``; the first is
+        returned), ``.collapsed``/``.folded`` (flame-graph stacks), ``.svg`` (a flame graph).
 
-        return save_profile(self, Path(path))
+        ``metric``, ``frames`` and ``internal_frames`` choose the stacks of ``.collapsed`` and
+        ``.svg`` (see :func:`layerscope.render.exports.stack_values`). An unknown suffix raises
+        :class:`layerscope.errors.UsageError` naming the known ones."""
+        return self._write(path, metric, frames, internal_frames)[0]
 
     def export(
         self,
@@ -280,17 +292,22 @@ class Profile:
         frames: str = "modules",
         internal_frames: bool = False,
     ) -> list[Path]:
-        """Write the profile in the format its suffix names, as ``layerscope report`` does: ``.html``
-        (the report), ``.csv`` (``NAME.modules.csv`` and ``NAME.ops.csv``), ``.collapsed``/``.folded``
-        (flame-graph stacks), ``.svg`` (a flame graph), ``.json``/``.json.gz`` (the profile).
+        """Deprecated: :meth:`save` writes every format. Returns every path written."""
+        import warnings
 
-        ``metric``, ``frames`` and ``internal_frames`` choose the stacks of ``.collapsed`` and
-        ``.svg`` (see :func:`layerscope.render.exports.stack_values`). Written atomically; returns
-        the paths written. An unknown suffix raises :class:`layerscope.errors.UsageError`."""
-        from layerscope.render.writers import ExportOptions, writer_for
+        warnings.warn(
+            "Profile.export() is deprecated and will be removed in the next release; use "
+            "Profile.save(), which writes every format by the path's suffix",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._write(path, metric, frames, internal_frames)
+
+    def _write(self, path: str | Path, metric: str, frames: str, internal_frames: bool) -> list[Path]:
+        from layerscope.render.writers import ExportOptions, write_outputs
 
         options = ExportOptions(metric=metric, frames=frames, internal_frames=internal_frames)
-        return writer_for(path).write(self, Path(path), options)
+        return write_outputs(self, [path], options)
 
     # ----- display ------------------------------------------------------------------------------
     def __rich__(self) -> RenderableType:

@@ -255,12 +255,17 @@ def _keep_mode_of(path: Path, fd: int) -> None:
         os.fchmod(fd, stat.S_IMODE(st.st_mode))
 
 
-def write_json(path: Path, data: Any) -> Path:
-    """``data`` as JSON at ``path``, gzipped when the name ends in ``.gz``, written atomically."""
+def encode_json(path: Path, data: Any) -> bytes:
+    """``data`` as the bytes of a JSON file at ``path``: gzipped when the name ends in ``.gz``."""
     payload = orjson.dumps(data)
     if path.name.endswith(".gz"):
         payload = gzip.compress(payload, compresslevel=6)
-    return write_atomic(path, payload)
+    return payload
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """``data`` as JSON at ``path``, gzipped when the name ends in ``.gz``, written atomically."""
+    return write_atomic(path, encode_json(path, data))
 
 
 def read_json(path: Path) -> Any:

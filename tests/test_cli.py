@@ -154,5 +154,5 @@ def test_help_documents_every_option_with_examples(
                 argv = argv[argv.index("layerscope") :]
             parser.parse_args(argv[1:])
     run_help = help_text(["run", "-h"], capsys)
-    assert "-o DIR_OR_FILE" in run_help and "a folder or a file" in run_help
+    assert "-o PATH" in run_help and "a folder or a file" in run_help
     assert "docs/integrations/" in help_text(["-h"], capsys)

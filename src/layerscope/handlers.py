@@ -57,7 +57,8 @@ def _write_cycle(
     rendering of the profile); their paths from ``companion(ending)``; the paths written."""
     from layerscope.render.writers import write_outputs
 
-    written = write_outputs(cycle.profile, [profile_path, *(companion(ending) for ending in also)])
+    others = [path for path in (companion(ending) for ending in also) if path != profile_path]
+    written = write_outputs(cycle.profile, [profile_path, *others])
     if trace:
         written.append(cycle.export_chrome_trace(companion(".pt.trace.json.gz")))
     return written
@@ -105,7 +106,8 @@ def save_to(
 
 
 class FileSaver:
-    """``on_trace_ready`` handler for one named profile file (``run.json`` / ``run.json.gz``).
+    """``on_trace_ready`` handler for one named file (``run.json``, ``run.json.gz``, ``run.html``...:
+    any suffix ``Profile.save`` writes).
 
     Cycle k is written as ``run.c<k>.json`` (with ``.pt.trace.json.gz`` / ``.html`` companions when
     asked); :meth:`finish` renames a lone cycle's files to the names asked for (``run.json``,
@@ -115,16 +117,14 @@ class FileSaver:
     def __init__(self, path: str | Path, *, trace: bool = False, html: bool = False) -> None:
         self.path = Path(path)
         self.trace, self.html = trace, html
+        from layerscope.render.writers import writer_for, writer_suffix
+
+        writer_for(self.path)  # an unknown suffix fails now, not after the first cycle
         name = self.path.name
-        self.suffix = ".json.gz" if name.lower().endswith(".json.gz") else ".json"
+        self.suffix = name[len(name) - len(writer_suffix(name)) :]
         self.stem = name[: -len(self.suffix)]
         self.written: list[Path] = []
         self.cycles = 0
-
-    def _name(self, cycle: int | None, kind: str) -> Path:
-        base = self.stem if cycle is None else f"{self.stem}.c{cycle}"
-        ending = {"profile": self.suffix, "trace": ".pt.trace.json.gz", "html": ".html"}[kind]
-        return self.path.with_name(base + ending)
 
     def __call__(self, cycle: Cycle) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,16 +140,18 @@ class FileSaver:
         self.written.extend(written)
 
     def finish(self) -> None:
-        """With exactly one cycle, give its files the names asked for."""
+        """With exactly one cycle, give its files the names asked for (``NAME.c0.*`` -> ``NAME.*``)."""
         if self.cycles != 1:
             return
+        prefix = f"{self.stem}.c0"
         renamed: list[Path] = []
-        for kind in ("profile", "trace", "html"):
-            source = self._name(0, kind)
-            if source in self.written:
-                target = self._name(None, kind)
-                os.replace(source, target)
-                renamed.append(target)
+        for source in self.written:
+            if not source.name.startswith(prefix):
+                renamed.append(source)
+                continue
+            target = source.with_name(self.stem + source.name[len(prefix) :])
+            os.replace(source, target)
+            renamed.append(target)
         self.written = renamed
 
 

@@ -20,6 +20,7 @@ from layerscope.cli import (
     show_cmd,
     views,
 )
+from layerscope.cli.outputs import legacy_argv
 from layerscope.cli.run_argv import split_run_command_line
 from layerscope.errors import LayerscopeError, LayerscopeWarning
 
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # What follows run's script or -m module is the script's, whatever it looks like.
     args_list, target = split_run_command_line(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(args_list)
+        args = parser.parse_args(legacy_argv(args_list))
     except SystemExit as exc:  # argparse already printed its one-line usage error
         return int(exc.code) if isinstance(exc.code, int) else 2
     if target is not None:

@@ -9,12 +9,12 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from layerscope.cli.outputs import add_output_options, is_file_path, requested_outputs
 from layerscope.cli.views import (
     add_scheduler_options,
     add_strict_option,
     add_view_options,
     check_view_options,
-    is_profile_file,
     note_missing_modules,
     print_profile,
     report_written,
@@ -36,12 +36,11 @@ def register(sub: Any) -> None:
         "when present), the op table, a device section when the trace has device activity, and advice.",
     )
     parser.add_argument("path", help="a trace file or a folder of traces")
-    parser.add_argument(
-        "-o",
-        "--output",
-        metavar="PATH",
-        help="save the profile built from the trace: a .json/.json.gz file for one trace, else a folder "
-        "(one <trace name>.json.gz each)",
+    add_output_options(
+        parser,
+        output_help="save the profile built from the trace: a file for one trace (its suffix names the "
+        "format: .json.gz, .html, .txt...), else a folder (one <trace name>.json.gz each)",
+        html_help="also write each trace's HTML report, beside its profile (without -o: beside the trace)",
     )
     add_view_options(parser)
     add_scheduler_options(parser)
@@ -83,11 +82,12 @@ def run(args: argparse.Namespace) -> int:
     from layerscope.loading import analyze, trace_files
     from layerscope.render.analysis import advice_list, communication_table, device_section
     from layerscope.render.console import make_console
+    from layerscope.render.writers import write_outputs
 
     check_view_options(args)
     scheduler = scheduler_of(args)
     files = trace_files(args.path)
-    if args.output and is_profile_file(args.output) and len(files) > 1:
+    if args.output and is_file_path(args.output) and len(files) > 1:
         raise UsageError(
             f"{args.path} holds {len(files)} traces: give -o a folder (one profile per trace), "
             f"not the file {args.output}"
@@ -121,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
         if trace.get("communication"):
             console.print(communication_table(trace["communication"], ascii_only=ascii_only))
         console.print(advice_list(result.advice, ascii_only=ascii_only))
-        if args.output:
-            written.append(result.profile.save(_profile_path(Path(args.output), path)))
+        written += write_outputs(
+            result.profile, requested_outputs(args, _trace_name(path), default_folder=path.parent)
+        )
     report_written(written)
     for path, why in failures:
         # our own errors already start with the file's name; others get it in front
@@ -150,14 +151,10 @@ def _analyze_each(
         yield path, result
 
 
-def _profile_path(output: Path, trace: Path) -> Path:
-    """Where ``-o`` puts the profile of ``trace``: the file itself, or ``<folder>/<trace name>.json.gz``."""
-    if is_profile_file(output):
-        return output
+def _trace_name(trace: Path) -> str:
+    """A trace's name without ``.json``/``.json.gz``: its profile's name in an ``-o`` folder."""
     name = trace.name
     for suffix in (".json.gz", ".json"):
         if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    output.mkdir(parents=True, exist_ok=True)
-    return output / f"{name}.json.gz"
+            return name[: -len(suffix)]
+    return name

@@ -9,8 +9,14 @@ from typing import Any
 
 import orjson
 
+from layerscope.cli.outputs import add_output_options, is_file_path, requested_outputs
 from layerscope.cli.views import add_scheduler_options, report_written, scheduler_of
 from layerscope.errors import UsageError
+from layerscope.model.serialize import encode_json
+from layerscope.render.writers import commit_files
+
+#: What a merge can be saved as.
+MERGE_SUFFIXES = (".json", ".json.gz", ".html", ".htm")
 
 
 def register(sub: Any) -> None:
@@ -22,9 +28,11 @@ def register(sub: Any) -> None:
         "a step, the modules that differ most across ranks, and the straggler.",
     )
     parser.add_argument("paths", nargs="+", metavar="DIR_OR_FILE")
-    parser.add_argument("-o", "--output", metavar="PATH", help="save the merge as JSON")
-    parser.add_argument(
-        "--html", metavar="PATH", help="also write an HTML page: step split per rank, modules x ranks heatmap"
+    add_output_options(
+        parser,
+        output_help="save the merge: a .json/.json.gz file, an .html page, or a folder (merge.json in it)",
+        html_help="also write the HTML page (step split per rank, modules x ranks heatmap), beside -o "
+        "(or merge.html here)",
     )
     add_scheduler_options(parser)
     parser.add_argument("--top", type=int, default=10, metavar="N")
@@ -36,10 +44,10 @@ def run(args: argparse.Namespace) -> int:
     """Load every rank, merge, print, save."""
     from layerscope.loading import trace_files
     from layerscope.merging import merge
-    from layerscope.model.serialize import write_atomic
     from layerscope.render.console import make_console
     from layerscope.render.ranks import ranks_view
 
+    outputs = _merge_outputs(args)  # a bad -o fails before the ranks are read
     files = [f for path in args.paths for f in trace_files(path)]
     if len(files) < 2:
         raise UsageError(f"merge needs at least two rank files, found {len(files)}")
@@ -47,17 +55,32 @@ def run(args: argparse.Namespace) -> int:
     for path, why in merged.failed:
         print(f"layerscope: warning: {path} left out: {why}", file=sys.stderr)
     make_console(sys.stdout).print(ranks_view(merged, top=args.top, ascii_only=True if args.ascii else None))
-    written: list[Path] = []
-    if args.output:
-        written.append(
-            write_atomic(Path(args.output), orjson.dumps(_to_dict(merged), option=orjson.OPT_INDENT_2))
-        )
-    if args.html:
-        from layerscope.render.ranks_html import ranks_html
-
-        written.append(write_atomic(Path(args.html), ranks_html(merged).encode()))
+    written = commit_files([(path, _render(merged, path)) for path in outputs])
     report_written(written)
     return 0
+
+
+def _merge_outputs(args: argparse.Namespace) -> list[Path]:
+    """The files asked for: ``-o`` (a folder gets ``merge.json``) and ``--html``."""
+    paths = requested_outputs(args, "merge")
+    if args.output and not is_file_path(args.output):
+        paths[0] = paths[0].with_name("merge.json")
+    for path in paths:
+        if not path.name.lower().endswith(MERGE_SUFFIXES):
+            raise UsageError(f"a merge is saved as {', '.join(MERGE_SUFFIXES)}, not {path.name}")
+    return paths
+
+
+def _render(merged: Any, path: Path) -> bytes:
+    """The bytes of one merge output: JSON (gzipped for .gz) or the HTML page."""
+    name = path.name.lower()
+    if name.endswith((".html", ".htm")):
+        from layerscope.render.ranks_html import ranks_html
+
+        return ranks_html(merged).encode()
+    if name.endswith(".json"):
+        return orjson.dumps(_to_dict(merged), option=orjson.OPT_INDENT_2)
+    return encode_json(path, _to_dict(merged))
 
 
 def _to_dict(merged: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from layerscope.cli.outputs import add_output_options, requested_outputs
 from layerscope.cli.views import (
     HelpFormatter,
     add_recording_options,
@@ -32,7 +33,7 @@ EXAMPLES = """\
 examples:
   layerscope profile                                  # the built-in ResNet-18, one training step
   layerscope profile gpt --steps 3 --memory           # the built-in GPT, 3 steps, with allocations
-  layerscope profile model.py:build --input 8x3x32x32 --eval -o run.json --html run.html
+  layerscope profile model.py:build --input 8x3x32x32 --eval -o run.json --html
   layerscope profile mypkg.models:Net --input 4x128:int64 --depth 2 --top 5"""
 
 
@@ -81,8 +82,12 @@ def register(sub: Any) -> None:
     add_recording_options(parser)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs")
-    parser.add_argument("-o", "--output", metavar="PATH", help="save the profile (.json or .json.gz)")
-    parser.add_argument("--html", metavar="PATH", help="also write the HTML report")
+    add_output_options(
+        parser,
+        output_help="save to PATH: a file whose suffix names the format (.json, .json.gz, .html, .txt, "
+        ".csv, .svg, .collapsed, .parquet), or a folder (profile.json.gz in it)",
+        html_help="also write the HTML report, beside -o (or profile.html here)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (use with -o)")
     add_view_options(parser)
     parser.set_defaults(run=run)
@@ -198,13 +203,9 @@ def run(args: argparse.Namespace) -> int:
                 if k < args.steps - 1:
                     prof.step()  # ProfilerStep#N ranges: per-step means, spread and the step table
     profile = prof.profile
-    written: list[Path] = []
-    if args.output:
-        written.append(profile.save(args.output))
-    if args.html:
-        from layerscope.render.html import write_html_report
+    from layerscope.render.writers import write_outputs
 
-        written.append(write_html_report(profile, Path(args.html)))
+    written = write_outputs(profile, requested_outputs(args, "profile"))
     if not args.quiet:
         print_profile(profile, args)
     report_written(written)

@@ -9,7 +9,7 @@ from typing import Any
 from layerscope.errors import UsageError
 from layerscope.render.exports import FRAME_KINDS
 from layerscope.render.writers import FORMATS as WRITER_FORMATS
-from layerscope.render.writers import ExportOptions, find_writer
+from layerscope.render.writers import ExportOptions, Output, find_writer, write_outputs
 
 #: The writers' formats, and "chrome": it re-writes a torch.profiler trace, not a Profile.
 FORMATS = (*WRITER_FORMATS, "chrome")
@@ -26,7 +26,14 @@ def register(sub: Any) -> None:
         "profile); --format chrome re-writes a torch.profiler trace with a 'modules (backward)' track.",
     )
     parser.add_argument("path", help="a saved layerscope profile or a torch.profiler trace")
-    parser.add_argument("-o", "--output", required=True, metavar="OUT")
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="PATH",
+        help="the file to write (its suffix names the format)",
+    )
+    parser.add_argument("--html", action="store_true", help="also write the HTML report, beside -o")
     parser.add_argument("--format", choices=FORMATS, help="default: from the output's suffix")
     parser.add_argument(
         "--metric",
@@ -61,18 +68,24 @@ def format_of(output: Path, given: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Load and export."""
+    from layerscope.cli.outputs import stem_of
     from layerscope.cli.views import report_written
     from layerscope.loading import load
 
     output = Path(args.output)
     fmt = format_of(output, args.format)
     if fmt == "chrome":
+        if args.html:
+            raise UsageError("--html needs a profile to report on; --format chrome re-writes a trace")
         _export_chrome(Path(args.path), output)
         report_written([output])
         return 0
     profile = load(args.path)
     options = ExportOptions(metric=args.metric, frames=args.frames, internal_frames=args.internal_frames)
-    report_written(WRITER_FORMATS[fmt].write(profile, output, options))
+    requested = [Output(output, fmt)]
+    if args.html and fmt != "html":
+        requested.append(Output(stem_of(output).with_name(stem_of(output).name + ".html"), "html"))
+    report_written(write_outputs(profile, requested, options))
     return 0
 
 

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from layerscope.cli.outputs import DeprecatedAlias, deprecated
 from layerscope.cli.views import (
     HelpFormatter,
     add_recording_options,
@@ -43,7 +44,7 @@ def register(sub: Any) -> None:
         help="profile an unmodified Python script or module",
         description="Run a script (or -m module) under layerscope. Steps end at every optimizer.step(); "
         "choose which steps to record with --steps or --wait/--warmup/--active/--repeat/--skip-first "
-        "(without them the whole run is one cycle). Each cycle is saved into --output-dir; after a "
+        "(without them the whole run is one cycle). Each cycle is saved into --output; after a "
         "finite schedule's last cycle the script goes on unprofiled. torch.compile is watched from the "
         "script's start, so a model compiled before the recorded steps shows its modules; while it "
         "is, Inductor's FX-graph and AOTAutograd caches are bypassed (each compile takes its full "
@@ -98,11 +99,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "-o",
+        "--output",
         "--output-dir",
+        dest="output",
+        action=DeprecatedAlias,
+        old=("--output-dir",),
         default="layerscope_runs",
-        metavar="DIR_OR_FILE",
-        help="a folder or a file: a folder gets each cycle's profile (default ./layerscope_runs); a "
-        ".json/.json.gz file gets the one cycle, several as NAME.c0.json, NAME.c1.json... beside it",
+        metavar="PATH",
+        help="a folder or a file: a folder gets each cycle's profile (default ./layerscope_runs); a file "
+        "(its suffix names the format: .json, .json.gz, .html, .txt...) gets the one cycle, several as "
+        "NAME.c0.json, NAME.c1.json... beside it",
+    )
+    parser.add_argument(
+        "--record-depth",
+        type=int,
+        metavar="N",
+        help="record modules down to depth N only (the root is 0; deeper work counts in its ancestor)",
     )
     parser.add_argument("--trace", action="store_true", help="also save each cycle's Chrome trace")
     parser.add_argument("--html", action="store_true", help="also save each cycle's HTML report")
@@ -242,17 +254,13 @@ def run(args: argparse.Namespace) -> int:
     activities = [a.strip() for a in args.activities.split(",")] if args.activities else None
 
     import layerscope as ls
-    from layerscope.cli.views import is_profile_file
+    from layerscope.cli.outputs import is_file_path
     from layerscope.handlers import FileSaver, save_to
 
     file_saver = (
-        FileSaver(args.output_dir, trace=args.trace, html=args.html)
-        if is_profile_file(args.output_dir)
-        else None
+        FileSaver(args.output, trace=args.trace, html=args.html) if is_file_path(args.output) else None
     )
-    saver = (
-        file_saver if file_saver is not None else save_to(args.output_dir, trace=args.trace, html=args.html)
-    )
+    saver = file_saver if file_saver is not None else save_to(args.output, trace=args.trace, html=args.html)
     progress = _Progress(sys.stderr, args.quiet)
     session = ls.profile(
         None,
@@ -261,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
         with_stack=args.with_stack,
         lines=args.lines,
         nvtx=args.nvtx,
-        depth=args.depth,
+        depth=_record_depth(args),
         schedule=ls.schedule(**schedule_args) if schedule_args is not None else None,
         on_trace_ready=saver,
     )
@@ -293,6 +301,16 @@ def run(args: argparse.Namespace) -> int:
     written: list[Path] = getattr(saver, "written", [])
     _report(session, written, args, outcome, exit_code)
     return exit_code
+
+
+def _record_depth(args: argparse.Namespace) -> int | None:
+    """The depth recorded: ``--record-depth``; ``--depth`` alone (a view option everywhere else) kept
+    its old second meaning here for one release, with a deprecation line."""
+    if args.record_depth is not None:
+        return int(args.record_depth)
+    if args.depth is not None:
+        deprecated("run --depth N as the recorded depth", "--record-depth N (--depth only folds the view)")
+    return None if args.depth is None else int(args.depth)
 
 
 @contextmanager

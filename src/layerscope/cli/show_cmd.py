@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
+from layerscope.cli.outputs import add_output_options, requested_outputs, stem_of
 from layerscope.cli.views import (
     add_strict_option,
     add_view_options,
     check_view_options,
     note_missing_modules,
     print_profile,
+    report_written,
 )
 from layerscope.loading import load
+from layerscope.render.writers import write_outputs
 
 
 def register(sub: Any) -> None:
@@ -45,6 +49,12 @@ def register(sub: Any) -> None:
         help="with --memory-peak: the CPU's or the accelerator's memory (default: the accelerator's "
         "when it recorded any)",
     )
+    add_output_options(
+        parser,
+        output_help="also save the profile to PATH: a file whose suffix names the format (.json.gz, "
+        ".html, .txt, .csv, .svg, .collapsed, .parquet), or a folder (NAME.json.gz in it)",
+        html_help="also write the HTML report, beside -o (without -o: beside the input)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -67,4 +77,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     note_missing_modules(profile)
     print_profile(profile, args)
+    source = Path(args.path)
+    requested = requested_outputs(args, stem_of(source).name, default_folder=source.parent)
+    report_written(write_outputs(profile, requested))
     return 0

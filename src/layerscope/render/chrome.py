@@ -7,7 +7,7 @@ from typing import Any
 
 from layerscope.attribution.backward_ranges import backward_ranges
 from layerscope.events.chrome import table_from_trace
-from layerscope.model.serialize import write_json
+from layerscope.model.serialize import encode_json
 
 BACKWARD_TRACK = "modules (backward)"
 
@@ -49,4 +49,6 @@ def with_backward_tracks(trace: dict[str, Any]) -> dict[str, Any]:
 
 def write_trace(trace: dict[str, Any], path: Path) -> Path:
     """Write a trace as .json, or gzipped when the name ends in .gz (atomically)."""
-    return write_json(path, trace)
+    from layerscope.render.writers import commit_files
+
+    return commit_files([(Path(path), encode_json(Path(path), trace))])[0]

@@ -157,13 +157,16 @@ WRITERS: dict[str, Writer] = {
 FORMATS: dict[str, Writer] = {w.format: w for w in WRITERS.values()}
 
 
+def writer_suffix(path: str | Path) -> str:
+    """The registered suffix ``path`` ends with (the longest that matches, case-insensitive), or ""."""
+    name = Path(path).name.lower()
+    return next((s for s in sorted(WRITERS, key=len, reverse=True) if name.endswith(s)), "")
+
+
 def find_writer(path: str | Path) -> Writer | None:
     """The writer for ``path``'s suffix (the longest that matches, case-insensitive), or None."""
-    name = Path(path).name.lower()
-    for suffix in sorted(WRITERS, key=len, reverse=True):
-        if name.endswith(suffix):
-            return WRITERS[suffix]
-    return None
+    suffix = writer_suffix(path)
+    return WRITERS[suffix] if suffix else None
 
 
 def writer_for(path: str | Path) -> Writer:

@@ -22,12 +22,12 @@ from layerscope.attribution.stacks import user_frames
 from layerscope.errors import UsageError
 from layerscope.model.metrics import Metrics, PhaseTotals
 from layerscope.model.profile import OpStats, Phase, Profile
+from layerscope.model.sort_keys import LINE_SORT_KEYS, check_sort_key, metric_sort_value
 
 #: ``path/to/file.py(LINE): function``, as torch's tracer and layerscope's call lines write frames.
 _FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<function>.*)$")
 #: The row of ops no line of the user's called (C++ only, or recorded without stacks).
 NO_LINE = "(no Python line)"
-LINE_SORT_KEYS = ("time", "cpu", "device", "flops", "alloc", "location")
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,7 @@ def line_table(
         raise UsageError(
             "this profile has no source lines: record with lines=True (`--lines`), or with_stack=True"
         )
-    if sort_by not in LINE_SORT_KEYS:
-        raise UsageError(f"cannot sort lines by {sort_by!r}; choose from {', '.join(LINE_SORT_KEYS)}")
+    sort_by = check_sort_key(sort_by, LINE_SORT_KEYS, "lines")
     if limit is not None and limit < 0:
         raise UsageError(f"limit must be >= 0, not {limit}")
     groups: dict[tuple[str, int | None, str], list[OpStats]] = {}
@@ -112,7 +111,7 @@ def line_table(
         groups.setdefault(key, []).append(row)
     time_kind = "device" if profile.has_device_time else "cpu"
     table = LineTable(_line_stats(key, rows) for key, rows in groups.items())
-    table.sort(key=_sort_key(sort_by, time_kind))
+    table.sort(key=_sort_key(sort_by, profile.has_device_time))
     result = LineTable(table[:limit] if limit is not None else table)
     result.call_lines = bool(profile.meta.get("call_lines"))
     result.time_kind = time_kind
@@ -135,13 +134,13 @@ def _line_stats(key: tuple[str, int | None, str], rows: list[OpStats]) -> LineSt
     return LineStats(key[0], key[1], key[2], forward, backward, calls, modules)
 
 
-def _sort_key(sort_by: str, time_kind: str) -> Callable[[LineStats], Any]:
-    if sort_by == "location":
+def _sort_key(sort_by: str, has_device_time: bool) -> Callable[[LineStats], Any]:
+    if sort_by == "name":
         return lambda r: (r.line is None, r.file, r.line or 0)
-    if sort_by == "time":
-        sort_by = time_kind
-    attribute = {"cpu": "cpu_us", "device": "device_us", "flops": "flops", "alloc": "alloc_bytes"}[sort_by]
-    return lambda r: -getattr(r, attribute)
+    if sort_by == "calls":
+        return lambda r: -r.calls
+    value = metric_sort_value(sort_by, has_device_time)
+    return lambda r: -(value(r.forward) + value(r.backward))
 
 
 __all__ = ["LINE_SORT_KEYS", "NO_LINE", "LineStats", "LineTable", "line_table", "parse_frame"]

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 from layerscope.attribution.stacks import user_frames
 from layerscope.errors import UsageError
-from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import OpStats, Phase, Profile
+from layerscope.model.sort_keys import OP_SORT_KEYS, check_sort_key, metric_sort_value
 
 GROUP_KEYS = ("name", "input_shapes", "module", "phase", "stack")
-SORT_KEYS = (*FIELD_NAMES, "calls", "name")
+SORT_KEYS = OP_SORT_KEYS
 
 
 class OpTable(list[OpStats]):
@@ -44,8 +44,7 @@ def op_table(
     bad = [g for g in group_by if g not in GROUP_KEYS]
     if bad:
         raise UsageError(f"cannot group ops by {bad[0]!r}; choose from {', '.join(GROUP_KEYS)}")
-    if sort_by not in SORT_KEYS:
-        raise UsageError(f"cannot sort ops by {sort_by!r}; choose from {', '.join(SORT_KEYS)}")
+    sort_by = check_sort_key(sort_by, OP_SORT_KEYS, "ops")
     wanted_phase = _parse_phase(phase)
     if limit is not None and limit < 0:
         raise UsageError(f"limit must be >= 0, not {limit}")
@@ -75,7 +74,8 @@ def op_table(
     elif sort_by == "calls":
         result.sort(key=lambda r: -r.calls)
     else:
-        result.sort(key=lambda r: -getattr(r.metrics, sort_by))
+        value = metric_sort_value(sort_by, profile.has_device_time)
+        result.sort(key=lambda r: -value(r.metrics))
     return OpTable(result[:limit] if limit is not None else result)
 
 

@@ -15,8 +15,7 @@ from typing import Any
 from layerscope.errors import UsageError
 from layerscope.model.metrics import Metrics, PhaseTotals, sum_metrics
 from layerscope.model.profile import ModuleNode, Profile
-
-TYPE_SORT_KEYS = ("time", "cpu", "device", "flops", "params", "calls", "type")
+from layerscope.model.sort_keys import TYPE_SORT_KEYS, check_sort_key, metric_sort_value
 
 
 @dataclass(frozen=True)
@@ -54,8 +53,7 @@ def type_table(profile: Profile, depth: int | None = None, sort_by: str = "time"
     """Modules summed per type (see the module's docstring); ``sort_by`` one of :data:`TYPE_SORT_KEYS`."""
     if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
         raise UsageError(f"depth must be a non-negative integer or None, not {depth!r}")
-    if sort_by not in TYPE_SORT_KEYS:
-        raise UsageError(f"cannot sort types by {sort_by!r}; choose from {', '.join(TYPE_SORT_KEYS)}")
+    sort_by = check_sort_key(sort_by, TYPE_SORT_KEYS, "types")
     inclusive = depth is not None
     groups: dict[str, list[ModuleNode]] = {}
     stack: list[tuple[ModuleNode, int]] = [(profile.root, 0)]
@@ -79,17 +77,19 @@ def type_table(profile: Profile, depth: int | None = None, sort_by: str = "time"
     table = TypeTable(rows)
     table.time_kind = "device" if profile.has_device_time else "cpu"
     table.depth = depth
-    table.sort(key=_sort_key(sort_by, table))
+    table.sort(key=_sort_key(sort_by, profile.has_device_time))
     return table
 
 
-def _sort_key(sort_by: str, table: TypeTable) -> Callable[[TypeStats], Any]:
-    if sort_by == "type":
+def _sort_key(sort_by: str, has_device_time: bool) -> Callable[[TypeStats], Any]:
+    if sort_by == "name":
         return lambda r: r.type_name
-    if sort_by == "time":
-        return lambda r: -table.time_of(r)
-    attribute = {"cpu": "cpu_us", "device": "device_us", "flops": "flops", "params": "params"}.get(sort_by)
-    return (lambda r: -r.calls) if attribute is None else (lambda r: -getattr(r, attribute))
+    if sort_by == "calls":
+        return lambda r: -r.calls
+    if sort_by == "params":
+        return lambda r: -r.params
+    value = metric_sort_value(sort_by, has_device_time)
+    return lambda r: -(value(r.forward) + value(r.backward))
 
 
 __all__ = ["TYPE_SORT_KEYS", "TypeStats", "TypeTable", "type_table"]

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import RenderableType
 
-from layerscope.analysis.ops import GROUP_KEYS, SORT_KEYS
+from layerscope.analysis.ops import GROUP_KEYS
 from layerscope.analysis.steps import step_rows
+from layerscope.cli.outputs import deprecated
 from layerscope.errors import UsageError
 from layerscope.model.profile import Profile
-from layerscope.render.console import TREE_SORT_KEYS, make_console, ops_table, steps_table, tree_table
+from layerscope.model.sort_keys import (
+    LINE_SORT_KEYS,
+    OLD_SORT_KEYS,
+    OP_SORT_KEYS,
+    TREE_SORT_KEYS,
+    TYPE_SORT_KEYS,
+)
+from layerscope.render.console import make_console, ops_table, steps_table, tree_table
 from layerscope.render.lines import lines_table
 from layerscope.render.types import types_table
 
@@ -75,10 +84,11 @@ def add_view_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--sort",
-        default="execution",
-        metavar="METRIC",
-        help="order children by a metric (e.g. cpu_us, device_us, flops, "
-        "cpu_alloc_bytes) instead of execution order",
+        default=None,
+        metavar="KEY",
+        help="order the main table: time, cpu, device, flops, alloc (self_... for own figures), calls, "
+        "params, name, or a metric field such as device_peak_bytes (default: the tree in execution "
+        "order, lines and types by time)",
     )
     group.add_argument(
         "--per-step",
@@ -110,8 +120,8 @@ def add_view_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--op-sort",
         default="self_cpu_us",
-        metavar="METRIC",
-        help="op table sort metric (default self_cpu_us)",
+        metavar="KEY",
+        help="order the op table, by the same keys as --sort (default self_cpu_us)",
     )
     group.add_argument("--ascii", action="store_true", help="ASCII table borders and tree guides")
     group.add_argument(
@@ -128,15 +138,26 @@ def check_view_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--depth must be >= 0, not {args.depth}")
     if args.min_share < 0 or args.min_share >= 100:
         raise UsageError(f"--min-share must be in [0, 100), not {args.min_share}")
-    if args.sort not in TREE_SORT_KEYS:
-        raise UsageError(f"--sort {args.sort!r} is not a metric; choose from {', '.join(TREE_SORT_KEYS)}")
-    if args.op_sort not in SORT_KEYS:
-        raise UsageError(f"--op-sort {args.op_sort!r} is not a metric; choose from {', '.join(SORT_KEYS)}")
+    main_keys = {"line": LINE_SORT_KEYS, "type": TYPE_SORT_KEYS}.get(args.by, TREE_SORT_KEYS)
+    default = "execution" if args.by not in ("line", "type") else "time"
+    args.sort = _checked_sort("--sort", args.sort or default, main_keys)
+    args.op_sort = _checked_sort("--op-sort", args.op_sort, OP_SORT_KEYS)
     if args.top < 0:
         raise UsageError(f"--top must be >= 0, not {args.top}")
     if args.stack_depth < 1:
         raise UsageError(f"--stack-depth must be >= 1, not {args.stack_depth}")
     assert set(_GROUP_ALIASES["shapes"]) <= set(GROUP_KEYS)
+
+
+def _checked_sort(option: str, value: str, allowed: Sequence[str]) -> str:
+    """A sort key checked once, here: an old spelling gets the deprecation line and its new word; an
+    unknown key is a one-line error listing the choices."""
+    if value in OLD_SORT_KEYS:
+        deprecated(f"{option} {value}", f"{option} {OLD_SORT_KEYS[value]}")
+        value = OLD_SORT_KEYS[value]
+    if value not in allowed:
+        raise UsageError(f"{option} {value!r} is not a sort key; choose from {', '.join(allowed)}")
+    return value
 
 
 def main_tables(profile: Profile, args: argparse.Namespace, by: str | None = None) -> list[RenderableType]:
@@ -145,14 +166,16 @@ def main_tables(profile: Profile, args: argparse.Namespace, by: str | None = Non
     ascii_only = True if args.ascii else None
     by = by or args.by
     if by == "line":
-        return [lines_table(profile.lines(limit=args.top or None), ascii_only=ascii_only)]
+        sort = args.sort if args.by == "line" else "time"
+        return [lines_table(profile.lines(sort_by=sort, limit=args.top or None), ascii_only=ascii_only)]
     if by == "type":
-        return [types_table(profile.by_type(depth=args.depth), ascii_only=ascii_only)]
+        sort = args.sort if args.by == "type" else "time"
+        return [types_table(profile.by_type(depth=args.depth, sort_by=sort), ascii_only=ascii_only)]
     tree = tree_table(
         profile,
         depth=args.depth,
         min_share=args.min_share,
-        sort_by=args.sort,
+        sort_by=args.sort if args.by == by else "execution",
         ascii_only=ascii_only,
         per_step=args.per_step,
         peak_tflops=args.peak_tflops,
@@ -230,14 +253,6 @@ def report_written(paths: list[Path] | list[str]) -> None:
     """One ``layerscope: saved PATH`` line on stderr per file a command wrote."""
     for path in paths:
         print(f"layerscope: saved {path}", file=sys.stderr)
-
-
-PROFILE_SUFFIXES = (".json", ".json.gz")
-
-
-def is_profile_file(path: str | Path) -> bool:
-    """Whether an ``-o`` path names one profile file (``.json``/``.json.gz``) rather than a folder."""
-    return str(path).lower().endswith(PROFILE_SUFFIXES)
 
 
 def add_strict_option(parser: argparse.ArgumentParser) -> None:

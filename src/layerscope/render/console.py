@@ -11,15 +11,16 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import IO
+from typing import IO, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
 from layerscope.analysis.steps import StepRow
 from layerscope.analysis.transform import fold_depth, prune_min_share
-from layerscope.model.metrics import FIELD_NAMES, Metrics
+from layerscope.model.metrics import Metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile
+from layerscope.model.sort_keys import TREE_SORT_KEYS, check_sort_key, metric_sort_value
 from layerscope.render.columns import (
     TreeRow,
     TreeView,
@@ -33,23 +34,24 @@ from layerscope.render.memory_notes import memory_notes
 from layerscope.render.table_fit import FittedTable, wants_ascii
 from layerscope.units import fmt_bytes, fmt_si, fmt_time_us
 
-TREE_SORT_KEYS = ("execution", *FIELD_NAMES, "calls", "params")
-
 _UNICODE_GUIDES = ("├── ", "└── ", "│   ", "    ")
 _ASCII_GUIDES = ("|-- ", "`-- ", "|   ", "    ")
 
 
-def _node_sort_key(sort_by: str) -> Callable[[ModuleNode], float]:
+def _node_sort_key(sort_by: str, has_device_time: bool) -> Callable[[ModuleNode], Any]:
     if sort_by == "calls":
         return lambda n: -n.calls
     if sort_by == "params":
         return lambda n: -n.params_total
-    return lambda n: -float(getattr(n.total, sort_by))
+    if sort_by == "name":
+        return lambda n: n.name
+    value = metric_sort_value(sort_by, has_device_time)
+    return lambda n: -value(n.total)
 
 
 def _rows(
     node: ModuleNode,
-    sort_by: str,
+    sort_by: Callable[[ModuleNode], Any] | None,
     guides: tuple[str, str, str, str],
     prefix: str = "",
     last: bool = True,
@@ -60,8 +62,8 @@ def _rows(
     label = (node.path or "(root)") if is_root else node.name
     out = [(label if is_root else prefix + (corner if last else branch) + label, node)]
     children = list(node.children)
-    if sort_by != "execution":
-        children.sort(key=_node_sort_key(sort_by))
+    if sort_by is not None:
+        children.sort(key=sort_by)
     child_prefix = "" if is_root else prefix + (space if last else pipe)
     for k, child in enumerate(children):
         out.extend(_rows(child, sort_by, guides, child_prefix, k == len(children) - 1, False))
@@ -69,7 +71,11 @@ def _rows(
 
 
 def _tree_sections(
-    view: Profile, v: TreeView, sort_by: str, guides: tuple[str, str, str, str], max_unattributed: int
+    view: Profile,
+    v: TreeView,
+    sort_by: Callable[[ModuleNode], Any] | None,
+    guides: tuple[str, str, str, str],
+    max_unattributed: int,
 ) -> list[list[TreeRow]]:
     """The module rows, the unattributed rows (largest first, the rest merged), the total row."""
     body = [
@@ -146,6 +152,8 @@ def tree_table(
     shows means per step instead. With several steps a "± step" column gives the relative standard
     deviation of each module's time across steps.
     """
+    sort_by = check_sort_key(sort_by, TREE_SORT_KEYS, "the module tree")
+    order = None if sort_by == "execution" else _node_sort_key(sort_by, profile.has_device_time)
     if ascii_only is None:
         ascii_only = wants_ascii()
     folded_note = ""
@@ -162,7 +170,7 @@ def tree_table(
     guides = _ASCII_GUIDES if ascii_only else _UNICODE_GUIDES
     table = FittedTable(
         tree_columns(v),
-        _tree_sections(view, v, sort_by, guides, max_unattributed),
+        _tree_sections(view, v, order, guides, max_unattributed),
         ascii_only=ascii_only,
         caption=folded_note,
     )

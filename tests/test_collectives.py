@@ -72,7 +72,7 @@ def test_merge_two_ranks_counts_communication_kernels(real_traces: Path, tmp_pat
     assert saved["straggler"]["late_collectives"]["rank"] == 1
     assert saved["summaries"][0]["communication_source"] == "kernels"
     page = tmp_path / "ranks.html"
-    assert main(["merge", str(real_traces / "two_ranks"), "--html", str(page)]) == 0
+    assert main(["merge", str(real_traces / "two_ranks"), "-o", str(page)]) == 0
     text = page.read_text()
     assert "Late to collectives: rank 1" in text and "<th>Comm kernels</th>" in text
     assert text.count("% overlapped)") == 2

@@ -1,5 +1,5 @@
-"""One ``-o`` convention across commands: a path ending in .json/.json.gz is one file, anything else a
-folder; every command that writes files lists them on stderr (``layerscope: saved PATH``)."""
+"""One ``-o`` convention across commands: a path whose suffix names a format is one file, anything
+else a folder; every command that writes files lists them on stderr (``layerscope: saved PATH``)."""
 
 from __future__ import annotations
 
@@ -72,5 +72,5 @@ def test_report_and_merge_list_what_they_wrote(tmp_path: Path, capsys: pytest.Ca
         str(tmp_path / "r.ops.csv"),
     ]
     merged, page = tmp_path / "m.json", tmp_path / "m.html"
-    assert main(["merge", *map(str, ranks), "-o", str(merged), "--html", str(page), "--ascii"]) == 0
+    assert main(["merge", *map(str, ranks), "-o", str(merged), "--html", "--ascii"]) == 0
     assert _saved_lines(capsys.readouterr().err) == [str(merged), str(page)]

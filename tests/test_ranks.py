@@ -142,7 +142,7 @@ def test_ranks_html_heatmap_marks_the_straggler_and_escapes_names(tmp_path: Path
 
 def test_merge_cli_writes_the_html_page(ddp_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "ranks.html"
-    assert main(["merge", str(ddp_run), "--html", str(out), "--ascii"]) == 0
+    assert main(["merge", str(ddp_run), "-o", str(out), "--ascii"]) == 0
     page = out.read_text(encoding="utf-8")
     assert "Straggler: rank 1" in page and "module.slow" in page
     assert page.count('<td class="l">rank ') == 2

@@ -1,4 +1,4 @@
-"""File outputs by suffix: ``Profile.export`` and ``layerscope report`` share one writer table."""
+"""File outputs by suffix: ``Profile.save`` and ``layerscope report`` share one writer table."""
 
 from __future__ import annotations
 
@@ -32,17 +32,17 @@ def profile() -> Profile:
         ("r.HTM", b"<!doctype html>"),
         ("r.collapsed", b"Net;"),
         ("r.folded", b"Net;"),
-        ("r.txt", b"Net;"),
+        ("r.txt", b"layerscope"),
         ("r.svg", b"<?xml"),
     ],
 )
-def test_export_writes_one_file_per_suffix_as_report_does(
+def test_save_writes_one_file_per_suffix_as_report_does(
     profile: Profile, tmp_path: Path, name: str, start: bytes
 ) -> None:
     (tmp_path / "api").mkdir()
-    written = profile.export(tmp_path / "api" / name)
-    assert written == [tmp_path / "api" / name]
-    data = written[0].read_bytes()
+    written = profile.save(tmp_path / "api" / name)
+    assert written == tmp_path / "api" / name
+    data = written.read_bytes()
     assert data.lower().startswith(start.lower())
     saved = profile.save(tmp_path / "run.json")
     assert main(["report", str(saved), "-o", str(tmp_path / name)]) == 0
@@ -50,33 +50,34 @@ def test_export_writes_one_file_per_suffix_as_report_does(
     assert sorted(p.name for p in (tmp_path / "api").iterdir()) == [name]  # no temp file left behind
 
 
-def test_export_csv_writes_two_files(profile: Profile, tmp_path: Path) -> None:
-    written = profile.export(tmp_path / "r.csv")
-    assert written == [tmp_path / "r.modules.csv", tmp_path / "r.ops.csv"]
+def test_save_csv_writes_two_files(profile: Profile, tmp_path: Path) -> None:
+    first = profile.save(tmp_path / "r.csv")
+    written = sorted(tmp_path.iterdir())
+    assert first == written[0] and written == [tmp_path / "r.modules.csv", tmp_path / "r.ops.csv"]
     assert written[0].read_text().startswith("path,type,calls,recompute_calls,params_total,phase,")
     assert written[1].read_text().startswith("name,phase,module,unattributed,input_shapes,calls,")
 
 
 @pytest.mark.parametrize("name", ["copy.json", "copy.json.gz"])
-def test_export_json_round_trips(profile: Profile, tmp_path: Path, name: str) -> None:
-    written = profile.export(str(tmp_path / name))
-    assert written == [tmp_path / name]
-    assert ls.load(written[0]) == profile
+def test_save_json_round_trips(profile: Profile, tmp_path: Path, name: str) -> None:
+    written = profile.save(str(tmp_path / name))
+    assert written == tmp_path / name
+    assert ls.load(written) == profile
 
 
-def test_export_options_reach_the_stack_writers(profile: Profile, tmp_path: Path) -> None:
-    by_time = profile.export(tmp_path / "t.collapsed")[0].read_text()
-    by_alloc = profile.export(tmp_path / "a.collapsed", metric="cpu_alloc_bytes")[0].read_text()
+def test_save_options_reach_the_stack_writers(profile: Profile, tmp_path: Path) -> None:
+    by_time = profile.save(tmp_path / "t.collapsed").read_text()
+    by_alloc = profile.save(tmp_path / "a.collapsed", metric="cpu_alloc_bytes").read_text()
     assert by_time != by_alloc
     with pytest.raises(UsageError, match="cannot weigh stacks"):
-        profile.export(tmp_path / "x.svg", metric="nonsense")
+        profile.save(tmp_path / "x.svg", metric="nonsense")
     with pytest.raises(UsageError, match="needs Python stacks"):
-        profile.export(tmp_path / "x.folded", frames="source")
+        profile.save(tmp_path / "x.folded", frames="source")
 
 
-def test_export_unknown_suffix_names_the_known_ones(profile: Profile, tmp_path: Path) -> None:
+def test_save_unknown_suffix_names_the_known_ones(profile: Profile, tmp_path: Path) -> None:
     with pytest.raises(UsageError) as caught:
-        profile.export(tmp_path / "r.xyz")
+        profile.save(tmp_path / "r.xyz")
     message = str(caught.value)
     assert "\n" not in message and "r.xyz" in message
     assert all(suffix in message for suffix in WRITERS)
@@ -84,7 +85,7 @@ def test_export_unknown_suffix_names_the_known_ones(profile: Profile, tmp_path: 
 
 
 def test_writer_table_matches_the_report_formats() -> None:
-    assert list(FORMATS) == ["html", "csv", "collapsed", "svg", "json"]
+    assert list(FORMATS) == ["html", "csv", "collapsed", "txt", "svg", "json", "parquet"]
     assert find_writer("A.JSON.GZ") is WRITERS[".json.gz"] and find_writer("a.gz") is None
 
 
@@ -107,8 +108,10 @@ def test_written_files_get_the_mode_open_gives(profile: Profile, tmp_path: Path,
     plain.write_text("x")  # what a plain open() gives under this umask
     assert mode(plain) == 0o666 & ~umask
     written = [profile.save(tmp_path / "p.json.gz"), profile.save(tmp_path / "p.json")]
-    for name in ("r.html", "r.csv", "r.collapsed", "r.svg"):
-        written += profile.export(tmp_path / name)
+    for name in ("r.html", "r.txt", "r.collapsed", "r.svg"):
+        written.append(profile.save(tmp_path / name))
+    profile.save(tmp_path / "r.csv")
+    written += [tmp_path / "r.modules.csv", tmp_path / "r.ops.csv"]
     assert main(["report", str(written[0]), "-o", str(tmp_path / "cli.html")]) == 0
     written.append(tmp_path / "cli.html")
     for path in written:

@@ -10,36 +10,60 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from layerscope.analysis.diff import ProfileDiff, diff
-from layerscope.analysis.ranks import RankMerge
+from layerscope.analysis.diff import diff
 from layerscope.errors import CaptureError, LayerscopeError, TraceFormatError, UsageError, ValidationError
 from layerscope.handlers import print_summary, save_to
 from layerscope.loading import load
 from layerscope.merging import merge
-from layerscope.model.metrics import Metrics
-from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, StepStats, UnattributedEntry
+from layerscope.model.profile import Phase, Profile
 from layerscope.version import __version__
 
 if TYPE_CHECKING:
-    from layerscope.capture.compile_watch import compile_info, watch_compiles
+    from layerscope.capture.compile_watch import watch_compiles
     from layerscope.capture.schedule import schedule
     from layerscope.capture.session import CompileInfoWarning, Cycle, profile
+
+#: Names that left the top level (and ``__all__``) in 0.4: where they live now. Still served here for
+#: one release, with a DeprecationWarning.
+_MOVED = {
+    "Metrics": "layerscope.model.metrics",
+    "ModuleNode": "layerscope.model.profile",
+    "OpStats": "layerscope.model.profile",
+    "StepStats": "layerscope.model.profile",
+    "UnattributedEntry": "layerscope.model.profile",
+    "ProfileDiff": "layerscope.analysis.diff",
+    "RankMerge": "layerscope.analysis.ranks",
+}
+
+
+def _deprecated(old: str, new: str) -> None:
+    import warnings
+
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release; use {new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def __getattr__(name: str) -> Any:
     # torch is imported only when capture is used: analysis and rendering work without it.
+    import importlib
+
     if name in ("profile", "Cycle", "CompileInfoWarning"):
-        from layerscope.capture import session
-
-        return getattr(session, name)
-    if name in ("compile_info", "watch_compiles"):
-        from layerscope.capture import compile_watch
-
-        return getattr(compile_watch, name)
+        return getattr(importlib.import_module("layerscope.capture.session"), name)
+    if name == "watch_compiles":
+        return importlib.import_module("layerscope.capture.compile_watch").watch_compiles
+    if name == "compile_info":
+        _deprecated(
+            "layerscope.compile_info()", "layerscope.watch_compiles() (once, before the model compiles)"
+        )
+        return importlib.import_module("layerscope.capture.compile_watch").compile_info
     if name == "schedule":
-        from layerscope.capture.schedule import schedule
-
-        return schedule
+        return importlib.import_module("layerscope.capture.schedule").schedule
+    if name in _MOVED:
+        _deprecated(f"layerscope.{name}", f"from {_MOVED[name]} import {name}")
+        return getattr(importlib.import_module(_MOVED[name]), name)
     raise AttributeError(f"module 'layerscope' has no attribute {name!r}")
 
 
@@ -48,20 +72,12 @@ __all__ = [
     "CompileInfoWarning",
     "Cycle",
     "LayerscopeError",
-    "Metrics",
-    "ModuleNode",
-    "OpStats",
     "Phase",
     "Profile",
-    "ProfileDiff",
-    "RankMerge",
-    "StepStats",
     "TraceFormatError",
-    "UnattributedEntry",
     "UsageError",
     "ValidationError",
     "__version__",
-    "compile_info",
     "diff",
     "load",
     "merge",

@@ -91,11 +91,10 @@ def render_csv(profile: Profile, path: Path, options: ExportOptions) -> list[Ren
 def render_parquet(profile: Profile, path: Path, options: ExportOptions) -> list[RenderedFile]:
     """Two Parquet files beside ``path``: ``STEM.modules.parquet`` and ``STEM.ops.parquet`` (the
     tables of ``Profile.to_pandas``); needs pandas and pyarrow."""
-    try:
-        import pandas  # noqa: F401
-        import pyarrow  # noqa: F401
-    except ImportError:
-        raise UsageError("writing .parquet needs pandas and pyarrow: pip install pandas pyarrow") from None
+    import importlib.util
+
+    if not all(importlib.util.find_spec(name) for name in ("pandas", "pyarrow")):
+        raise UsageError("writing .parquet needs pandas and pyarrow: pip install pandas pyarrow")
     stem = _stem(path, ".parquet")
     files: list[RenderedFile] = []
     for table in ("modules", "ops"):

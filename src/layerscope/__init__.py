@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from layerscope.capture.schedule import schedule
     from layerscope.capture.session import CompileInfoWarning, Cycle, profile
 
-#: Names that left the top level (and ``__all__``) in 0.4: where they live now. Still served here for
+#: Names that left the top level (and ``__all__``) in 0.2: where they live now. Still served here for
 #: one release, with a DeprecationWarning.
 _MOVED = {
     "Metrics": "layerscope.model.metrics",

@@ -12,7 +12,7 @@ from typing import Any
 
 from layerscope.render.writers import find_writer, writer_suffix
 
-#: The pre-0.4 ``--html PATH`` (profile, merge) becomes this hidden option before parsing.
+#: 0.1's ``--html PATH`` (profile, merge) becomes this hidden option before parsing.
 HTML_FILE_OPTION = "--html-file"
 
 

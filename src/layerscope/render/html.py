@@ -16,7 +16,7 @@ from layerscope.analysis.steps import step_rows
 from layerscope.attribution.stacks import user_frames
 from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import ModuleNode, Profile
-from layerscope.model.serialize import StringTable, write_atomic
+from layerscope.model.serialize import StringTable
 from layerscope.render.device_html import device_section_html
 from layerscope.render.flamegraph import flamegraph_svg
 from layerscope.render.memory_html import memory_peak_html
@@ -137,8 +137,10 @@ def _embedded_json(data: dict[str, Any]) -> str:
 
 
 def write_html_report(profile: Profile, path: Path) -> Path:
-    """Write the HTML report of ``profile`` to ``path`` (atomically)."""
-    return write_atomic(path, html_report(profile).encode())
+    """Write the HTML report of ``profile`` to ``path``, through the output assembler (atomically)."""
+    from layerscope.render.writers import Output, write_outputs
+
+    return write_outputs(profile, [Output(Path(path), "html")])[0]
 
 
 def _totals_note(profile: Profile) -> str:

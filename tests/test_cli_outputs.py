@@ -118,3 +118,22 @@ def test_sort_keys_are_one_line_errors_listing_the_choices(
     assert main(["show", str(saved), "--by", "type", "--sort", "type", "--ascii"]) == 0
     err = capsys.readouterr().err
     assert len(_deprecation_lines(err)) == 1 and "--sort name" in err
+
+
+def test_an_output_that_cannot_be_written_fails_before_profiling(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a)
+    )
+    monkeypatch.setattr("layerscope.cli.profile_cmd.resolve_factory", _never_called)
+    assert main(["profile", *MLP, "-o", str(tmp_path / "r.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pyarrow" in err and list(tmp_path.iterdir()) == []
+
+
+def _never_called(*_: object) -> None:
+    raise AssertionError("the model was built before the outputs were checked")

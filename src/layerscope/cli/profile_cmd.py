@@ -19,6 +19,7 @@ from layerscope.cli.views import (
     report_written,
 )
 from layerscope.errors import UsageError
+from layerscope.render.writers import check_outputs, write_outputs
 
 #: Built-in models: name -> (factory path, default inputs).
 BUILTIN_MODELS: dict[str, tuple[str, list[str]]] = {
@@ -149,6 +150,7 @@ def resolve_factory(spec: str) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Build, warm up, profile, print and save."""
     check_view_options(args)
+    check_outputs(requested_outputs(args, "profile"))
     if args.steps < 1:
         raise UsageError(f"--steps must be >= 1, not {args.steps}")
     if args.warmup < 0:
@@ -203,8 +205,6 @@ def run(args: argparse.Namespace) -> int:
                 if k < args.steps - 1:
                     prof.step()  # ProfilerStep#N ranges: per-step means, spread and the step table
     profile = prof.profile
-    from layerscope.render.writers import write_outputs
-
     written = write_outputs(profile, requested_outputs(args, "profile"))
     if not args.quiet:
         print_profile(profile, args)

@@ -19,9 +19,10 @@ def register(sub: Any) -> None:
     """Add the ``report`` subcommand."""
     parser = sub.add_parser(
         "report",
-        help="export a profile: HTML report, csv, collapsed stacks, SVG flame graph, json",
+        help="export a profile: HTML report, text, csv, parquet, collapsed stacks, SVG flame graph, json",
         description="Export a saved profile or a trace. The format comes from --format or the output's "
-        "suffix: .html (a self-contained report), .csv (two files: NAME.modules.csv and NAME.ops.csv), "
+        "suffix: .html (a self-contained report), .txt (the console view), .csv and .parquet (two files "
+        "each: NAME.modules.* and NAME.ops.*), "
         ".collapsed or .folded (flame-graph stacks), .svg (a flame graph), .json / .json.gz (a layerscope "
         "profile); --format chrome re-writes a torch.profiler trace with a 'modules (backward)' track.",
     )

@@ -88,13 +88,17 @@ def render_csv(profile: Profile, path: Path, options: ExportOptions) -> list[Ren
     ]
 
 
-def render_parquet(profile: Profile, path: Path, options: ExportOptions) -> list[RenderedFile]:
-    """Two Parquet files beside ``path``: ``STEM.modules.parquet`` and ``STEM.ops.parquet`` (the
-    tables of ``Profile.to_pandas``); needs pandas and pyarrow."""
+def _check_parquet() -> None:
     import importlib.util
 
     if not all(importlib.util.find_spec(name) for name in ("pandas", "pyarrow")):
         raise UsageError("writing .parquet needs pandas and pyarrow: pip install pandas pyarrow")
+
+
+def render_parquet(profile: Profile, path: Path, options: ExportOptions) -> list[RenderedFile]:
+    """Two Parquet files beside ``path``: ``STEM.modules.parquet`` and ``STEM.ops.parquet`` (the
+    tables of ``Profile.to_pandas``); needs pandas and pyarrow."""
+    _check_parquet()
     stem = _stem(path, ".parquet")
     files: list[RenderedFile] = []
     for table in ("modules", "ops"):
@@ -187,6 +191,14 @@ def _resolve(request: str | Path | Output) -> tuple[Path, Writer]:
     if request.format not in FORMATS:
         raise UsageError(f"unknown format {request.format!r}; choose from {', '.join(FORMATS)}")
     return request.path, FORMATS[request.format]
+
+
+def check_outputs(outputs: Iterable[str | Path | Output]) -> None:
+    """Fail now, in one line, on a request :func:`write_outputs` would refuse (an unknown suffix or
+    format, Parquet without pyarrow): for commands that check before a long capture."""
+    for _, writer in map(_resolve, outputs):
+        if writer.format == "parquet":
+            _check_parquet()
 
 
 def write_outputs(

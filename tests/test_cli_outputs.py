@@ -137,3 +137,15 @@ def test_an_output_that_cannot_be_written_fails_before_profiling(
 
 def _never_called(*_: object) -> None:
     raise AssertionError("the model was built before the outputs were checked")
+
+
+def test_show_device_is_now_memory_device(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "mem.json"
+    assert main(["profile", *MLP, "--memory", "-o", str(saved)]) == 0
+    capsys.readouterr()
+    assert main(["show", str(saved), "--memory-peak", "--memory-device", "cpu", "--ascii"]) == 0
+    new = capsys.readouterr()
+    assert not _deprecation_lines(new.err)
+    assert main(["show", str(saved), "--memory-peak", "--device", "cpu", "--ascii"]) == 0
+    old = capsys.readouterr()
+    assert old.out == new.out and len(_deprecation_lines(old.err)) == 1 and "--memory-device" in old.err

@@ -249,7 +249,7 @@ def test_memory_at_peak_survives_save_and_the_cli_shows_it(
     assert main(["show", str(path), "--memory-peak"]) == 0
     out = capsys.readouterr().out
     assert "optimizer_state" in out and "Saved for backward" in out and "was live before the block" in out
-    assert main(["show", str(path), "--memory-peak", "--device", "device"]) == 1
+    assert main(["show", str(path), "--memory-peak", "--memory-device", "device"]) == 1
     assert "no device memory" in capsys.readouterr().err
 
 

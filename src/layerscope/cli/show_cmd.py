@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from layerscope.cli.outputs import add_output_options, requested_outputs, stem_of
+from layerscope.cli.outputs import DeprecatedAlias, add_output_options, requested_outputs, stem_of
 from layerscope.cli.views import (
     add_strict_option,
     add_view_options,
@@ -44,7 +44,11 @@ def register(sub: Any) -> None:
         "module saved for backward, instead of the tree",
     )
     parser.add_argument(
+        "--memory-device",
         "--device",
+        dest="memory_device",
+        action=DeprecatedAlias,
+        old=("--device",),
         choices=("cpu", "device"),
         help="with --memory-peak: the CPU's or the accelerator's memory (default: the accelerator's "
         "when it recorded any)",
@@ -72,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         from layerscope.render.console import make_console
         from layerscope.render.memory_table import memory_peak_table
 
-        table = memory_peak_table(profile.memory_at_peak(args.device), ascii_only=bool(args.ascii))
+        table = memory_peak_table(profile.memory_at_peak(args.memory_device), ascii_only=bool(args.ascii))
         make_console().print(table)
         return 0
     note_missing_modules(profile)

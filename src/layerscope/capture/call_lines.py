@@ -23,6 +23,7 @@ from contextlib import ExitStack
 from types import ModuleType
 
 import numpy as np
+from torch.profiler import ProfilerAction
 
 from layerscope.capture import native
 from layerscope.errors import LayerscopeWarning
@@ -105,11 +106,11 @@ class CallLineRecorder:
             self._running = False
             self._module.lines_stop()
 
-    def follow(self, action: str) -> None:
+    def follow(self, action: ProfilerAction) -> None:
         """Record only while the profile's schedule records (warm-up included): stopped for
         ``wait`` steps and after the schedule's end, started again (records dropped) when it
         records once more."""
-        if action == "wait":
+        if action == ProfilerAction.NONE:
             self.stop()
         elif not self._running:
             self.start()
@@ -138,7 +139,7 @@ def _classification() -> list[str]:
     return [sign + prefix for prefix, sign in marked]
 
 
-def start_call_lines(stack: ExitStack, action: str) -> CallLineRecorder | None:
+def start_call_lines(stack: ExitStack, action: ProfilerAction) -> CallLineRecorder | None:
     """Start recording call lines for a profile session (unless its schedule's first ``action`` is
     ``wait``), stopped by ``stack``; None (with a warning naming the remedy) where this Python or
     torch cannot record them."""

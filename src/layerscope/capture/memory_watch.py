@@ -3,9 +3,9 @@ hold parameters, gradients, optimizer state, inputs and tensors saved for backwa
 
 torch's events say when bytes were allocated and freed, and inside which op; not what they hold. The
 watch takes snapshots, lists of (storage address, bytes, category), at points on torch's clock (a
-watch point in the native marks buffer when the native module is built, else ``time.time_ns()``,
-which can sit far from torch's clock: see docs/usage.md), and attribution matches each entry to the
-allocation live at that address then (``attribution/memory_peak.py``).
+watch point in the block's marks, ``module_marks.py``, when the native module is built, else
+``time.time_ns()``, which can sit far from torch's clock: see docs/usage.md), and attribution
+matches each entry to the allocation live at that address then (``attribution/memory_peak.py``).
 
 Snapshots are taken at the start of each recording (what was live before torch saw anything: the
 baseline: the model's state, and every other live tensor's storage, found by one scan of the
@@ -30,10 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.profiler import ProfilerAction
 
-from layerscope.capture import native
 from layerscope.capture.live_tensors import scan_live, storage_entry
 from layerscope.capture.module_marks import ModuleMarks
+from layerscope.capture.schedule import RECORDING
 from layerscope.events.memory_snapshots import Snapshot, StorageEntry
 
 
@@ -42,12 +43,10 @@ class MemoryWatch:
     """Snapshots of the model's storages during one profiling block (see the module docstring)."""
 
     model: nn.Module | None
-    marks: ModuleMarks | None = None  # the session's marks, or the watch's own (see start)
-    owns_marks: bool = False
+    marks: ModuleMarks | None = None  # the block's marks: snapshots' times on torch's clock
     snapshots: list[Snapshot] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
-    _marks_running: bool = False
     #: Whether the profiler records now (a schedule's wait and warmup steps take no snapshots).
     recording: bool = True
     #: Every live storage, scanned ahead of the next start snapshot (addresses and sizes only).
@@ -66,44 +65,30 @@ class MemoryWatch:
             return watch
         return cls(model, optimizers=scan.optimizers, pending_scan=scan.entries)
 
-    def start(self, session_marks: ModuleMarks | None, stack: ExitStack, recording: bool = True) -> None:
-        """Start watching (inside the running profiler): the session's marks give snapshots their
-        time; without them, the watch runs marks of its own when the native module is built."""
-        self.marks = session_marks
-        self.recording = recording
-        if session_marks is None:
-            module = native.load()
-            if module is not None:
-                self.marks, self.owns_marks = ModuleMarks(module), True
-                self.marks.start()
-                self._marks_running = True
-                stack.callback(self.stop_marks)
+    def start(self, marks: ModuleMarks | None, stack: ExitStack, action: ProfilerAction) -> None:
+        """Start watching (inside the running profiler, at the schedule's ``action``): the block's
+        marks, when it has them, give snapshots their time."""
+        self.marks = marks
+        self.recording = action in RECORDING
         self.install(stack)
         self.snapshot_state("start")
 
-    def before_step(self, action: str) -> None:
+    def before_step(self, action: ProfilerAction) -> None:
         """Before a schedule's step: a cycle that ends with it gets its end snapshot; at the end of
         a warmup step (a recording may follow) live tensors are scanned, outside what is recorded."""
-        if action == "record_and_save":
+        if action == ProfilerAction.RECORD_AND_SAVE:
             self.snapshot_state("end")
-        elif action == "warmup":
+        elif action == ProfilerAction.WARMUP:
             self._guarded_scan()
 
-    def after_step(self, before: str, after: str) -> None:
+    def after_step(self, before: ProfilerAction, after: ProfilerAction) -> None:
         """After a schedule's step: a cycle that starts recording gets its start snapshot (with
         the warmup step's scan; without a warmup step, a scan now)."""
-        self.recording = after.startswith("record")
-        if before != "record" and self.recording:
+        self.recording = after in RECORDING
+        if before != ProfilerAction.RECORD and self.recording:
             self.snapshot_state("start")
         elif not self.recording:
             self.pending_scan = None  # describes a moment before this step: stale for a later one
-
-    def stop_marks(self) -> None:
-        """Stop the watch's own marks for good (their points stay for :meth:`take`)."""
-        if self.owns_marks and self._marks_running and self.marks is not None:
-            self.marks.stop()
-        self._marks_running = False
-        self.owns_marks = False
 
     def install(self, stack: ExitStack) -> None:
         """Hook the root module's calls and every optimizer step; undone by ``stack``."""
@@ -189,15 +174,9 @@ class MemoryWatch:
     # ----- results -----------------------------------------------------------------------------------
     def take(self) -> list[Snapshot]:
         """The snapshots of the recording that just ended (from its start snapshot on), with
-        torch-clock times once the marks have stopped (the watch's own marks are stopped and
-        restarted here, between cycles)."""
+        torch-clock times from the marks' watch points."""
         if self.marks is not None:
-            if self._marks_running:
-                self.marks.stop()
-            _place_on_marks(self.snapshots, self.marks.watch_points)
-            self.marks.watch_points.clear()
-            if self._marks_running:
-                self.marks.start()
+            _place_on_marks(self.snapshots, self.marks.take_watch_points())
         taken, self.snapshots = self.snapshots, []
         # Snapshots of steps a schedule did not record describe memory this recording never saw:
         # the recording's own begin with its last start snapshot.

@@ -7,6 +7,10 @@ events (``benchmarks/clock_marks.py`` measures the margin; docs/benchmarks.md). 
 enter/exit pair becomes a span with the very name and kind a range would have had
 (``ls:<path>:<Type>``, a CPU op), so attribution, saved profiles and exported traces cannot tell the
 two apart.
+
+One marks session serves a whole block: the scopes' marks and the memory watch's points
+(:meth:`ModuleMarks.watch_point`) go into the same buffers; ``instruments.py`` is the one place that
+starts it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class ModuleMarks:
         self.span_start: list[int] = []  # Unix ns, on torch's event clock
         self.span_dur: list[int] = []
         self.unmatched = 0  # marks without their other half (a call still running at the end)
+        self.running = False
         #: Watch points (code 0, see :meth:`watch_point`) per OS thread: (torch thread id, Unix ns).
         self.watch_points: dict[int, list[tuple[int, int]]] = {}
 
@@ -53,9 +58,22 @@ class ModuleMarks:
     def start(self) -> None:
         """Start recording (inside the profiler session)."""
         self._native.marks_start()
+        self.running = True
+
+    def take_watch_points(self) -> dict[int, list[tuple[int, int]]]:
+        """The watch points so far, handed over (a running session is stopped and started again
+        to read them: a schedule's cycle ends inside the block)."""
+        if self.running:
+            self.stop()
+            self.start()
+        points, self.watch_points = self.watch_points, {}
+        return points
 
     def stop(self) -> None:
-        """Stop recording and pair every thread's marks into spans."""
+        """Stop recording and pair every thread's marks into spans (again: nothing more)."""
+        if not self.running:
+            return
+        self.running = False
         for tid, os_tid, raw_times, raw_codes in self._native.marks_stop():
             times = np.frombuffer(raw_times, dtype=np.int64).tolist()
             codes = np.frombuffer(raw_codes, dtype=np.int64).tolist()

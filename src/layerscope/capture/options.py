@@ -1,11 +1,13 @@
-"""The options of ``ls.profile``, checked once: what to record, which modules, how to scope them."""
+"""The options of ``ls.profile``, checked once into a frozen :class:`CaptureOptions`: what to record,
+which modules, how to scope them, the schedule. Nothing downstream checks an option again."""
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -107,11 +109,12 @@ class ModuleSelection:
         return "folded into its ancestor (outside paths)"
 
 
-@dataclass
+@dataclass(frozen=True)
 class CaptureOptions:
-    """What one ``ls.profile`` records; built by :func:`check_options` (which also rejects bad input)."""
+    """What one ``ls.profile`` records, checked once by :func:`check_options` when the session is
+    made; immutable, so every part of capture reads the same decision."""
 
-    activities: list[ProfilerActivity]
+    activities: tuple[ProfilerActivity, ...]
     memory: bool
     shapes: bool
     flops: bool
@@ -119,16 +122,28 @@ class CaptureOptions:
     selection: ModuleSelection
     all_threads: bool
     module_scopes: str
-    profiler_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Extra ``torch.profiler.profile`` arguments, ``experimental_config`` added for ``all_threads``.
+    profiler_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     #: Record the line of the user's code that called each op (``capture/call_lines.py``).
     lines: bool = False
     #: NVTX ranges by module for Nsight Systems (``capture/nvtx_ranges.py``).
     nvtx: bool = False
+    #: ``layerscope.schedule(...)`` or torch's, else None (every step recorded).
+    schedule: Callable[[int], Any] | None = None
+    #: Called with each finished ``Cycle`` (a schedule's recorded steps).
+    on_trace_ready: Callable[[Any], Any] | None = None
+    #: Only CPU events can occur (the reader then skips the device columns).
+    cpu_only: bool = False
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the block runs in cycles (a schedule or an ``on_trace_ready`` handler)."""
+        return self.schedule is not None or self.on_trace_ready is not None
 
     def torch_kwargs(self) -> dict[str, Any]:
         """The arguments of ``torch.profiler.profile`` these options stand for (no schedule)."""
         return {
-            "activities": self.activities,
+            "activities": list(self.activities),
             "record_shapes": self.shapes or self.flops,
             "profile_memory": self.memory,
             "with_stack": self.with_stack,
@@ -150,11 +165,41 @@ class CaptureOptions:
             "all_threads": self.all_threads,
         }
 
+
+class OptionsReadBack:
+    """The options a profile session was made with, read back (``prof.module_scopes``...)."""
+
+    options: CaptureOptions
+
     @property
-    def cpu_only(self) -> bool:
-        """Only CPU events can occur (the reader then skips the device columns)."""
-        only_cpu = self.activities == [ProfilerActivity.CPU]
-        return only_cpu and not self.with_stack and not torch.cuda.is_available()
+    def schedule(self) -> Callable[[int], Any] | None:
+        """The schedule (None: every step is recorded)."""
+        return self.options.schedule
+
+    @property
+    def on_trace_ready(self) -> Callable[[Any], Any] | None:
+        """The handler called with each finished ``Cycle``."""
+        return self.options.on_trace_ready
+
+    @property
+    def module_scopes(self) -> str:
+        """The ``module_scopes`` option in force (``auto``, ``ranges`` or ``hooks``)."""
+        return self.options.module_scopes
+
+    @property
+    def profiler_kwargs(self) -> dict[str, Any]:
+        """The extra ``torch.profiler.profile`` arguments (layerscope adds ``experimental_config``)."""
+        return dict(self.options.profiler_kwargs)
+
+    @property
+    def all_threads(self) -> bool:
+        """Whether torch records every thread."""
+        return self.options.all_threads
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the block runs in cycles (a schedule or an ``on_trace_ready`` handler)."""
+        return self.options.scheduled
 
 
 def check_options(
@@ -172,9 +217,11 @@ def check_options(
     module_scopes: str | None,
     lines: bool = False,
     nvtx: bool = False,
+    schedule: Callable[[int], Any] | None = None,
+    on_trace_ready: Callable[[Any], Any] | None = None,
 ) -> CaptureOptions:
-    """Check ``ls.profile``'s arguments (a :class:`UsageError` naming the first bad one) and return
-    them as :class:`CaptureOptions`."""
+    """Check ``ls.profile``'s arguments (a one-line :class:`UsageError` naming the first bad one,
+    and the choices where there are a few) and return them as :class:`CaptureOptions`."""
     if model is not None and not isinstance(model, nn.Module):
         raise UsageError(f"model must be a torch.nn.Module or None, not {type(model).__name__}")
     if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
@@ -182,6 +229,7 @@ def check_options(
     if paths is not None and (isinstance(paths, str) or not all(isinstance(p, str) for p in paths)):
         raise UsageError("paths must be a list of qualified module paths such as ['layer1.0', 'fc']")
     _check_profiler_kwargs(profiler_kwargs)
+    _check_callables(schedule, on_trace_ready)
     if nvtx:
         check_nvtx_available()
     kwargs = dict(profiler_kwargs or {})
@@ -192,8 +240,9 @@ def check_options(
             "no allocations when it profiles all threads; choose one"
         )
     want_all = (not memory) if all_threads is None else bool(all_threads)
+    chosen = tuple(parse_activities(activities))
     return CaptureOptions(
-        activities=parse_activities(activities),
+        activities=chosen,
         memory=bool(memory),
         shapes=bool(shapes),
         flops=bool(flops),
@@ -201,10 +250,20 @@ def check_options(
         selection=ModuleSelection(tuple(paths) if paths is not None else None, depth),
         all_threads=want_all and _enable_all_threads(kwargs),
         module_scopes=module_scopes_option(module_scopes),
-        profiler_kwargs=kwargs,
+        profiler_kwargs=MappingProxyType(kwargs),
         lines=bool(lines),
         nvtx=bool(nvtx),
+        schedule=schedule,
+        on_trace_ready=on_trace_ready,
+        cpu_only=chosen == (ProfilerActivity.CPU,) and not with_stack and not torch.cuda.is_available(),
     )
+
+
+def _check_callables(schedule: Any, on_trace_ready: Any) -> None:
+    if schedule is not None and not callable(schedule):
+        raise UsageError("schedule must be layerscope.schedule(...) or a torch.profiler.schedule")
+    if on_trace_ready is not None and not callable(on_trace_ready):
+        raise UsageError("on_trace_ready must be a callable taking a layerscope Cycle")
 
 
 def _check_profiler_kwargs(profiler_kwargs: Any) -> None:

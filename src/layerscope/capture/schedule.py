@@ -1,4 +1,5 @@
-"""``layerscope.schedule``: torch.profiler's schedule semantics, with argument checks."""
+"""``layerscope.schedule``: torch.profiler's schedule semantics, with argument checks; what its
+actions (torch's ``ProfilerAction``, the one spelling capture uses) mean to layerscope."""
 
 from __future__ import annotations
 
@@ -7,8 +8,24 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerAction
 
 from layerscope.errors import UsageError
+
+#: The actions on which torch keeps what it records (warm-up records too, but drops it).
+RECORDING = frozenset({ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE})
+
+_LABELS = {
+    ProfilerAction.NONE: "wait",
+    ProfilerAction.WARMUP: "warmup",
+    ProfilerAction.RECORD: "record",
+    ProfilerAction.RECORD_AND_SAVE: "record_and_save",
+}
+
+
+def action_label(action: ProfilerAction) -> str:
+    """How progress lines name ``action``: ``wait``, ``warmup``, ``record`` or ``record_and_save``."""
+    return _LABELS[action]
 
 
 def schedule(

@@ -18,7 +18,10 @@ The clock is ``marks`` (two reads of torch's event clock into a native buffer, `
 or ``ranges`` (a profiler range, an event torch records). Marks serve class wrappers only, and only
 when :func:`marks_blocker` finds nothing in their way.
 
-This module decides; ``scopes.py`` carries the plan out and ``Recording`` saves it in ``meta``.
+This module decides, once, when the block starts (:func:`plan_block`): each module's scope, which
+modules fold into their ancestors (in global mode, the rule for modules found later), and whether
+the scopes follow the schedule; ``scopes.py`` carries the plan out and ``Recording`` saves it in
+``meta``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from torch import nn
 
 from layerscope.capture import native
 from layerscope.capture.compiled_modules import has_compiled_methods, is_compiled, model_modules
-from layerscope.capture.options import ModuleSelection
+from layerscope.capture.options import CaptureOptions, ModuleSelection
 
 CLASS_WRAPPER = "class wrapper"
 HOOKS = "hooks"
@@ -85,6 +88,19 @@ class ScopePlan:
     global_mode: bool = False
     marks: bool = False  # whether class wrappers use marks
     marks_reason: str = ""  # why they do, or what stood in the way
+    #: Which paths get rows (``depth``/``paths``): the fold of every module, those global mode
+    #: names as they are called included.
+    selection: ModuleSelection = field(default_factory=ModuleSelection)
+
+    @property
+    def follows_schedule(self) -> bool:
+        """Whether the scopes are removed on a schedule's wait steps. Global mode keeps torch's
+        global hooks: they patch no class, and they drive the deferred steps of ``layerscope run``."""
+        return not self.global_mode
+
+    def why_folded(self, path: str) -> str | None:
+        """Why ``path`` gets no row of its own, or None when it gets one."""
+        return self.selection.why_folded(path)
 
     def __iter__(self) -> Iterator[PlannedModule]:
         return iter(self.modules)
@@ -136,14 +152,22 @@ def marks_blocker(module_scopes: str, global_mode: bool, scheduled: bool) -> str
     return None
 
 
+def plan_block(model: nn.Module | None, options: CaptureOptions) -> ScopePlan:
+    """The plan of one profiling block, made when it starts: global mode is ``model=None``."""
+    blocker = marks_blocker(options.module_scopes, model is None, options.scheduled)
+    return plan_scopes(model, options.selection, options.module_scopes, blocker)
+
+
 def plan_scopes(
     model: nn.Module | None, selection: ModuleSelection, module_scopes: str, marks_blocked_by: str | None
 ) -> ScopePlan:
     """Decide every module's mechanism and clock (see the module docstring), installing nothing."""
     if model is None:
-        return ScopePlan(global_mode=True, marks_reason=marks_blocked_by or "")
+        return ScopePlan(global_mode=True, marks_reason=marks_blocked_by or "", selection=selection)
     plan = ScopePlan(
-        marks=marks_blocked_by is None, marks_reason=marks_blocked_by or "the native module's marks"
+        marks=marks_blocked_by is None,
+        marks_reason=marks_blocked_by or "the native module's marks",
+        selection=selection,
     )
     class_wrappers_blocked = _class_wrappers_blocked(model, module_scopes)
     compiled_roots: list[str] = []

@@ -49,13 +49,10 @@ class ModuleScopes:
     root named by its class; children are named by their attribute path under it.
     """
 
-    def __init__(
-        self, plan: ScopePlan, selection: ModuleSelection | None = None, marks: ModuleMarks | None = None
-    ) -> None:
+    def __init__(self, plan: ScopePlan, marks: ModuleMarks | None = None) -> None:
         if plan.marks and marks is None:
             raise ValueError("the plan uses marks: pass the ModuleMarks that record them")
         self.plan = plan
-        self.selection = selection or ModuleSelection()
         self._local = threading.local()
         self._handles: list[RemovableHandle] = []
         self._compiled_calls: list[tuple[nn.Module, Any]] = []  # (module, its own compiled call)
@@ -108,7 +105,8 @@ class ModuleScopes:
             if not planned.in_catalog:
                 continue
             scope, module = planned.scope, planned.module
-            self._register(module, scope.path, scope.type_name, planned.params_from)
+            # in the catalog: the plan kept it (folded modules are not)
+            self._register(module, scope.path, True, scope.type_name, planned.params_from)
             if scope.mechanism == HOOKS:
                 self._hook(module)
             elif scope.mechanism == COMPILED_CALL:
@@ -155,10 +153,15 @@ class ModuleScopes:
             stack.pop()[1].__exit__(None, None, None)
 
     def _register(
-        self, module: nn.Module, path: str, type_name: str | None = None, params_from: nn.Module | None = None
+        self,
+        module: nn.Module,
+        path: str,
+        kept: bool,
+        type_name: str | None = None,
+        params_from: nn.Module | None = None,
     ) -> None:
         self._paths[id(module)] = path
-        if self.selection.keeps(path):
+        if kept:
             self._names[id(module)] = module_range_name(path, type_name or type(module).__name__)
             self._modules[path] = params_from if params_from is not None else module
         else:
@@ -246,7 +249,8 @@ class ModuleScopes:
             if id(entry.scoped) in self._names:
                 continue
             path = f"{name}.{entry.path}" if entry.path else name
-            self._register(entry.scoped, path, type(entry.inner).__name__, entry.inner)
+            kept = self.plan.why_folded(path) is None  # the plan's rule, for a module found now
+            self._register(entry.scoped, path, kept, type(entry.inner).__name__, entry.inner)
             if entry.is_wrapper:
                 # The wrapper's range stands for the module it compiles; were that module ever run
                 # eagerly (a graph break), its children's ranges still name their paths.

@@ -230,9 +230,14 @@ class _Steps:
                 self.session.stop()
 
     def show(self) -> None:
+        from torch.profiler import ProfilerAction
+
+        from layerscope.capture.schedule import action_label
+
         session = self.session
-        phase = session.action()
-        if phase in ("warmup", "record", "record_and_save"):
+        action = session.action()
+        phase = action_label(action)
+        if action != ProfilerAction.NONE:
             phase = f"{phase} (cycle {len(session.cycles) + 1})"
         saved = len(session.cycles)
         self.progress.update(f"layerscope: step {session.step_count} · {phase} · {saved} saved", saved)

@@ -26,7 +26,7 @@ from layerscope.capture.environment import device_meta, distributed_info, enviro
 from layerscope.capture.flops import FlopCalculator
 from layerscope.capture.kineto import table_from_kineto
 from layerscope.capture.module_marks import ModuleMarks
-from layerscope.capture.options import CaptureOptions, ModuleSelection
+from layerscope.capture.options import CaptureOptions
 from layerscope.capture.scope_plan import ScopePlan
 from layerscope.errors import CaptureError, LayerscopeWarning
 from layerscope.events.call_lines import CallLines
@@ -134,7 +134,7 @@ class Recording:
             compiled_graphs=known_graphs(),
             snapshots=self.context.snapshots,
         )
-        _warn_unplaced_compiled_kernels(profile, self.context.options.selection)
+        _warn_unplaced_compiled_kernels(profile, self.context.plan)
         return profile
 
     def _meta(self) -> dict[str, Any]:
@@ -192,7 +192,7 @@ class Recording:
         return {"layerscope": own, **trace} if own else trace
 
 
-def _warn_unplaced_compiled_kernels(profile: Profile, selection: ModuleSelection) -> None:
+def _warn_unplaced_compiled_kernels(profile: Profile, plan: ScopePlan) -> None:
     """One warning (and ``meta["compiled"]["note"]``) for compiled kernels left with the compiled
     module: graph calls of code compiled unwatched, and kernels whose module paths are not the
     model's (paths that ``depth``/``paths`` fold are meant to go to their ancestors)."""
@@ -209,7 +209,7 @@ def _warn_unplaced_compiled_kernels(profile: Profile, selection: ModuleSelection
             "LAYERSCOPE_WATCH_COMPILES=1), or run the script under `layerscope run`; in a process "
             "that already ran it (a notebook), call torch._dynamo.reset() first so that it compiles again"
         )
-    unknown = {p: n for p, n in compiled.get("paths_not_in_tree", {}).items() if not selection.why_folded(p)}
+    unknown = {p: n for p, n in compiled.get("paths_not_in_tree", {}).items() if not plan.why_folded(p)}
     if unknown:
         named = ", ".join(f"'{p}'" for p in list(unknown)[:3]) + (", ..." if len(unknown) > 3 else "")
         notes.append(

@@ -16,12 +16,17 @@ from layerscope.handlers import print_summary, save_to
 from layerscope.loading import load
 from layerscope.merging import merge
 from layerscope.model.profile import Phase, Profile
+from layerscope.render.profile_views import install as _install_views
 from layerscope.version import __version__
 
 if TYPE_CHECKING:
     from layerscope.capture.compile_watch import watch_compiles
     from layerscope.capture.schedule import schedule
     from layerscope.capture.session import CompileInfoWarning, Cycle, profile
+
+# Profile.ops()/lines()/to_pandas()/print(p)/notebook display are served by analysis and render,
+# registered here so the data model imports nothing above it (render/profile_views.py).
+_install_views()
 
 #: Names that left the top level (and ``__all__``) in 0.2: where they live now. Still served here for
 #: one release, with a DeprecationWarning.

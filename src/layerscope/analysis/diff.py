@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from layerscope.errors import UsageError
+from layerscope.model.display import NotebookDisplay
 from layerscope.model.metrics import ADDITIVE_PAIRS
 from layerscope.model.profile import Profile
 
@@ -44,8 +45,9 @@ class DiffRow:
 
 
 @dataclass(frozen=True, slots=True)
-class ProfileDiff:
-    """The comparison of profile ``a`` (baseline) with profile ``b``."""
+class ProfileDiff(NotebookDisplay):
+    """The comparison of profile ``a`` (baseline) with profile ``b``; a notebook shows the summary
+    and the largest changes as tables (drawn by render/html_tables.py)."""
 
     metric: str
     per_step: bool  # values are means per step (both profiles had several steps)
@@ -63,12 +65,6 @@ class ProfileDiff:
     def total_percent(self) -> float | None:
         """Total change in percent of a (None when a's total is 0)."""
         return 100.0 * self.total_delta / self.total_a if self.total_a else None
-
-    def _repr_html_(self) -> str:
-        """Notebooks: the summary and the largest changes as HTML tables."""
-        from layerscope.render.html_tables import diff_html
-
-        return diff_html(self)
 
     def regressed(self, threshold_percent: float) -> bool:
         """True when b's total exceeds a's by more than ``threshold_percent``."""

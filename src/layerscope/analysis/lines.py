@@ -13,69 +13,19 @@ so nothing is counted twice and the totals equal the op table's.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from layerscope.analysis.ops import in_subtree
 from layerscope.attribution.stacks import user_frames
 from layerscope.errors import UsageError
-from layerscope.model.metrics import Metrics, PhaseTotals
+from layerscope.model.metrics import Metrics
 from layerscope.model.profile import OpStats, Phase, Profile
 from layerscope.model.sort_keys import LINE_SORT_KEYS, check_sort_key, metric_sort_value
+from layerscope.model.tables import NO_LINE, LineStats, LineTable
 
 #: ``path/to/file.py(LINE): function``, as torch's tracer and layerscope's call lines write frames.
 _FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<function>.*)$")
-#: The row of ops no line of the user's called (C++ only, or recorded without stacks).
-NO_LINE = "(no Python line)"
-
-
-@dataclass(frozen=True)
-class LineStats(PhaseTotals):
-    """One source line: the ops it called (``forward``: forward work, or work outside every module
-    such as the loss and the optimizer) and the backward of the ops it created (``backward``).
-
-    ``line`` is None for the row of ops that no line of the user's called. ``modules`` are the
-    modules (or unattributed entries) the line's work ran in, heaviest first. The metrics hold the ops'
-    own work (every total equals its self: nested ops are never counted twice)."""
-
-    file: str
-    line: int | None
-    function: str
-    forward: Metrics
-    backward: Metrics
-    calls: int
-    modules: tuple[str, ...]
-
-    @property
-    def location(self) -> str:
-        """``file:line`` (or the no-line label)."""
-        return f"{self.file}:{self.line}" if self.line is not None else NO_LINE
-
-    @property
-    def alloc_bytes(self) -> int:
-        """Bytes the line's ops allocated (CPU and device), forward and backward."""
-        f, b = self.forward, self.backward
-        return (
-            f.self_cpu_alloc_bytes
-            + f.self_device_alloc_bytes
-            + b.self_cpu_alloc_bytes
-            + b.self_device_alloc_bytes
-        )
-
-
-class LineTable(list[LineStats]):
-    """The rows ``Profile.lines()`` returns, heaviest first; ``call_lines`` says whether the lines are
-    exact call lines (``lines=True``) or torch's function definition lines (``with_stack``)."""
-
-    call_lines: bool = False
-    #: The time the table ranks by: ``device`` when the profile has device time, else ``cpu``.
-    time_kind: str = "cpu"
-
-    def _repr_html_(self) -> str:
-        from layerscope.render.html_tables import lines_html
-
-        return lines_html(self)
 
 
 def parse_frame(frame: str) -> tuple[str, int, str] | None:
@@ -87,10 +37,15 @@ def parse_frame(frame: str) -> tuple[str, int, str] | None:
 
 
 def line_table(
-    profile: Profile, sort_by: str = "time", limit: int | None = None, module: str | None = None
+    profile: Profile,
+    sort_by: str = "time",
+    limit: int | None = None,
+    module: str | None = None,
+    user_stacks: Sequence[tuple[str, ...]] | None = None,
 ) -> LineTable:
     """Op rows summed per innermost user frame (see the module's docstring). ``module`` keeps the
-    work that ran in that module's subtree; ``sort_by`` is one of :data:`LINE_SORT_KEYS`."""
+    work that ran in that module's subtree; ``sort_by`` is one of :data:`LINE_SORT_KEYS`;
+    ``user_stacks`` (analysis/stacks.py's ``op_user_stacks``) saves filtering the stacks again."""
     if not profile.has_stacks and not profile.meta.get("call_lines"):
         raise UsageError(
             "this profile has no source lines: record with lines=True (`--lines`), or with_stack=True"
@@ -100,12 +55,12 @@ def line_table(
         raise UsageError(f"limit must be >= 0, not {limit}")
     groups: dict[tuple[str, int | None, str], list[OpStats]] = {}
     frame_of: dict[tuple[str, ...], tuple[str, int | None, str]] = {}
-    for row in profile.op_rows:
+    for k, row in enumerate(profile.op_rows):
         if module is not None and not in_subtree(row.module, module):
             continue
         key = frame_of.get(row.stack)
         if key is None:
-            frames = user_frames(row.stack, depth=1)
+            frames = user_frames(row.stack, depth=1) if user_stacks is None else user_stacks[k][:1]
             parsed = parse_frame(frames[0]) if frames else None
             key = frame_of[row.stack] = parsed if parsed is not None else (NO_LINE, None, "")
         groups.setdefault(key, []).append(row)

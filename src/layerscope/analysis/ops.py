@@ -7,20 +7,11 @@ from collections.abc import Sequence
 
 from layerscope.attribution.stacks import user_frames
 from layerscope.errors import UsageError
-from layerscope.model.profile import OpStats, Phase, Profile
+from layerscope.model.profile import OpStats, OpTable, Phase, Profile
 from layerscope.model.sort_keys import OP_SORT_KEYS, check_sort_key, metric_sort_value
 
 GROUP_KEYS = ("name", "input_shapes", "module", "phase", "stack")
 SORT_KEYS = OP_SORT_KEYS
-
-
-class OpTable(list[OpStats]):
-    """The rows ``Profile.ops()`` returns: a plain list that a notebook shows as a table."""
-
-    def _repr_html_(self) -> str:
-        from layerscope.render.html_tables import ops_html
-
-        return ops_html(self)
 
 
 def op_table(
@@ -116,4 +107,4 @@ def _merge(rows: list[OpStats], group_by: Sequence[str], stack: tuple[str, ...])
     )
 
 
-__all__ = ["GROUP_KEYS", "SORT_KEYS", "op_table"]
+__all__ = ["GROUP_KEYS", "SORT_KEYS", "OpTable", "op_table"]

@@ -9,44 +9,13 @@ the model at one level.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from layerscope.errors import UsageError
-from layerscope.model.metrics import Metrics, PhaseTotals, sum_metrics
+from layerscope.model.metrics import sum_metrics
 from layerscope.model.profile import ModuleNode, Profile
 from layerscope.model.sort_keys import TYPE_SORT_KEYS, check_sort_key, metric_sort_value
-
-
-@dataclass(frozen=True)
-class TypeStats(PhaseTotals):
-    """One module type: its instances (``modules``), their calls, forward and backward figures
-    (self figures without a depth; inclusive at one depth: see the module's docstring), and their own
-    parameters (all parameters of the subtree at one depth)."""
-
-    type_name: str
-    modules: int
-    calls: int
-    forward: Metrics
-    backward: Metrics
-    params: int
-
-
-class TypeTable(list[TypeStats]):
-    """The rows ``Profile.by_type()`` returns, heaviest first; ``time_kind`` is ``device`` when the
-    profile has device time, else ``cpu``; ``depth`` is the depth asked for (None: every module)."""
-
-    time_kind: str = "cpu"
-    depth: int | None = None
-
-    def time_of(self, row: TypeStats) -> float:
-        """The time the table ranks and shares by."""
-        return row.device_us if self.time_kind == "device" else row.cpu_us
-
-    def share(self, row: TypeStats) -> float:
-        """``row``'s fraction of the whole table's time (0 when there is none)."""
-        whole = sum(self.time_of(r) for r in self)
-        return self.time_of(row) / whole if whole > 0 else 0.0
+from layerscope.model.tables import TypeStats, TypeTable
 
 
 def type_table(profile: Profile, depth: int | None = None, sort_by: str = "time") -> TypeTable:

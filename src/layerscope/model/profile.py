@@ -6,11 +6,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from layerscope.model.display import NotebookDisplay
 from layerscope.model.metrics import ZERO, Metrics
+from layerscope.model.tables import LineTable, TypeTable
 
 if TYPE_CHECKING:
+    import pandas
     from rich.console import RenderableType
 
     from layerscope.model.memory_view import MemoryAtPeak
@@ -146,8 +149,67 @@ class StepStats:
         return self.modules.get("", (0.0, 0.0))[1]
 
 
+class OpTable(NotebookDisplay, list[OpStats]):
+    """The rows ``Profile.ops()`` returns: a plain list that a notebook shows as a table."""
+
+    __slots__ = ()
+
+
+class ProfileViews(Protocol):
+    """What a Profile's convenience methods delegate to: computed by analysis and drawn by render,
+    registered once at ``import layerscope`` (render/profile_views.py), so the data model imports
+    nothing above it. The arguments are those of the Profile methods of the same names."""
+
+    def ops(
+        self,
+        profile: Profile,
+        sort_by: str,
+        group_by: Sequence[str],
+        phase: Phase | str | None,
+        module: str | None,
+        limit: int | None,
+        stack_depth: int | None,
+        internal_frames: bool,
+    ) -> OpTable:
+        """``Profile.ops``."""
+
+    def lines(self, profile: Profile, sort_by: str, limit: int | None, module: str | None) -> LineTable:
+        """``Profile.lines``."""
+
+    def by_type(self, profile: Profile, depth: int | None, sort_by: str) -> TypeTable:
+        """``Profile.by_type``."""
+
+    def to_pandas(self, profile: Profile, table: str) -> pandas.DataFrame:
+        """``Profile.to_pandas``."""
+
+    def console(self, profile: Profile) -> RenderableType:
+        """The console tree (``rich``), what ``print(profile)`` shows."""
+
+    def text(self, profile: Profile) -> str:
+        """The console tree as plain text (``str(profile)``)."""
+
+    def write(
+        self, profile: Profile, path: Path, *, metric: str, frames: str, internal_frames: bool
+    ) -> list[Path]:
+        """``Profile.save``: the file(s) the suffix names, every path written."""
+
+
+_VIEWS: list[ProfileViews] = []
+
+
+def register_views(views: ProfileViews) -> None:
+    """Serve the Profile methods that compute or draw (the higher layers call this once)."""
+    _VIEWS[:] = [views]
+
+
+def _views() -> ProfileViews:
+    if not _VIEWS:  # importing any layerscope module runs layerscope/__init__.py, which registers
+        raise RuntimeError("layerscope's views are not registered: import layerscope first")
+    return _VIEWS[0]
+
+
 @dataclass(frozen=True)
-class Profile:
+class Profile(NotebookDisplay):
     """The result of a profiling run or of a trace file; every view reads one.
 
     Profiles are immutable: transformations (folding, pruning) return new objects.
@@ -203,52 +265,35 @@ class Profile:
         limit: int | None = None,
         stack_depth: int | None = 5,
         internal_frames: bool = False,
-    ) -> list[OpStats]:
+    ) -> OpTable:
         """Op rows aggregated by ``group_by`` (any of name, input_shapes, module, phase, stack), sorted
         descending by a metric field, optionally filtered by phase and module subtree.
 
         ``"stack"`` groups by source location (``with_stack`` profiles): the ``stack_depth`` innermost
         frames of the user's code; ``internal_frames`` keeps frames inside torch and layerscope."""
-        from layerscope.analysis.ops import op_table
+        return _views().ops(self, sort_by, group_by, phase, module, limit, stack_depth, internal_frames)
 
-        return op_table(
-            self,
-            sort_by=sort_by,
-            group_by=group_by,
-            phase=phase,
-            module=module,
-            limit=limit,
-            stack_depth=stack_depth,
-            internal_frames=internal_frames,
-        )
-
-    def lines(self, sort_by: str = "time", limit: int | None = None, module: str | None = None) -> Any:
+    def lines(self, sort_by: str = "time", limit: int | None = None, module: str | None = None) -> LineTable:
         """Source lines ranked by forward + backward time (a ``LineTable`` of ``LineStats``): per line
         of the user's code that called ops (``lines=True``; with only ``with_stack``, per function),
         the ops' forward and backward self figures and the modules it ran in. ``sort_by``: time,
         cpu, device, flops, alloc, location; ``module`` keeps one subtree's work."""
-        from layerscope.analysis.lines import line_table
+        return _views().lines(self, sort_by, limit, module)
 
-        return line_table(self, sort_by=sort_by, limit=limit, module=module)
-
-    def by_type(self, depth: int | None = None, sort_by: str = "time") -> Any:
+    def by_type(self, depth: int | None = None, sort_by: str = "time") -> TypeTable:
         """Modules summed per type (a ``TypeTable`` of ``TypeStats``, heaviest first): calls,
         forward and backward figures, FLOPs, parameters. Without ``depth`` every module's self
         figures (the types add up to the tree); with it, the modules at that depth, inclusive."""
-        from layerscope.analysis.types import type_table
+        return _views().by_type(self, depth, sort_by)
 
-        return type_table(self, depth=depth, sort_by=sort_by)
-
-    def to_pandas(self, table: str = "modules") -> Any:
+    def to_pandas(self, table: str = "modules") -> pandas.DataFrame:
         """One table as a ``pandas.DataFrame``: ``"modules"`` (one row per module, ``{phase}_{metric}``
         columns such as ``forward_self_cpu_us`` and achieved ``{phase}_flops_per_s``), ``"ops"``,
         ``"lines"`` (see :meth:`lines`), ``"types"`` (see :meth:`by_type`),
         ``"unattributed"``, ``"steps"``, ``"memory_peak"`` (what was live at the peak, see
         :meth:`memory_at_peak`), or from a trace's device report ``"streams"``,
         ``"device_steps"``, ``"copies"``. Needs pandas (imported here, not before)."""
-        from layerscope.analysis.frames import to_pandas
-
-        return to_pandas(self, table)
+        return _views().to_pandas(self, table)
 
     def memory_at_peak(self, device: str | bool | None = None) -> MemoryAtPeak:
         """What was live at the highest point of memory: ``total_bytes`` (absolute, what was live
@@ -304,27 +349,15 @@ class Profile:
         return self._write(path, metric, frames, internal_frames)
 
     def _write(self, path: str | Path, metric: str, frames: str, internal_frames: bool) -> list[Path]:
-        from layerscope.render.writers import ExportOptions, write_outputs
-
-        options = ExportOptions(metric=metric, frames=frames, internal_frames=internal_frames)
-        return write_outputs(self, [path], options)
+        return _views().write(self, Path(path), metric=metric, frames=frames, internal_frames=internal_frames)
 
     # ----- display ------------------------------------------------------------------------------
+    # A notebook's ``_repr_html_`` comes from NotebookDisplay: the report, drawn by render.
     def __rich__(self) -> RenderableType:
-        from layerscope.render.console import tree_table
-
-        return tree_table(self)
-
-    def _repr_html_(self) -> str:
-        """Jupyter: the interactive HTML report inline (an isolated iframe; see render/notebook.py)."""
-        from layerscope.render.notebook import notebook_html
-
-        return notebook_html(self)
+        return _views().console(self)
 
     def __str__(self) -> str:
-        from layerscope.render.console import render_to_text
-
-        return render_to_text(self.__rich__())
+        return _views().text(self)
 
 
 def __getattr__(name: str) -> Any:
@@ -341,3 +374,17 @@ def __getattr__(name: str) -> Any:
         # spelled out here, not imported: the data model sits below the events layer
         return "ProfilerStep#"
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ModuleNode",
+    "OpStats",
+    "OpTable",
+    "Phase",
+    "Profile",
+    "ProfileViews",
+    "StepStats",
+    "UnattributedEntry",
+    "register_views",
+]

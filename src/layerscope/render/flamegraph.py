@@ -12,8 +12,8 @@ import hashlib
 from dataclasses import dataclass, field
 from html import escape
 
+from layerscope.analysis.stacks import stack_values
 from layerscope.model.profile import Profile
-from layerscope.render.exports import stack_values
 
 WIDTH = 1200
 ROW = 18
@@ -66,6 +66,17 @@ def flamegraph_svg(
     """The flame graph of ``profile`` weighted by ``metric`` (see ``STACK_METRICS``), as SVG text;
     ``frames_of`` picks module frames or Python source frames (see ``stack_values``)."""
     stacks = stack_values(profile, metric, frames_of, internal_frames)
+    return stacks_svg(stacks, metric, title, standalone, frames_of)
+
+
+def stacks_svg(
+    stacks: dict[tuple[str, ...], float],
+    metric: str,
+    title: str | None = None,
+    standalone: bool = True,
+    frames_of: str = "modules",
+) -> str:
+    """The flame graph of weights already computed (analysis/stacks.py), as SVG text."""
     root = _tree(stacks, "all")
     total = root.value or 1.0
     unit = {"cpu_us": "µs", "device_us": "µs", "flops": "FLOPs"}.get(metric, "bytes")

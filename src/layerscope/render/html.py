@@ -12,23 +12,23 @@ from typing import Any
 
 import orjson
 
-from layerscope.analysis.steps import step_rows
-from layerscope.attribution.stacks import user_frames
+from layerscope.analysis.report import ReportData, build_report
 from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import ModuleNode, Profile
 from layerscope.model.serialize import StringTable
 from layerscope.render.device_html import device_section_html
-from layerscope.render.flamegraph import flamegraph_svg
+from layerscope.render.flamegraph import stacks_svg
 from layerscope.render.memory_html import memory_peak_html
 from layerscope.render.source_view import source_data, source_section_html
 from layerscope.units import fmt_shapes
 
-FLAME_METRICS = (
-    ("cpu_us", "CPU time"),
-    ("device_us", "device time"),
-    ("cpu_alloc_bytes", "memory allocated"),
-    ("flops", "FLOPs"),
-)
+#: How the flame graphs' metrics (analysis/report.py's ``FLAME_METRICS``) are named on the page.
+FLAME_LABELS = {
+    "cpu_us": "CPU time",
+    "device_us": "device time",
+    "cpu_alloc_bytes": "memory allocated",
+    "flops": "FLOPs",
+}
 
 
 def asset_text(name: str) -> str:
@@ -58,7 +58,13 @@ def _module_data(
 
 
 def report_data(profile: Profile) -> dict[str, Any]:
+    """The page's data of ``profile``: see :func:`page_data`."""
+    return page_data(build_report(profile))
+
+
+def page_data(report: ReportData) -> dict[str, Any]:
     """The page's data: columnar, names in one string table."""
+    profile = report.profile
     table = StringTable()
     sid = table.id
 
@@ -105,13 +111,18 @@ def report_data(profile: Profile) -> dict[str, Any]:
             "m": [r.metrics.to_list() for r in rows],
             # source locations (with_stack): the user's 5 innermost frames, one per line
             **(
-                {"stack": [sid("\n".join(user_frames(r.stack, depth=5))) if r.stack else -1 for r in rows]}
+                {
+                    "stack": [
+                        sid("\n".join(frames[:5])) if r.stack else -1
+                        for r, frames in zip(rows, report.user_stacks, strict=True)
+                    ]
+                }
                 if profile.has_stacks
                 else {}
             ),
         },
         # the annotated source: the user's files read now, each line with its figures
-        "source": source_data(profile),
+        "source": source_data(report),
         "steps": [
             [
                 r.step,
@@ -123,7 +134,7 @@ def report_data(profile: Profile) -> dict[str, Any]:
                 r.outlier,
                 f"slow: {r.cause}" if r.outlier else "",
             ]
-            for r in step_rows(profile.steps)
+            for r in report.steps
         ],
         "memory": meta.get("memory_timeline"),
         "strings": table.strings,
@@ -154,25 +165,35 @@ def _totals_note(profile: Profile) -> str:
 
 def html_report(profile: Profile) -> str:
     """The whole page as one string."""
+    return draw_report(build_report(profile))
+
+
+def _flames(report: ReportData) -> tuple[str, str]:
+    """The metric picker's options and the flame graphs' markup."""
+    options: dict[str, str] = {}
     flames = []
-    options = []
-    has_stacks = profile.has_stacks
-    for metric, label in FLAME_METRICS:
-        total = profile.totals.flops if metric == "flops" else getattr(profile.totals, metric)
-        if not total:
-            continue
-        options.append(f'<option value="{metric}">{escape(label)}</option>')
-        svg = flamegraph_svg(profile, metric, title=f"modules and ops by {label}", standalone=False)
-        flames.append(f'<div class="flame" data-metric="{metric}" data-frames="modules">{svg}</div>')
-        if has_stacks:  # the same weights over the ops' Python call stacks
-            svg = flamegraph_svg(
-                profile,
-                metric,
-                title=f"source lines and ops by {label}",
-                standalone=False,
-                frames_of="source",
-            )
-            flames.append(f'<div class="flame" data-metric="{metric}" data-frames="source">{svg}</div>')
+    for flame in report.flames:
+        label = FLAME_LABELS[flame.metric]
+        options.setdefault(flame.metric, f'<option value="{flame.metric}">{escape(label)}</option>')
+        what = "source lines" if flame.frames_of == "source" else "modules"
+        svg = stacks_svg(
+            flame.stacks,
+            flame.metric,
+            title=f"{what} and ops by {label}",
+            standalone=False,
+            frames_of=flame.frames_of,
+        )
+        flames.append(
+            f'<div class="flame" data-metric="{flame.metric}" data-frames="{flame.frames_of}">{svg}</div>'
+        )
+    return "".join(options.values()), "".join(flames)
+
+
+def draw_report(report: ReportData) -> str:
+    """The whole page of a report's data as one string (nothing computed here, only drawn)."""
+    profile = report.profile
+    options, flames = _flames(report)
+    has_stacks = report.lines is not None
     frames_pick = (
         ' frames <select id="flameframes"><option value="modules">modules</option>'
         '<option value="source">source (Python stacks)</option></select>'
@@ -182,7 +203,7 @@ def html_report(profile: Profile) -> str:
     source_group = '<option value="source">name and source location</option>' if has_stacks else ""
     summary = profile.meta.get("device")
     device = device_section_html(summary) if isinstance(summary, dict) else ""
-    data = report_data(profile)
+    data = page_data(report)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>layerscope report</title>
@@ -198,8 +219,8 @@ def html_report(profile: Profile) -> str:
 <input type="search" id="treefilter" placeholder="filter modules by name"></div>
 <div class="scroll"><table id="tree"><thead><tr></tr></thead><tbody></tbody></table></div></section>
 <section id="flames"><h2>Flame chart</h2>
-<div class="controls">weigh by <select id="flamemetric">{"".join(options)}</select>{frames_pick}
-<span class="muted">click a frame to zoom, "Reset zoom" to go back</span></div>{"".join(flames)}</section>
+<div class="controls">weigh by <select id="flamemetric">{options}</select>{frames_pick}
+<span class="muted">click a frame to zoom, "Reset zoom" to go back</span></div>{flames}</section>
 <section id="opsection"><h2>Ops</h2>{_totals_note(profile)}
 <div class="controls">group by <select id="opgroup"><option value="name">name</option>
 <option value="shapes">name and input shapes</option><option value="module">name and module</option>

@@ -11,8 +11,8 @@ import html
 from collections.abc import Sequence
 
 from layerscope.analysis.diff import ProfileDiff
-from layerscope.analysis.lines import LineStats, LineTable
 from layerscope.model.profile import OpStats
+from layerscope.model.tables import LineStats, LineTable
 from layerscope.render.diff import row_cells, summary_line, value_formatter
 from layerscope.render.source_view import line_module, line_time
 from layerscope.units import fmt_bytes, fmt_si, fmt_time_us

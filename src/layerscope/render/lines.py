@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from rich.console import RenderableType
 
-from layerscope.analysis.lines import LineStats, LineTable
 from layerscope.model.metrics import Metrics
+from layerscope.model.tables import LineStats, LineTable
 from layerscope.render.table_fit import Column, FittedTable, wants_ascii
 from layerscope.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
 

@@ -1,5 +1,6 @@
 """The HTML report's annotated source: the user's files that ran, each line with the figures of the
-ops it called (:func:`layerscope.analysis.lines.line_table`), like a line profiler's listing.
+ops it called (the line table of :class:`layerscope.analysis.report.ReportData`), like a line
+profiler's listing.
 
 Files are read when the report is written, so the page stays self-contained: the heaviest
 :data:`MAX_FILES` files, whole when short, else windows of :data:`CONTEXT` lines around the lines
@@ -18,9 +19,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from layerscope.analysis.lines import NO_LINE, LineStats, line_table
+from layerscope.analysis.report import ReportData
 from layerscope.model.metrics import Metrics
-from layerscope.model.profile import Profile
+from layerscope.model.tables import NO_LINE, LineStats
 
 #: The heaviest files shown; the rest are summed into one "more files" figure.
 MAX_FILES = 10
@@ -37,16 +38,16 @@ NOT_FOUND = "source not found"
 TOO_LARGE = f"source not shown: the file is over {MAX_FILE_BYTES >> 20} MiB"
 
 
-def source_data(profile: Profile) -> dict[str, Any] | None:
-    """The section's data, or None when the profile has no stacks.
+def source_data(report: ReportData) -> dict[str, Any] | None:
+    """The section's data, from the report's line table; None when the profile has no stacks.
 
     ``files`` holds the heaviest files, heaviest first, each with its lines' figures as columns
     (``lines``, ``fwd``, ``bwd``, ``flops``, ``module``, ``function``, ``calls``) and ``windows``
     of source text (``[first line number, [text, ...]]``); ``no_line`` the ops no user line called;
     ``more`` the files left out. Times are the table's ``time_kind`` (device, else exclusive CPU)."""
-    if not profile.has_stacks:
+    table = report.lines
+    if table is None:
         return None
-    table = line_table(profile, sort_by="location")
     kind = table.time_kind
     by_file: dict[str, list[LineStats]] = {}
     no_line: LineStats | None = None
@@ -58,7 +59,7 @@ def source_data(profile: Profile) -> dict[str, Any] | None:
     ranked = sorted(by_file.items(), key=lambda item: (-_rows_time(item[1], kind), item[0]))
     shown, rest = ranked[:MAX_FILES], ranked[MAX_FILES:]
     left_out = [row for _, rows in rest for row in rows]
-    paths = {node.path for node in profile.modules()}
+    paths = {node.path for node in report.profile.modules()}
     return {
         "call_lines": table.call_lines,
         "time_kind": kind,

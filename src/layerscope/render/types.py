@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import RenderableType
 
-from layerscope.analysis.types import TypeStats, TypeTable
 from layerscope.model.metrics import Metrics
+from layerscope.model.tables import TypeStats, TypeTable
 from layerscope.render.table_fit import Column, FittedTable, wants_ascii
 from layerscope.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
 

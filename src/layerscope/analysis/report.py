@@ -1,0 +1,62 @@
+"""What the HTML report shows, computed once: :func:`build_report` turns a Profile into one
+:class:`ReportData` that render/html.py draws without computing anything of its own.
+
+The user's frames of every op row are filtered once (:func:`op_user_stacks`) and serve the ops
+table's source column, the annotated source (the line table) and the source flame graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerscope.analysis.lines import line_table
+from layerscope.analysis.stacks import op_user_stacks, stack_values
+from layerscope.analysis.steps import StepRow, step_rows
+from layerscope.model.profile import Profile
+from layerscope.model.tables import LineTable
+
+#: The metrics the report has a flame graph for (each only when the profile has any of it).
+FLAME_METRICS = ("cpu_us", "device_us", "cpu_alloc_bytes", "flops")
+
+
+@dataclass(frozen=True)
+class Flame:
+    """One flame graph's weights: ``stacks`` (frames from the root down) -> the ``metric``'s self
+    value, over module frames or the ops' Python stacks (``frames_of``: modules, source)."""
+
+    metric: str
+    frames_of: str
+    stacks: dict[tuple[str, ...], float]
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything the report shows beyond the profile's own records: ``user_stacks`` (per op row,
+    the user's frames, innermost first), ``lines`` (the line table by location; None without
+    stacks), ``steps`` (the step table with outliers), ``flames`` (every flame graph's weights)."""
+
+    profile: Profile
+    user_stacks: tuple[tuple[str, ...], ...]
+    lines: LineTable | None
+    steps: list[StepRow]
+    flames: tuple[Flame, ...]
+
+
+def build_report(profile: Profile) -> ReportData:
+    """The report's data (see :class:`ReportData`)."""
+    has_stacks = profile.has_stacks
+    stacks = op_user_stacks(profile) if has_stacks else tuple(() for _ in profile.op_rows)
+    lines = line_table(profile, sort_by="location", user_stacks=stacks) if has_stacks else None
+    flames = []
+    for metric in FLAME_METRICS:
+        total = getattr(profile.totals, metric)
+        if not total:
+            continue
+        flames.append(Flame(metric, "modules", stack_values(profile, metric)))
+        if has_stacks:  # the same weights over the ops' Python call stacks
+            weights = stack_values(profile, metric, frames_of="source", user_stacks=stacks)
+            flames.append(Flame(metric, "source", weights))
+    return ReportData(profile, stacks, lines, step_rows(profile.steps), tuple(flames))
+
+
+__all__ = ["FLAME_METRICS", "Flame", "ReportData", "build_report"]

@@ -12,7 +12,7 @@ from layerscope.analysis.report import build_report
 from layerscope.analysis.stacks import op_user_stacks
 from layerscope.attribution.stacks import user_frames
 from layerscope.model.display import NotebookDisplay, register_html
-from layerscope.model.profile import OpTable
+from layerscope.model.profile import OpStats, OpTable
 from layerscope.model.tables import LineTable, TypeTable
 from layerscope.render.console import render_to_text, tree_table
 from layerscope.render.html import html_report, report_data
@@ -34,7 +34,7 @@ def profile() -> ls.Profile:
 
 def test_views_return_typed_tables(profile: ls.Profile) -> None:
     ops = profile.ops(group_by=("name", "module"))
-    assert isinstance(ops, OpTable) and ops and all(isinstance(r, ls.OpStats) for r in ops)
+    assert isinstance(ops, OpTable) and ops and all(isinstance(r, OpStats) for r in ops)
     lines = profile.lines()
     assert isinstance(lines, LineTable) and lines
     types = profile.by_type()

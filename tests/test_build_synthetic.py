@@ -80,15 +80,15 @@ def test_forward_backward_device_memory_attribution() -> None:
     assert root.backward.self_cpu_us == 20
     assert fc.forward.flops == 128
     # memory: 400 B allocated in addmm (fc forward), retained; 100 B in/out in relu's backward
-    assert fc.forward.cpu_alloc_bytes == 400 and fc.forward.retained_bytes == 400
-    assert fc.forward.cpu_peak_bytes == 400
-    assert root.backward.self_cpu_alloc_bytes == 100 and root.backward.self_retained_bytes == 0
-    assert root.backward.cpu_peak_bytes == 100
+    assert fc.forward.cpu_alloc_bytes == 400 and fc.forward.net_bytes == 400
+    assert fc.forward.cpu_relative_peak_bytes == 400
+    assert root.backward.self_cpu_alloc_bytes == 100 and root.backward.self_net_bytes == 0
+    assert root.backward.cpu_relative_peak_bytes == 100
     labels = {(e.label, e.phase): e for e in p.unattributed}
     assert labels[("aten::sum", Phase.OTHER)].metrics.cpu_us == 10
     assert labels[("SumBackward0", Phase.BACKWARD)].metrics.cpu_us == 10
     assert labels[("torch::autograd::AccumulateGrad", Phase.BACKWARD)].metrics.cpu_us == 5
-    assert labels[("(memory outside ops)", Phase.OTHER)].metrics.retained_bytes == -400
+    assert labels[("(memory outside ops)", Phase.OTHER)].metrics.net_bytes == -400
     # totals: all top-level CPU time, every kernel, every FLOP
     assert p.totals.cpu_us == 100 + 10 + 10 + 20 + 40 + 5
     assert p.totals.device_us == 12 and p.totals.flops == 384

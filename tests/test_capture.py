@@ -242,9 +242,9 @@ def test_memory_metrics() -> None:
     p = profile_step(model, torch.randn(64, 8), memory=True)
     fc1 = p.find("fc1")
     assert fc1.forward.cpu_alloc_bytes >= 64 * 256 * 4  # the output activation
-    assert fc1.forward.cpu_peak_bytes >= 64 * 256 * 4
-    assert fc1.forward.retained_bytes > 0  # the activation lives on for backward
-    assert p.root.forward.cpu_peak_bytes >= fc1.forward.cpu_peak_bytes
+    assert fc1.forward.cpu_relative_peak_bytes >= 64 * 256 * 4
+    assert fc1.forward.net_bytes > 0  # the activation lives on for backward
+    assert p.root.forward.cpu_relative_peak_bytes >= fc1.forward.cpu_relative_peak_bytes
     assert p.totals.cpu_alloc_bytes >= p.root.forward.cpu_alloc_bytes
 
 

@@ -39,7 +39,7 @@ def test_kernels_go_to_modules_forward_and_backward(memory: bool) -> None:
     linked = p.root.forward.device_us + p.root.backward.device_us
     assert linked >= 0.8 * p.totals.device_us  # nearly all device time has a module
     if memory:
-        assert conv.forward.device_alloc_bytes > 0 and conv.forward.device_peak_bytes > 0
+        assert conv.forward.device_alloc_bytes > 0 and conv.forward.device_relative_peak_bytes > 0
 
 
 def test_device_totals_match_key_averages() -> None:
@@ -134,7 +134,7 @@ def test_device_memory_peak_is_absolute_and_categorised() -> None:
     p.validate()
     at_peak = p.memory_at_peak("device")
     assert at_peak.device and at_peak.baseline_bytes == before
-    assert at_peak.total_bytes == torch.cuda.max_memory_allocated()
+    assert at_peak.absolute_peak_bytes == torch.cuda.max_memory_allocated()
     params = sum(t.numel() * t.element_size() for t in model.parameters())
     categories = at_peak.by_category()
     assert categories["parameter"] >= params and categories["optimizer_state"] >= params
@@ -146,8 +146,8 @@ def test_device_memory_peak_is_absolute_and_categorised() -> None:
     greedy = torch.nn.Sequential(torch.nn.Linear(8, 8), Greedy()).cuda()
     with pytest.raises(torch.OutOfMemoryError), ls.profile(greedy, memory=True) as failing:
         greedy(torch.randn(2, 8, device="cuda"))
-    (oom,) = failing.profile.meta["memory"]["out_of_memory"]
-    assert oom["device"] and oom["requested_bytes"] >= 2**50 and oom["module"] == "1"
+    (oom,) = failing.profile.meta["memory"].out_of_memory
+    assert oom.device and oom.requested_bytes >= 2**50 and oom.module == "1"
 
 
 def test_device_baseline_counts_every_tensor_alive_at_entry() -> None:
@@ -184,6 +184,6 @@ def test_device_baseline_counts_every_tensor_alive_at_entry() -> None:
     assert at_peak.baseline_bytes == at_peak.baseline_allocator_bytes == before
     made = 56 * mib + sum(t.numel() * t.element_size() for t in model.parameters()) + x.numel() * 4
     assert at_peak.baseline_seen_bytes is not None and made <= at_peak.baseline_seen_bytes <= before
-    assert at_peak.total_bytes == torch.cuda.max_memory_allocated()  # the freed 16 MiB not counted
+    assert at_peak.absolute_peak_bytes == torch.cuda.max_memory_allocated()  # the freed 16 MiB not counted
     other = sum(r.bytes for r in at_peak.rows if r.module == BEFORE_BLOCK and r.category == "other")
     assert other >= 40 * mib

@@ -75,7 +75,7 @@ def test_tensors_alive_at_entry_are_in_the_absolute_peak(table_run: dict[str, An
     model, at_peak = table_run["model"], table_run["profile"].memory_at_peak("cpu")
     x_bytes = BATCH * WIDTH * F32
     live_at_entry = _params(model) + TABLE + TARGET + x_bytes
-    assert at_peak.total_bytes >= live_at_entry
+    assert at_peak.absolute_peak_bytes >= live_at_entry
     # Exactly what a block touching nothing saw before, plus what this test made: the views and
     # the alias add nothing, the input (also scanned) counts once.
     assert at_peak.baseline_bytes == table_run["untouched"] + live_at_entry
@@ -91,11 +91,11 @@ def test_the_baseline_agrees_with_torchs_memory_profile(table_run: dict[str, Any
     which it calls inputs) but not those it never touches: the same total less those, the same
     parameters and gradients."""
     profile, prof = table_run["profile"], table_run["prof"]
-    peak_ns = profile.meta["memory"]["classes"][0]["peak_ts_ns"]
+    peak_ns = profile.meta["memory"].classes[0].peak_ts_ns
     theirs = _torch_categories_at(prof.torch_profiler._memory_profile(), peak_ns)
     at_peak = profile.memory_at_peak("cpu")
     ours = at_peak.by_category()
-    assert sum(theirs.values()) == at_peak.total_bytes - table_run["untouched"]
+    assert sum(theirs.values()) == at_peak.absolute_peak_bytes - table_run["untouched"]
     assert ours["parameter"] == theirs["parameter"] and ours["gradient"] == theirs["gradient"]
     assert theirs["input"] == ours["input"] + TABLE + TARGET
 
@@ -210,7 +210,7 @@ def test_a_baseline_storage_is_freed_when_an_allocation_lands_inside_it() -> Non
     profile.validate()
     at_peak = profile.memory_at_peak("cpu")
     assert at_peak.baseline_bytes == 140
-    assert at_peak.total_bytes == 340  # after the first allocation; later ones replace freed bytes
+    assert at_peak.absolute_peak_bytes == 340  # after the first allocation; later ones replace freed bytes
     assert [(r.category, r.module, r.bytes) for r in at_peak.rows if r.module == BEFORE_BLOCK] == [
         ("other", BEFORE_BLOCK, 140)
     ]

@@ -74,9 +74,9 @@ def test_the_absolute_peak_counts_what_was_live_before_the_block(adamw_run: dict
     assert categories["gradient"] == params
     assert categories["optimizer_state"] == 2 * params + step_counters
     assert categories["input"] == input_bytes
-    assert at_peak.total_bytes == sum(categories.values())
-    assert at_peak.total_bytes >= 4 * params + input_bytes
-    assert profile.totals.cpu_peak_bytes == at_peak.total_bytes
+    assert at_peak.absolute_peak_bytes == sum(categories.values())
+    assert at_peak.absolute_peak_bytes >= 4 * params + input_bytes
+    assert profile.totals.cpu_relative_peak_bytes == at_peak.absolute_peak_bytes - at_peak.baseline_bytes
     assert at_peak.where is not None and at_peak.where["module"].startswith("Optimizer.step")
 
 
@@ -84,7 +84,7 @@ def test_live_at_peak_agrees_with_torchs_memory_profile(adamw_run: dict[str, Any
     """torch's MemoryProfile (profiler._memory_profile(), which needs stacks) replayed to our peak's
     time: the same total, and the same bytes in every category both name."""
     profile, prof = adamw_run["profile"], adamw_run["prof"]
-    peak_ns = profile.meta["memory"]["classes"][0]["peak_ts_ns"]
+    peak_ns = profile.meta["memory"].classes[0].peak_ts_ns
     theirs = _torch_categories_at(prof.torch_profiler._memory_profile(), peak_ns)
     ours = profile.memory_at_peak().by_category()
     # torch's replay knows only tensors the block's events touch: not other tests' leftovers ("other")
@@ -143,18 +143,18 @@ def test_backward_peaks_are_running_peaks_over_the_backward() -> None:
     profile.validate()
     weight_grads = 2 * 1024 * 1024 * F32
     root = profile.root.backward
-    assert root.cpu_peak_bytes >= weight_grads  # the largest node holds one weight gradient
-    assert root.cpu_peak_bytes >= root.retained_bytes
+    assert root.cpu_relative_peak_bytes >= weight_grads  # the largest node holds one weight gradient
+    assert root.cpu_relative_peak_bytes >= root.net_bytes
     for child in profile.root.children:
-        assert child.backward.cpu_peak_bytes >= 1024 * 1024 * F32
-        assert root.cpu_peak_bytes >= child.backward.cpu_peak_bytes
+        assert child.backward.cpu_relative_peak_bytes >= 1024 * 1024 * F32
+        assert root.cpu_relative_peak_bytes >= child.backward.cpu_relative_peak_bytes
 
 
 def test_unattributed_work_gets_peaks(adamw_run: dict[str, Any]) -> None:
     entries = {e.label: e for e in adamw_run["profile"].unattributed}
     step = next(e for label, e in entries.items() if label.startswith("Optimizer.step"))
     # AdamW's step allocates a temporary about the parameters' size (its denominator) at once.
-    assert step.metrics.cpu_peak_bytes >= 0.99 * _param_bytes(adamw_run["model"])
+    assert step.metrics.cpu_relative_peak_bytes >= 0.99 * _param_bytes(adamw_run["model"])
 
 
 def test_step_peaks_do_not_depend_on_the_schedule() -> None:
@@ -173,7 +173,7 @@ def test_step_peaks_do_not_depend_on_the_schedule() -> None:
         def keep(cycle: ls.Cycle) -> None:
             cycle.profile.validate()
             for step in cycle.profile.steps:
-                found[step.step] = (step.peak_bytes, step.net_bytes)
+                found[step.step] = (step.absolute_peak_bytes, step.net_bytes)
 
         with ls.profile(model, memory=True, schedule=schedule, on_trace_ready=keep) as prof:
             for _ in range(3):
@@ -226,16 +226,16 @@ def test_out_of_memory_names_the_module_and_the_request(tmp_path: Path) -> None:
         model(torch.randn(2, 8))
     profile = prof.profile
     profile.validate()
-    (oom,) = profile.meta["memory"]["out_of_memory"]
-    assert oom["requested_bytes"] == 2**50
-    assert (oom["module"], oom["phase"], oom["op"]) == ("1.0", "forward", "aten::empty")
-    assert oom["live_bytes"] >= _param_bytes(model)
+    (oom,) = profile.meta["memory"].out_of_memory
+    assert oom.requested_bytes == 2**50
+    assert (oom.module, oom.phase, oom.op) == ("1.0", "forward", "aten::empty")
+    assert oom.live_bytes is not None and oom.live_bytes >= _param_bytes(model)
     assert "out of memory in 1.0 forward (aten::empty): asked for 1.00 PiB" in str(profile)
     assert profile.meta["block_error"]["module"] == "1.0"
     # The trace carries torch's [OutOfMemory] event: read back, the same request and place.
     trace = prof.export_chrome_trace(tmp_path / "oom.json")
-    (again,) = ls.load(trace).meta["memory"]["out_of_memory"]
-    assert (again["requested_bytes"], again["module"], again["op"]) == (2**50, "1.0", "aten::empty")
+    (again,) = ls.load(trace).meta["memory"].out_of_memory
+    assert (again.requested_bytes, again.module, again.op) == (2**50, "1.0", "aten::empty")
 
 
 def test_memory_at_peak_survives_save_and_the_cli_shows_it(
@@ -245,7 +245,7 @@ def test_memory_at_peak_survives_save_and_the_cli_shows_it(
     loaded = ls.load(path)
     assert loaded.memory_at_peak() == adamw_run["profile"].memory_at_peak()
     frame = loaded.to_pandas("memory_peak")
-    assert int(frame["bytes"].sum()) == loaded.memory_at_peak().total_bytes
+    assert int(frame["bytes"].sum()) == loaded.memory_at_peak().absolute_peak_bytes
     assert main(["show", str(path), "--memory-peak"]) == 0
     out = capsys.readouterr().out
     assert "optimizer_state" in out and "Saved for backward" in out and "was live before the block" in out
@@ -268,10 +268,14 @@ def test_a_real_gpu_traces_peak_is_the_allocators_own() -> None:
     profile.validate()
     at_peak = profile.memory_at_peak()
     assert at_peak.device and not at_peak.categorised
-    assert at_peak.total_bytes == profile.meta["trace"]["peak_allocated_bytes"]["device"] == 1_127_465_984
+    assert (
+        at_peak.absolute_peak_bytes
+        == profile.meta["trace"]["peak_allocated_bytes"]["device"]
+        == 1_127_465_984
+    )
     assert at_peak.baseline_bytes == 305_250_304  # "Total Allocated" less "Bytes" of the first event
     assert at_peak.where is not None and at_peak.where["phase"] == "backward"
-    assert sum(r.bytes for r in at_peak.rows) == at_peak.total_bytes
+    assert sum(r.bytes for r in at_peak.rows) == at_peak.absolute_peak_bytes
 
 
 def test_the_html_report_shows_what_was_live_at_the_peak(adamw_run: dict[str, Any]) -> None:
@@ -342,19 +346,21 @@ def test_every_hook_is_removed_when_the_block_raises() -> None:
 @pytest.mark.parametrize(
     ("tamper", "message"),
     [
-        (lambda c: c.update(peak_bytes=c["baseline_bytes"] - 1), "below what was live before"),
+        (lambda c: c.update(absolute_peak_bytes=c["baseline_bytes"] - 1), "below what was live before"),
         (lambda c: c["rows"].append(["other", "x", "", 1]), "adds up to"),
-        (lambda c: c["steps"].append([99, c["peak_bytes"] + 1, 0, 0]), "step 99's peak"),
+        (lambda c: c["steps"].append([99, c["absolute_peak_bytes"] + 1, 0, 0]), "step 99's peak"),
     ],
 )
 def test_validate_catches_impossible_memory_figures(
     adamw_run: dict[str, Any], tamper: Any, message: str
 ) -> None:
-    import copy
     from dataclasses import replace
 
+    from layerscope.model.memory import MemoryReport
+
     profile = adamw_run["profile"]
-    meta = copy.deepcopy(profile.meta)
-    tamper(meta["memory"]["classes"][0])
+    figures = profile.meta["memory"].to_json()
+    tamper(figures["classes"][0])
+    meta = {**profile.meta, "memory": MemoryReport.from_json(figures)}
     with pytest.raises(ls.ValidationError, match=message):
         replace(profile, meta=meta).validate()

@@ -9,19 +9,19 @@ from layerscope.model.metrics import ADDITIVE_PAIRS, Metrics, own_metrics
 
 
 def test_self_equals_inclusive_and_types_follow_units() -> None:
-    m = own_metrics({"cpu_us": 1.5, "flops": 7, "retained_bytes": -3.0, "device_peak_bytes": 9})
+    m = own_metrics({"cpu_us": 1.5, "flops": 7, "net_bytes": -3.0, "device_relative_peak_bytes": 9})
     assert m == Metrics(
         self_cpu_us=1.5,
         cpu_us=1.5,
         self_flops=7,
         flops=7,
-        self_retained_bytes=-3,
-        retained_bytes=-3,
-        device_peak_bytes=9,
+        self_net_bytes=-3,
+        net_bytes=-3,
+        device_relative_peak_bytes=9,
     )
     for self_name, total_name in ADDITIVE_PAIRS:
         assert getattr(m, self_name) == getattr(m, total_name)
-    assert isinstance(m.device_us, float) and isinstance(m.retained_bytes, int)
+    assert isinstance(m.device_us, float) and isinstance(m.net_bytes, int)
 
 
 def test_columns_give_one_scope_per_index() -> None:

@@ -280,7 +280,7 @@ def check_peak(run: ZooRun) -> Check:
     profile = run.memory_profile
     assert profile is not None
     at_peak = profile.memory_at_peak(device=False)
-    peak_ns = next(c for c in profile.meta["memory"]["classes"] if not c["device"])["peak_ts_ns"]
+    peak_ns = next(c for c in profile.meta["memory"].classes if not c.device).peak_ts_ns
     # torch's MemoryProfile of the capture's results: what ``_memory_profile()`` returns, without
     # its demand for stacks (they name categories; the totals compared here do not need them)
     results = run.memory_session.torch_profiler.profiler.kineto_results
@@ -288,7 +288,7 @@ def check_peak(run: ZooRun) -> Check:
     unseen = sum(n for ptr, n in run.alive_at_entry.items() if ptr not in theirs.seen)
     theirs_then = (theirs.at(peak_ns) if peak_ns is not None else 0) + unseen
     theirs_max = max(theirs.totals, default=0) + unseen
-    ours = at_peak.total_bytes
+    ours = at_peak.absolute_peak_bytes
     figure = f"{ours:,} B" if ours == theirs_then == theirs_max else f"{ours:,} / torch {theirs_max:,} B"
     detail = (
         f"ours {ours:,} (baseline {at_peak.baseline_bytes:,}), torch then {theirs_then:,}, torch's max "

@@ -192,7 +192,9 @@ def memory_near_capacity(profile: Profile, device: DeviceReport | None) -> Advic
     props = trace.get("device_properties") or []
     capacity = max([p.get("totalGlobalMem", 0) for p in props if isinstance(p, dict)] or [0])
     # the allocator's own running total (absolute), else the live capture's per-scope peak
-    peak = (trace.get("peak_allocated_bytes") or {}).get("device", 0) or profile.totals.device_peak_bytes
+    peak = (trace.get("peak_allocated_bytes") or {}).get(
+        "device", 0
+    ) or profile.totals.device_relative_peak_bytes
     if not capacity or not peak or peak < 0.9 * capacity:
         return None
     return Advice(

@@ -97,7 +97,7 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
                 "device_us": s.device_us,
                 "forward_us": s.forward_us,
                 "backward_us": s.backward_us,
-                "peak_bytes": s.peak_bytes,
+                "absolute_peak_bytes": s.absolute_peak_bytes,
                 "alloc_bytes": s.alloc_bytes,
                 "net_bytes": s.net_bytes,
             }

@@ -36,7 +36,7 @@ class StepRow:
     outlier: bool
     cause: str | None = None
     cause_excess_us: float = 0.0
-    peak_bytes: int | None = None  # the step's absolute peak of live memory (with memory)
+    absolute_peak_bytes: int | None = None  # the step's absolute peak of live memory (with memory)
     net_bytes: int | None = None  # what the step left allocated
 
 
@@ -112,7 +112,7 @@ def step_rows(steps: Sequence[StepStats], ratio: float = OUTLIER_RATIO) -> list[
                 outlier,
                 cause,
                 excess,
-                step.peak_bytes,
+                step.absolute_peak_bytes,
                 step.net_bytes,
             )
         )

@@ -2,7 +2,7 @@
 
 The recipe, one module per step: name roles and buckets (``buckets``) → nesting, exclusive time and
 ownership in one sweep (``nesting``) → device work to its launching op (``devices``) → memory to its
-owner span, per-call peaks (``memory``) → op rows (``op_rows``) → assemble the tree, the unattributed
+owner span, per-call peaks (``memory/``) → op rows (``op_rows``) → assemble the tree, the unattributed
 entries, the totals and the steps. Totals are computed from the events directly, not by summing
 buckets, so that ``Profile.validate()`` can reconcile the two.
 """
@@ -32,14 +32,15 @@ from layerscope.attribution.compiled import (
 )
 from layerscope.attribution.devices import DeviceWork, link_device_work
 from layerscope.attribution.flop_dtypes import flops_by_dtype, flops_by_dtype_per_module
-from layerscope.attribution.memory import (
+from layerscope.attribution.memory.report import build_memory_report, with_step_memory
+from layerscope.attribution.memory.sums import (
     bucket_memory,
     memory_owners,
     memory_totals,
     span_memory,
     window_peaks,
 )
-from layerscope.attribution.memory_peak import build_memory_report, with_step_memory
+from layerscope.attribution.memory.windows import peak_windows
 from layerscope.attribution.nesting import (
     Sweep,
     covered_ns,
@@ -51,7 +52,6 @@ from layerscope.attribution.nesting import (
     time_order,
 )
 from layerscope.attribution.op_rows import SpanFigures, op_rows
-from layerscope.attribution.peak_windows import peak_windows
 from layerscope.attribution.profile_meta import full_meta as table_meta
 from layerscope.attribution.recompute import stopped_recompute_ops
 from layerscope.attribution.stacks import op_stacks
@@ -60,6 +60,7 @@ from layerscope.attribution.tree import module_tree
 from layerscope.events.memory_snapshots import Snapshot
 from layerscope.events.steps import step_windows
 from layerscope.events.table import EventKind, EventTable
+from layerscope.model.memory import MemoryReport, block_relative_peaks
 from layerscope.model.metrics import Metrics, own_metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, UnattributedEntry
 
@@ -141,7 +142,7 @@ def build_profile(
         root=root,
         op_rows=rows,
         unattributed=_unattributed(buckets, per_bucket),
-        totals=_totals(table, nested, device, memory),
+        totals=_totals(table, nested, device, full_meta),
         steps=steps,
     )
 
@@ -205,8 +206,8 @@ def _memory_report(
     buckets: Buckets,
     catalog: list[ModuleInfo],
     snapshots: list[Snapshot] | None,
-) -> dict[str, Any] | None:
-    """Absolute memory (``memory_peak``), when the table has memory events."""
+) -> MemoryReport | None:
+    """Absolute memory (``memory/report.py``), when the table has memory events."""
     if not table.mem_ts and not table.out_of_memory:
         return None
     return build_memory_report(
@@ -300,9 +301,9 @@ def _bucket_metrics(
         "flops": self_flops,
         "cpu_alloc_bytes": mem.cpu_alloc.tolist(),
         "device_alloc_bytes": mem.device_alloc.tolist(),
-        "retained_bytes": mem.retained.tolist(),
-        "cpu_peak_bytes": [cpu for cpu, _ in peaks],
-        "device_peak_bytes": [dev for _, dev in peaks],
+        "net_bytes": mem.net.tolist(),
+        "cpu_relative_peak_bytes": [cpu for cpu, _ in peaks],
+        "device_relative_peak_bytes": [dev for _, dev in peaks],
     }
     return [own_metrics(per_bucket, b) for b in range(nb)]
 
@@ -337,11 +338,11 @@ def _unattributed(buckets: Buckets, per_bucket: list[Metrics]) -> tuple[Unattrib
     )
 
 
-def _totals(table: EventTable, nested: _Nested, device: DeviceWork, memory: dict[str, Any] | None) -> Metrics:
+def _totals(table: EventTable, nested: _Nested, device: DeviceWork, meta: dict[str, Any]) -> Metrics:
     """The run's totals, from the events themselves rather than the buckets (``validate`` compares);
-    the peaks are the block's absolute peaks of live memory (what was live before it included)."""
+    the peaks are the block's relative ones: its absolute peak less what was live before it."""
     mem_totals = memory_totals(table)
-    peaks = {c["device"]: c["peak_bytes"] for c in (memory or {}).get("classes", [])}
+    peaks = block_relative_peaks(meta)
     return own_metrics(
         {
             "cpu_us": covered_ns(table, nested.order, nested.parent) / 1000.0,
@@ -349,9 +350,9 @@ def _totals(table: EventTable, nested: _Nested, device: DeviceWork, memory: dict
             "flops": int(nested.flops.sum()),
             "cpu_alloc_bytes": mem_totals.cpu_alloc,
             "device_alloc_bytes": mem_totals.device_alloc,
-            "retained_bytes": mem_totals.net,
-            "cpu_peak_bytes": peaks.get(False, 0),
-            "device_peak_bytes": peaks.get(True, 0),
+            "net_bytes": mem_totals.net,
+            "cpu_relative_peak_bytes": peaks.get(False, 0),
+            "device_relative_peak_bytes": peaks.get(True, 0),
         }
     )
 

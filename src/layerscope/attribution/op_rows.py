@@ -14,7 +14,7 @@ import numpy as np
 
 from layerscope.attribution.buckets import LABEL_UNLINKED_DEVICE, Buckets
 from layerscope.attribution.catalog import ModuleInfo
-from layerscope.attribution.memory import SpanMemory
+from layerscope.attribution.memory.sums import SpanMemory
 from layerscope.events.table import EventTable
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import OpStats, Phase
@@ -83,8 +83,8 @@ def op_rows(
                     int(sums["cpu_alloc_bytes"][r]),
                     int(sums["self_device_alloc_bytes"][r]),
                     int(sums["device_alloc_bytes"][r]),
-                    int(sums["self_retained_bytes"][r]),
-                    int(sums["retained_bytes"][r]),
+                    int(sums["self_net_bytes"][r]),
+                    int(sums["net_bytes"][r]),
                 ),
                 scope=scopes[b],
                 stack=all_stacks[stack_id] if stack_id >= 0 else (),
@@ -172,8 +172,8 @@ def _row_sums(
         "cpu_alloc_bytes": summed(mem.cpu_alloc),
         "self_device_alloc_bytes": summed(mem.self_device_alloc),
         "device_alloc_bytes": summed(mem.device_alloc),
-        "self_retained_bytes": summed(mem.self_net),
-        "retained_bytes": summed(mem.net),
+        "self_net_bytes": summed(mem.self_net),
+        "net_bytes": summed(mem.net),
     }
     # FLOPs can exceed 2**53 over a long run: sum them exactly, as Python ints.
     flops = figures.flops

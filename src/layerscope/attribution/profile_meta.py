@@ -9,7 +9,7 @@ import numpy as np
 
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
-from layerscope.attribution.memory import memory_timeline
+from layerscope.attribution.memory.timeline import memory_timeline
 from layerscope.events.table import EventTable
 
 

@@ -1,45 +1,34 @@
 """What was live at the peak of memory, as users read it: :meth:`Profile.memory_at_peak`.
 
-The figures are built once, when the profile is (``attribution/memory_peak.py``), and kept in
-``meta["memory"]``, so a saved profile answers the same.
+The figures are built once, when the profile is (``attribution/memory/report.py``), and kept in
+``meta["memory"]`` (a :class:`~layerscope.model.memory.MemoryReport`), so a saved profile answers
+the same.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from layerscope.errors import LayerscopeError
+from layerscope.model.memory import BEFORE_BLOCK, UNPAIRED, MemoryRow, memory_report_of
 
-#: The module of storages live before the recording began.
-BEFORE_BLOCK = "(before the block)"
-#: The module of live bytes no address pairs with an allocation (a trace without addresses).
-UNPAIRED = "(addresses not recorded)"
-
-
-@dataclass(frozen=True)
-class MemoryRow:
-    """Bytes of one category live at the peak, by the module (or entry) whose work allocated them
-    and its phase. Storages from before the block read ``(before the block)``; activations are
-    charged to the module whose op allocated them (:attr:`MemoryAtPeak.saved` says who keeps them)."""
-
-    category: str
-    module: str
-    phase: str
-    bytes: int
+__all__ = ["BEFORE_BLOCK", "UNPAIRED", "MemoryAtPeak", "MemoryRow", "memory_at_peak"]
 
 
 @dataclass(frozen=True)
 class MemoryAtPeak:
     """The highest live memory of one device class over the recording and what made it up.
 
-    ``total_bytes`` is absolute: ``baseline_bytes`` (what was live when recording began) plus what
+    ``absolute_peak_bytes``: ``baseline_bytes`` (what was live when recording began) plus what
     the recording added by then. ``time_us`` is measured from the first event of the recording;
     ``where`` names the module path, phase and op running when the peak was reached.
     """
 
     device: bool
-    total_bytes: int
+    absolute_peak_bytes: int
     baseline_bytes: int
     time_us: float | None
     where: dict[str, str] | None
@@ -55,6 +44,12 @@ class MemoryAtPeak:
     baseline_seen_bytes: int | None = None
     baseline_allocator_bytes: int | None = None
 
+    @property
+    def total_bytes(self) -> int:
+        """Deprecated name of :attr:`absolute_peak_bytes`."""
+        warnings.warn("MemoryAtPeak.total_bytes is now absolute_peak_bytes", DeprecationWarning, stacklevel=2)
+        return self.absolute_peak_bytes
+
     def by_category(self) -> dict[str, int]:
         """Bytes live at the peak per category, largest first."""
         out: dict[str, int] = {}
@@ -63,38 +58,31 @@ class MemoryAtPeak:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def memory_at_peak(meta: dict[str, Any], device: str | bool | None = None) -> MemoryAtPeak:
+def memory_at_peak(meta: Mapping[str, Any], device: str | bool | None = None) -> MemoryAtPeak:
     """The :class:`MemoryAtPeak` of ``meta["memory"]``; ``device`` None picks the accelerator's when
     it recorded memory, else the CPU's; ``"cpu"``/False and ``"device"``/``"cuda"``/True choose."""
-    found_memory = meta.get("memory")
-    memory: dict[str, Any] = found_memory if isinstance(found_memory, dict) else {}
-    classes = memory.get("classes")
-    if not classes:
+    report = memory_report_of(meta)
+    if report is None or not report.classes:
         raise LayerscopeError("this profile has no memory figures (profile with memory=True)")
     if device is None:
-        chosen = next((c for c in classes if c["device"]), classes[0])
+        chosen = report.main_class()
     else:
         want = device if isinstance(device, bool) else str(device).lower() not in ("cpu", "host")
-        found = [c for c in classes if bool(c["device"]) == want]
-        if not found:
+        chosen = next((c for c in report.classes if c.device == want), None)
+        if chosen is None:
             raise LayerscopeError(f"no {'device' if want else 'CPU'} memory was recorded")
-        chosen = found[0]
-    start = memory.get("start_ns")
-    ts = chosen.get("peak_ts_ns")
-    time_us = (ts - start) / 1000.0 if isinstance(ts, int) and isinstance(start, int) else None
+    assert chosen is not None  # classes is not empty
+    start, ts = report.start_ns, chosen.peak_ts_ns
+    time_us = (ts - start) / 1000.0 if ts is not None and start is not None else None
     return MemoryAtPeak(
-        device=bool(chosen["device"]),
-        total_bytes=int(chosen["peak_bytes"]),
-        baseline_bytes=int(chosen["baseline_bytes"]),
+        device=chosen.device,
+        absolute_peak_bytes=chosen.absolute_peak_bytes,
+        baseline_bytes=chosen.baseline_bytes,
         time_us=time_us,
-        where=chosen.get("where"),
-        rows=tuple(MemoryRow(str(c), str(m), str(p), int(b)) for c, m, p, b in chosen["rows"]),
-        saved=dict(memory.get("saved") or {}),
-        categorised=bool(memory.get("watched")),
-        baseline_seen_bytes=_int_or_none(chosen.get("baseline_seen_bytes")),
-        baseline_allocator_bytes=_int_or_none(chosen.get("baseline_allocator_bytes")),
+        where=dict(chosen.where) if chosen.where is not None else None,
+        rows=chosen.rows,
+        saved={m: dict(f) for m, f in report.saved.items()},
+        categorised=report.watched,
+        baseline_seen_bytes=chosen.baseline_seen_bytes,
+        baseline_allocator_bytes=chosen.baseline_allocator_bytes,
     )
-
-
-def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) else None

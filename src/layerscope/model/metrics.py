@@ -3,10 +3,13 @@
 Units are in the names: ``_us`` microseconds, ``_bytes`` bytes, ``flops`` floating-point operations.
 Additive metrics come in pairs, ``self_X`` (work done directly in the scope) and ``X`` (the scope and
 everything nested in it). Peaks are not additive, so only the inclusive figure exists.
+Memory names follow the glossary (docs/usage.md): ``alloc`` allocated, ``net`` allocated minus freed,
+``relative_peak`` the most added on top of what was live when the scope began.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -18,10 +21,30 @@ ADDITIVE_PAIRS: tuple[tuple[str, str], ...] = (
     ("self_flops", "flops"),
     ("self_cpu_alloc_bytes", "cpu_alloc_bytes"),
     ("self_device_alloc_bytes", "device_alloc_bytes"),
-    ("self_retained_bytes", "retained_bytes"),
+    ("self_net_bytes", "net_bytes"),
 )
+#: Metric fields renamed in 0.3 (old name -> new): saved profiles that list the old names still load,
+#: and the old attribute names still read, with a DeprecationWarning, for one release.
+RENAMED_FIELDS: dict[str, str] = {
+    "self_retained_bytes": "self_net_bytes",
+    "retained_bytes": "net_bytes",
+    "cpu_peak_bytes": "cpu_relative_peak_bytes",
+    "device_peak_bytes": "device_relative_peak_bytes",
+}
+
+
+def renamed(new: str, old: str, owner: str) -> Any:
+    """A read-only property under a public attribute's old name that warns and reads ``new``."""
+
+    def read(self: Any) -> Any:
+        warnings.warn(f"{owner}.{old} is now {owner}.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(self, new)
+
+    return property(read, doc=f"Deprecated name of ``{new}`` (goes in the next release).")
+
+
 #: Inclusive peak metrics (maximum over calls; a parent's peak covers its children's).
-PEAK_FIELDS: tuple[str, ...] = ("cpu_peak_bytes", "device_peak_bytes")
+PEAK_FIELDS: tuple[str, ...] = ("cpu_relative_peak_bytes", "device_relative_peak_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,17 +61,22 @@ class Metrics:
     cpu_alloc_bytes: int = 0
     self_device_alloc_bytes: int = 0
     device_alloc_bytes: int = 0
-    self_retained_bytes: int = 0
-    retained_bytes: int = 0
-    cpu_peak_bytes: int = 0
-    device_peak_bytes: int = 0
+    self_net_bytes: int = 0
+    net_bytes: int = 0
+    cpu_relative_peak_bytes: int = 0
+    device_relative_peak_bytes: int = 0
+
+    self_retained_bytes = renamed("self_net_bytes", "self_retained_bytes", "Metrics")
+    retained_bytes = renamed("net_bytes", "retained_bytes", "Metrics")
+    cpu_peak_bytes = renamed("cpu_relative_peak_bytes", "cpu_peak_bytes", "Metrics")
+    device_peak_bytes = renamed("device_relative_peak_bytes", "device_peak_bytes", "Metrics")
 
     def merged(self, other: Metrics) -> Metrics:
         """The metrics of two disjoint pieces of work together: sums, and the larger peak."""
         values = [getattr(self, f) + getattr(other, f) for f in FIELD_NAMES[:-2]]
         values += [
-            max(self.cpu_peak_bytes, other.cpu_peak_bytes),
-            max(self.device_peak_bytes, other.device_peak_bytes),
+            max(self.cpu_relative_peak_bytes, other.cpu_relative_peak_bytes),
+            max(self.device_relative_peak_bytes, other.device_relative_peak_bytes),
         ]
         return Metrics(*values)
 
@@ -131,7 +159,7 @@ def own_metrics(figures: Mapping[str, Any], k: int | None = None) -> Metrics:
     """Metrics of work that is all the scope's own, so that each self figure equals its inclusive one
     (a bucket before its children are added, or a whole run).
 
-    ``figures`` maps inclusive field names (``cpu_us``, ``flops``, ``retained_bytes``, the peaks) to a
+    ``figures`` maps inclusive field names (``cpu_us``, ``flops``, ``net_bytes``, the peaks) to a
     value or, with ``k``, to a per-scope array or list whose entry ``k`` is taken; fields left out are
     zero. ``_us`` figures come out as floats, all others as ints.
     """

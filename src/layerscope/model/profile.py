@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from layerscope.model.display import NotebookDisplay
-from layerscope.model.metrics import ZERO, Metrics
+from layerscope.model.metrics import ZERO, Metrics, renamed
 from layerscope.model.tables import LineTable, TypeTable
 
 if TYPE_CHECKING:
@@ -123,8 +123,8 @@ class StepStats:
     ``cpu_us`` is the CPU time of all work that started inside the step's time window (any thread),
     split into ``modules`` (path -> (forward µs, backward µs), inclusive of children) and
     ``unattributed`` (label -> µs, e.g. the optimizer step or the data loader).
-    With memory recorded (the device's when it has any, else the CPU's): ``peak_bytes`` is the
-    step's absolute peak of live memory (what was live before the block included),
+    With memory recorded (the device's when it has any, else the CPU's): ``absolute_peak_bytes`` is
+    the step's absolute peak of live memory (what was live before the block included),
     ``alloc_bytes`` what it allocated and ``net_bytes`` the change it left (None without memory).
     """
 
@@ -134,9 +134,11 @@ class StepStats:
     cpu_us: float = 0.0
     modules: dict[str, tuple[float, float]] = field(default_factory=dict)
     unattributed: dict[str, float] = field(default_factory=dict)
-    peak_bytes: int | None = None
+    absolute_peak_bytes: int | None = None
     alloc_bytes: int | None = None
     net_bytes: int | None = None
+
+    peak_bytes = renamed("absolute_peak_bytes", "peak_bytes", "StepStats")
 
     @property
     def forward_us(self) -> float:
@@ -296,7 +298,7 @@ class Profile(NotebookDisplay):
         return _views().to_pandas(self, table)
 
     def memory_at_peak(self, device: str | bool | None = None) -> MemoryAtPeak:
-        """What was live at the highest point of memory: ``total_bytes`` (absolute, what was live
+        """What was live at the highest point of memory: ``absolute_peak_bytes`` (, what was live
         before the block included), ``baseline_bytes``, ``time_us``, ``where`` (module, phase, op)
         and ``rows`` (category, module, phase, bytes). ``device`` None picks the accelerator's when
         it recorded memory, else the CPU's."""

@@ -17,7 +17,8 @@ from typing import Any, BinaryIO
 import orjson
 
 from layerscope.errors import TraceFormatError
-from layerscope.model.metrics import FIELD_NAMES, Metrics
+from layerscope.model.memory import memory_meta_from_json, memory_meta_to_json, relative_totals
+from layerscope.model.metrics import FIELD_NAMES, RENAMED_FIELDS, Metrics
 from layerscope.model.profile import (
     SCHEMA_VERSION,
     ModuleNode,
@@ -76,7 +77,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "format": FORMAT_TAG,
         "schema_version": SCHEMA_VERSION,
         "metric_fields": list(FIELD_NAMES),
-        "meta": profile.meta,
+        "meta": memory_meta_to_json(profile.meta),
         "totals": profile.totals.to_list(),
         "root": _node_to_dict(profile.root),
         "unattributed": [
@@ -92,7 +93,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
                 "unattributed": s.unattributed,
                 **{
                     name: getattr(s, name)
-                    for name in ("peak_bytes", "alloc_bytes", "net_bytes")
+                    for name in ("absolute_peak_bytes", "alloc_bytes", "net_bytes")
                     if getattr(s, name) is not None
                 },
             }
@@ -134,7 +135,11 @@ def profile_from_dict(data: Any) -> Profile:
             f"profile schema version {version!r} is not supported "
             f"(this layerscope reads version {SCHEMA_VERSION})"
         )
-    if data.get("metric_fields") != list(FIELD_NAMES):
+    saved_fields = data.get("metric_fields")
+    old_names = isinstance(saved_fields, list) and any(f in RENAMED_FIELDS for f in saved_fields)
+    if old_names and isinstance(saved_fields, list):  # saved before the memory names were fixed (0.2)
+        saved_fields = [RENAMED_FIELDS.get(f, f) for f in saved_fields]
+    if saved_fields != list(FIELD_NAMES):
         raise TraceFormatError("profile metric fields differ from this layerscope's")
     try:
         strings: list[str] = data["strings"]
@@ -168,15 +173,18 @@ def profile_from_dict(data: Any) -> Profile:
                 strict=True,
             )
         )
+        meta = memory_meta_from_json(data["meta"])
+        totals = Metrics.from_list(data["totals"])
         return Profile(
-            meta=data["meta"],
+            meta=meta,
             root=_node_from_dict(data["root"]),
             op_rows=rows,
             unattributed=tuple(
                 UnattributedEntry(label, Phase(phase), calls, Metrics.from_list(m))
                 for label, phase, calls, m in data["unattributed"]
             ),
-            totals=Metrics.from_list(data["totals"]),
+            # 0.2 kept the block's absolute peaks in the totals; they are relative now
+            totals=relative_totals(totals, meta) if old_names else totals,
             steps=tuple(
                 StepStats(
                     step=s["step"],
@@ -185,7 +193,7 @@ def profile_from_dict(data: Any) -> Profile:
                     cpu_us=s["cpu_us"],
                     modules={k: (v[0], v[1]) for k, v in s["modules"].items()},
                     unattributed=s["unattributed"],
-                    peak_bytes=s.get("peak_bytes"),
+                    absolute_peak_bytes=s.get("absolute_peak_bytes", s.get("peak_bytes")),
                     alloc_bytes=s.get("alloc_bytes"),
                     net_bytes=s.get("net_bytes"),
                 )

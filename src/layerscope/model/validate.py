@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from layerscope.errors import ValidationError
-from layerscope.model.memory_view import UNPAIRED
+from layerscope.model.memory import UNPAIRED, memory_report_of
 from layerscope.model.metrics import ADDITIVE_PAIRS, PEAK_FIELDS, Metrics
 from layerscope.model.profile import ModuleNode, Profile
 
@@ -95,7 +95,7 @@ def _check_node_phase(node: ModuleNode, phase_name: str, errors: list[str]) -> N
             errors.append(
                 f"{node.path!r} {phase_name}: {total_name}={total!r} but self + children = {expected!r}"
             )
-        if total_name != "retained_bytes":
+        if total_name != "net_bytes":
             own = getattr(metrics, self_name)
             tolerance = _TIME_TOLERANCE_US if self_name in _TIME_FIELDS else 0
             if own < -tolerance:
@@ -157,20 +157,19 @@ def _check_steps(profile: Profile, errors: list[str]) -> None:
 
 
 def _check_memory(profile: Profile, errors: list[str]) -> None:
-    memory = profile.meta.get("memory")
-    if not isinstance(memory, dict):
-        return
-    for figures in memory.get("classes") or []:
-        what = "device" if figures["device"] else "CPU"
-        peak, baseline = figures["peak_bytes"], figures["baseline_bytes"]
+    report = memory_report_of(profile.meta)
+    for figures in report.classes if report is not None else ():
+        what = "device" if figures.device else "CPU"
+        peak, baseline = figures.absolute_peak_bytes, figures.baseline_bytes
         if peak < baseline or baseline < 0:
             errors.append(f"{what} memory peak {peak} below what was live before the block ({baseline})")
-        live = sum(row[3] for row in figures["rows"] if row[1] != UNPAIRED or not figures.get("addressed"))
+        live = sum(row.bytes for row in figures.rows if row.module != UNPAIRED or not figures.addressed)
         if live != peak:  # with addresses, every live byte is an allocation or a baseline storage
             errors.append(f"{what} memory live at the peak adds up to {live}, not the peak's {peak}")
-        for number, step_peak, _alloc, _net in figures.get("steps") or []:
-            if step_peak > peak:
-                errors.append(f"{what} memory: step {number}'s peak {step_peak} above the run's {peak}")
+        for step in figures.steps:
+            if step.absolute_peak_bytes > peak:
+                step_peak = step.absolute_peak_bytes
+                errors.append(f"{what} memory: step {step.step}'s peak {step_peak} above the run's {peak}")
 
 
 def _check_flops_by_dtype(profile: Profile, errors: list[str]) -> None:

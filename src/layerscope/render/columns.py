@@ -16,6 +16,7 @@ from rich.text import Text
 from layerscope.analysis.frames import achieved_flops_per_s
 from layerscope.analysis.peaks import choose_peak, module_peak_rates
 from layerscope.analysis.steps import Spread, StepRow, module_spread
+from layerscope.model.memory import memory_report_of
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import OpStats, Profile
 from layerscope.render.table_fit import Column
@@ -108,12 +109,12 @@ def tree_columns(v: TreeView) -> tuple[Column[TreeRow], ...]:
             drop=12,
             shown=v.memory,
         ),
-        Column("net_alloc", "Fwd net", lambda r: fmt_bytes(r.fwd.retained_bytes), drop=5, shown=v.memory),
+        Column("net_alloc", "Fwd net", lambda r: fmt_bytes(r.fwd.net_bytes), drop=5, shown=v.memory),
         Column("saved", "Saved", lambda r: v.saved_cell(r.path), drop=1, shown=v.memory and bool(v.saved)),
         Column(
             "peak",
             "Peak f/b",
-            lambda r: fmt_bytes(max(r.both.cpu_peak_bytes, r.both.device_peak_bytes)),
+            lambda r: fmt_bytes(max(r.both.cpu_relative_peak_bytes, r.both.device_relative_peak_bytes)),
             drop=8,
             shown=v.memory,
         ),
@@ -175,10 +176,8 @@ def tree_view(view: Profile, per_step: bool, peak_tflops: float | None) -> TreeV
 
 def _saved_inclusive(meta: dict[str, Any]) -> dict[str, int]:
     """Saved-for-backward bytes per module path, each module's own plus its children's."""
-    memory = meta.get("memory")
-    own = memory.get("saved") if isinstance(memory, dict) else None
-    if not isinstance(own, dict):
-        return {}
+    report = memory_report_of(meta)
+    own = report.saved if report is not None else {}
     out: dict[str, int] = {}
     for path, figures in own.items():
         nbytes = sum(int(v) for v in figures.values())
@@ -265,7 +264,7 @@ def _step_note(r: StepRow) -> str:
 
 def step_columns(rows: Sequence[StepRow]) -> tuple[Column[StepRow], ...]:
     """The step table's columns; outlier steps' numbers in bold red."""
-    memory = any(r.peak_bytes is not None for r in rows)  # steps of a profile with memory
+    memory = any(r.absolute_peak_bytes is not None for r in rows)  # steps of a profile with memory
     return (
         Column(
             "step",
@@ -284,7 +283,7 @@ def step_columns(rows: Sequence[StepRow]) -> tuple[Column[StepRow], ...]:
         ),
         Column("forward", "Forward", lambda r: fmt_time_us(r.forward_us), drop=4),
         Column("backward", "Backward", lambda r: fmt_time_us(r.backward_us), drop=3),
-        Column("peak", "Peak live", lambda r: fmt_bytes(r.peak_bytes or 0), drop=6, shown=memory),
+        Column("peak", "Peak live", lambda r: fmt_bytes(r.absolute_peak_bytes or 0), drop=6, shown=memory),
         Column("net", "Net", lambda r: fmt_bytes(r.net_bytes or 0), drop=5, shown=memory),
         Column("vs_median", "vs median", lambda r: f"{r.ratio_to_median:.2f}x"),
         Column("note", "Note", _step_note, justify="left"),

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from layerscope.analysis.steps import StepRow
 from layerscope.analysis.transform import fold_depth, prune_min_share
+from layerscope.model.memory import memory_report_of
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile
 from layerscope.model.sort_keys import TREE_SORT_KEYS, check_sort_key, metric_sort_value
@@ -122,12 +123,14 @@ def _block_memory(view: Profile, v: TreeView, total: TreeRow) -> TreeRow:
     (what was live before it included) where the profile has one."""
     if not v.memory:
         return total
-    net = view.totals.retained_bytes / v.steps if v.per_step else view.totals.retained_bytes
-    fwd = replace(total.fwd, retained_bytes=round(net))
+    net = view.totals.net_bytes / v.steps if v.per_step else view.totals.net_bytes
+    fwd = replace(total.fwd, net_bytes=round(net))
     both = total.both
-    if isinstance(view.meta.get("memory"), dict):
+    report = memory_report_of(view.meta)
+    if report is not None:  # the column's figure, though absolute here (the total row is the block's)
+        peaks = {c.device: c.absolute_peak_bytes for c in report.classes}
         both = replace(
-            both, cpu_peak_bytes=view.totals.cpu_peak_bytes, device_peak_bytes=view.totals.device_peak_bytes
+            both, cpu_relative_peak_bytes=peaks.get(False, 0), device_relative_peak_bytes=peaks.get(True, 0)
         )
     return replace(total, fwd=fwd, both=both)
 
@@ -212,11 +215,11 @@ def _title(profile: Profile, per_step: bool = False) -> str:
         parts.append(f"device {fmt_time_us(profile.totals.device_us)}")
     if profile.totals.flops:
         parts.append(f"{fmt_si(profile.totals.flops)}FLOPs")
-    memory = meta.get("memory")
-    if isinstance(memory, dict) and memory.get("classes"):
-        watched = next((c for c in memory["classes"] if c["device"]), memory["classes"][0])
-        where = "device" if watched["device"] else "CPU"
-        parts.append(f"{where} peak live {fmt_bytes(watched['peak_bytes'])}")
+    report = memory_report_of(meta)
+    watched = report.main_class() if report is not None else None
+    if watched is not None:
+        where = "device" if watched.device else "CPU"
+        parts.append(f"{where} peak live {fmt_bytes(watched.absolute_peak_bytes)}")
     if per_step:
         parts.append(f"rows: mean per step of {steps} steps")
     elif steps > 1:

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from layerscope.analysis.report import ReportData, build_report
+from layerscope.model.memory import MemoryTimeline
 from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import ModuleNode, Profile
 from layerscope.model.serialize import StringTable
@@ -97,8 +98,8 @@ def page_data(report: ReportData) -> dict[str, Any]:
             "cpu_us": totals.cpu_us,
             "device_us": totals.device_us,
             "flops": totals.flops,
-            "cpu_peak_bytes": totals.cpu_peak_bytes,
-            "device_peak_bytes": totals.device_peak_bytes,
+            "cpu_relative_peak_bytes": totals.cpu_relative_peak_bytes,
+            "device_relative_peak_bytes": totals.device_relative_peak_bytes,
         },
         "modules": _module_data(nodes, parent, sid),
         "ops": {
@@ -136,7 +137,9 @@ def page_data(report: ReportData) -> dict[str, Any]:
             ]
             for r in report.steps
         ],
-        "memory": meta.get("memory_timeline"),
+        "memory": timeline.to_json()
+        if isinstance(timeline := meta.get("memory_timeline"), MemoryTimeline)
+        else None,
         "strings": table.strings,
     }
 

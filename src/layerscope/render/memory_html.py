@@ -33,7 +33,7 @@ def memory_peak_html(meta: dict[str, Any], rows: int = 20) -> str:
     where = at_peak.where
     place = f"{where['module']} {where['phase']} ({where['op']})" if where else "the start"
     head = (
-        f"{'Device' if at_peak.device else 'CPU'} memory peak {fmt_bytes(at_peak.total_bytes)} in "
+        f"{'Device' if at_peak.device else 'CPU'} memory peak {fmt_bytes(at_peak.absolute_peak_bytes)} in "
         f"{place}; {fmt_bytes(at_peak.baseline_bytes) or '0 B'} was live before the block."
     )
     largest = max((r.bytes for r in at_peak.rows), default=1) or 1
@@ -51,7 +51,7 @@ def memory_peak_html(meta: dict[str, Any], rows: int = 20) -> str:
             f'<span style="flex:0 0 7em;text-align:right">{html.escape(fmt_bytes(row.bytes))}</span></div>'
         )
     categories = [
-        [category, fmt_bytes(nbytes), fmt_share(nbytes, at_peak.total_bytes)]
+        [category, fmt_bytes(nbytes), fmt_share(nbytes, at_peak.absolute_peak_bytes)]
         for category, nbytes in at_peak.by_category().items()
     ]
     parts = [

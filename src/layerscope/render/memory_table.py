@@ -25,7 +25,7 @@ def memory_peak_table(at_peak: MemoryAtPeak, ascii_only: bool = False, rows: int
     when = f" at {fmt_time_us(at_peak.time_us)}" if at_peak.time_us is not None else ""
     device = "device" if at_peak.device else "CPU"
     head = Text(
-        f"{device} memory peak {fmt_bytes(at_peak.total_bytes)}{when}, in {place}; "
+        f"{device} memory peak {fmt_bytes(at_peak.absolute_peak_bytes)}{when}, in {place}; "
         f"{fmt_bytes(at_peak.baseline_bytes) or '0 B'} was live before the block",
         style="bold",
     )
@@ -36,7 +36,7 @@ def memory_peak_table(at_peak: MemoryAtPeak, ascii_only: bool = False, rows: int
     categories.add_column("Bytes", justify="right")
     categories.add_column("Share", justify="right")
     for category, nbytes in at_peak.by_category().items():
-        categories.add_row(category, fmt_bytes(nbytes), fmt_share(nbytes, at_peak.total_bytes))
+        categories.add_row(category, fmt_bytes(nbytes), fmt_share(nbytes, at_peak.absolute_peak_bytes))
     detail = Table(box=style, show_edge=False, title="Largest live rows", title_justify="left")
     for title in ("Category", "Allocated by", "Phase"):
         detail.add_column(title, justify="left")

@@ -39,10 +39,10 @@
   var cards = document.getElementById("cards");
   var achieved = D.totals.flops ? D.totals.flops / ((D.totals.device_us || D.totals.cpu_us) / 1e6) : 0;
   [["CPU time", time(D.totals.cpu_us)], ["Device time", time(D.totals.device_us)],
-   // two different peaks: the window's (what the memory plot shows: allocations since the window
-   // began, activations kept for backward included) and the largest reached within one module call
-   ["Peak allocated (window)", D.memory && D.memory.peak ? bytes(D.memory.peak.bytes) : ""],
-   ["Peak in one call", bytes(Math.max(D.totals.cpu_peak_bytes, D.totals.device_peak_bytes))],
+   // both relative peaks (the glossary's: the most added on top of what was live at the start):
+   // the plot's (the recorded window's net allocations) and the block's (what was live before it excluded)
+   ["Relative peak (window)", D.memory && D.memory.peak ? bytes(D.memory.peak.relative_peak_bytes) : ""],
+   ["Relative peak (block)", bytes(Math.max(D.totals.cpu_relative_peak_bytes, D.totals.device_relative_peak_bytes))],
    ["FLOPs", si(D.totals.flops)], ["Achieved", achieved ? si(achieved) + "FLOP/s" : ""],
    ["Wall", time(D.meta.wall_us)]].forEach(function (c) {
     if (!c[1]) return;
@@ -73,7 +73,7 @@
     hot.appendChild(li);
   });
   var COLS = [["Module", null], ["Type", null], ["Calls", "calls"], ["Output", null], ["Self", "self_cpu_us"], ["Total", "cpu_us"],
-              ["Device", "device_us"], ["Alloc", "cpu_alloc_bytes"], ["Net alloc", "retained_bytes"],
+              ["Device", "device_us"], ["Alloc", "cpu_alloc_bytes"], ["Net alloc", "net_bytes"],
               ["FLOPs", "flops"], ["FLOP/s", "flops_per_s"], ["Params", "params"], ["Share", "share"]];
   // achieved FLOP/s: FLOPs over device time when there is any, else CPU time (blank without FLOPs)
   function rate(i) {
@@ -92,7 +92,7 @@
   COLS.forEach(function (c, k) {
     var th = el("th", k < 2 || k === 3 ? "l" : "", c[0]);
     if (c[1] === "flops_per_s") th.title = "achieved FLOP/s: FLOPs over device time when there is any, else CPU time";
-    if (c[1] === "retained_bytes") th.title = "allocated minus freed inside the module: what it leaves " +
+    if (c[1] === "net_bytes") th.title = "allocated minus freed inside the module: what it leaves " +
       "alive (activations kept for backward); negative when it frees more than it allocates";
     if (c[1]) th.addEventListener("click", function () {
       if (sortKey === c[1]) sortAsc = !sortAsc; else { sortKey = c[1]; sortAsc = false; }
@@ -129,7 +129,7 @@
       tr.appendChild(el("td", null, time(val(i, "cpu_us"))));
       tr.appendChild(el("td", null, time(val(i, "device_us"))));
       tr.appendChild(el("td", null, bytes(val(i, "cpu_alloc_bytes") + val(i, "device_alloc_bytes"))));
-      tr.appendChild(el("td", null, bytes(val(i, "retained_bytes"))));
+      tr.appendChild(el("td", null, bytes(val(i, "net_bytes"))));
       tr.appendChild(el("td", null, si(val(i, "flops"))));
       tr.appendChild(el("td", null, rate(i) ? si(rate(i)) + "/s" : ""));
       tr.appendChild(el("td", null, si(M.params[i])));
@@ -279,7 +279,7 @@
   var mem = D.memory, plot = document.getElementById("memplot");
   if (mem && mem.t_us.length) {
     var NS = "http://www.w3.org/2000/svg", W = 1100, H = 220, P = 70;
-    var ys = mem.device_bytes.length ? mem.device_bytes : mem.cpu_bytes;
+    var ys = mem.device_net_bytes.length ? mem.device_net_bytes : mem.cpu_net_bytes;
     var tmax = Math.max.apply(null, mem.t_us) || 1, ymax = Math.max.apply(null, ys) || 1, ymin = Math.min(0, Math.min.apply(null, ys));
     var svg = document.createElementNS(NS, "svg"); svg.setAttribute("width", W); svg.setAttribute("height", H + 34);
     function X(t) { return P + (W - 2 * P) * t / tmax; }
@@ -289,12 +289,12 @@
     line.setAttribute("points", pts); line.setAttribute("fill", "none"); line.setAttribute("stroke", "#1570a6"); line.setAttribute("stroke-width", "1.5");
     svg.appendChild(line);
     var dot = document.createElementNS(NS, "circle");
-    dot.setAttribute("cx", X(mem.peak.t_us)); dot.setAttribute("cy", Y(mem.peak.bytes)); dot.setAttribute("r", 5); dot.setAttribute("fill", "#b42318");
+    dot.setAttribute("cx", X(mem.peak.t_us)); dot.setAttribute("cy", Y(mem.peak.relative_peak_bytes)); dot.setAttribute("r", 5); dot.setAttribute("fill", "#b42318");
     svg.appendChild(dot);
     var label = document.createElementNS(NS, "text");
-    label.setAttribute("x", Math.min(X(mem.peak.t_us) + 8, W - 360)); label.setAttribute("y", Math.max(Y(mem.peak.bytes) - 6, 12));
+    label.setAttribute("x", Math.min(X(mem.peak.t_us) + 8, W - 360)); label.setAttribute("y", Math.max(Y(mem.peak.relative_peak_bytes) - 6, 12));
     label.setAttribute("font-size", "12");
-    label.textContent = "peak " + bytes(mem.peak.bytes) + " in " + (mem.peak.module || "(root)") + (mem.peak.phase ? " (" + mem.peak.phase + ")" : "");
+    label.textContent = "peak " + bytes(mem.peak.relative_peak_bytes) + " in " + (mem.peak.module || "(root)") + (mem.peak.phase ? " (" + mem.peak.phase + ")" : "");
     svg.appendChild(label);
     // light gridlines with their values: bytes on the left, time along the bottom
     function tick(x, y, anchor, text) {
@@ -312,7 +312,7 @@
     [0, 0.25, 0.5, 0.75, 1].forEach(function (f) { tick(X(f * tmax), H + 10, "middle", f === 0 ? "0" : time(f * tmax)); });
     var axis = document.createElementNS(NS, "text");
     axis.setAttribute("x", P); axis.setAttribute("y", H + 26); axis.setAttribute("font-size", "11"); axis.setAttribute("fill", "#667085");
-    axis.textContent = (mem.device_bytes.length ? "device" : "CPU") + " memory allocated since the window began, over " + time(tmax);
+    axis.textContent = (mem.device_net_bytes.length ? "device" : "CPU") + " memory allocated (net) since the window began, over " + time(tmax);
     svg.appendChild(axis);
     plot.appendChild(svg);
   } else {
@@ -325,8 +325,8 @@
     var tr = el("tr");
     tr.appendChild(el("td", "l", str(M.path[k]) || "(root)"));
     tr.appendChild(el("td", null, bytes(M.fwd[k][FI.cpu_alloc_bytes] + M.fwd[k][FI.device_alloc_bytes])));
-    tr.appendChild(el("td", null, bytes(M.fwd[k][FI.retained_bytes])));
-    tr.appendChild(el("td", null, bytes(Math.max(M.fwd[k][FI.cpu_peak_bytes], M.fwd[k][FI.device_peak_bytes]))));
+    tr.appendChild(el("td", null, bytes(M.fwd[k][FI.net_bytes])));
+    tr.appendChild(el("td", null, bytes(Math.max(M.fwd[k][FI.cpu_relative_peak_bytes], M.fwd[k][FI.device_relative_peak_bytes]))));
     mbody.appendChild(tr);
   });
 

@@ -1,5 +1,5 @@
-"""Memory: each allocation to the innermost CPU span open at its time, sums per bucket and per span,
-peaks per module call, and the memory-in-use timeline.
+"""Memory: each allocation to the innermost CPU span open at its time, sums per bucket and per span
+(allocated, net), and relative peaks per module call.
 
 Peaks are inclusive only (a peak is not additive, so a "self peak" would add up to nothing): the
 peak of a window (a module call, a backward node) is the highest running total of net allocations
@@ -8,14 +8,10 @@ inside it minus the running total just before it.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from layerscope.attribution.buckets import Buckets
-from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.nesting import inclusive
 from layerscope.events.table import EventTable
 
@@ -26,7 +22,7 @@ class BucketMemory:
 
     cpu_alloc: np.ndarray
     device_alloc: np.ndarray
-    retained: np.ndarray
+    net: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -80,7 +76,7 @@ def bucket_memory(
     return BucketMemory(
         cpu_alloc=np.bincount(mem_bucket, weights=np.where(mem_dev, 0, positive), minlength=bucket_count),
         device_alloc=np.bincount(mem_bucket, weights=np.where(mem_dev, positive, 0), minlength=bucket_count),
-        retained=np.bincount(mem_bucket, weights=mem_bytes, minlength=bucket_count),
+        net=np.bincount(mem_bucket, weights=mem_bytes, minlength=bucket_count),
     )
 
 
@@ -208,47 +204,3 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
         width = 1 << k
         result[pick] = np.maximum(rows[lo[pick]], rows[hi[pick] - width])
     return result
-
-
-def memory_timeline(
-    table: EventTable,
-    owners: list[int],
-    bucket: list[int],
-    buckets: Buckets,
-    catalog: list[ModuleInfo],
-    start_ns: int,
-    points: int = 800,
-) -> dict[str, Any]:
-    """Memory in use over time (bytes allocated since the window began; CPU and device), sampled to
-    at most ``points`` points that keep every local maximum's bucket, and the peak with its owner."""
-    ts = table.array("mem_ts")
-    by_time = np.argsort(ts, kind="stable")
-    nbytes = table.array("mem_bytes")[by_time]
-    on_device = table.array("mem_on_device")[by_time]
-    cpu = np.cumsum(np.where(on_device, 0, nbytes))
-    device = np.cumsum(np.where(on_device, nbytes, 0))
-    has_device = bool(on_device.any())
-    watched = device if has_device else cpu
-    peak = int(np.argmax(watched))
-    # keep the highest point of each of `points` slices, so the plot never hides a peak
-    edges = np.linspace(0, by_time.size, num=min(points, by_time.size) + 1).astype(np.int64)
-    keep = sorted(
-        {int(lo + np.argmax(watched[lo:hi])) for lo, hi in itertools.pairwise(edges) if hi > lo}
-        | {0, by_time.size - 1, peak}
-    )
-    owner = owners[int(by_time[peak])]
-    b = bucket[owner] if owner >= 0 else -1
-    where = "(outside ops)" if b < 0 else buckets.where(b, catalog)
-    phase = None if b < 0 else str(buckets.phase_of(b))
-    return {
-        "t_us": [round((int(ts[by_time[k]]) - start_ns) / 1000.0, 3) for k in keep],
-        "cpu_bytes": [int(cpu[k]) for k in keep],
-        "device_bytes": [int(device[k]) for k in keep] if has_device else [],
-        "peak": {
-            "t_us": round((int(ts[by_time[peak]]) - start_ns) / 1000.0, 3),
-            "bytes": int(watched[peak]),
-            "device": has_device,
-            "module": where,
-            "phase": phase,
-        },
-    }

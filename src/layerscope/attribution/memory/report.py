@@ -1,5 +1,6 @@
-"""The ``meta["memory"]`` report: per device class the absolute peak of live memory and what was live
-at it by category and module (``memory_story.py`` pairs the events and names them), per-step peaks,
+"""The ``meta["memory"]`` report (:class:`MemoryReport`): per device class the absolute peak of live
+memory and what was live at it by category and module (``story.py`` pairs the events and names
+them), per-step figures,
 tensors saved for backward per module that keeps them, and allocations refused (out of memory)."""
 
 from __future__ import annotations
@@ -12,20 +13,21 @@ import numpy as np
 
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
-from layerscope.attribution.memory import innermost_spans
-from layerscope.attribution.memory_story import MemoryStory, placement_of
+from layerscope.attribution.memory.story import MemoryStory, placement_of
+from layerscope.attribution.memory.sums import innermost_spans
 from layerscope.attribution.nesting import Sweep
 from layerscope.events.memory_snapshots import Snapshot
 from layerscope.events.steps import step_windows
 from layerscope.events.table import EventTable
+from layerscope.model.memory import ClassMemory, MemoryReport, MemoryRow, OutOfMemory, StepMemory
 from layerscope.model.profile import StepStats
 
 
-def memory_report(
-    stories: list[MemoryStory], step_windows: list[tuple[int, int, int]], saved: dict[str, dict[str, int]]
-) -> dict[str, Any]:
+def memory_classes(
+    stories: list[MemoryStory], step_windows: list[tuple[int, int, int]]
+) -> tuple[ClassMemory, ...]:
     """The ``meta["memory"]`` figures: per device class the baseline, the peak and what was live at
-    it; per step the absolute peak; tensors saved for backward per keeping module."""
+    it; per step the absolute peak, bytes allocated and the net change."""
     classes = []
     for story in stories:
         peak, k = story.peak()
@@ -34,20 +36,22 @@ def memory_report(
             rows[(category, module, phase)] += nbytes
         peak_where = _where_of(story, k)
         classes.append(
-            {
-                "device": story.on_device,
-                "addressed": story.addressed,
-                "baseline_bytes": story.baseline.total,
-                "baseline_seen_bytes": story.baseline.seen,
-                "baseline_allocator_bytes": story.baseline.held,
-                "peak_bytes": peak,
-                "peak_ts_ns": int(story.ts[k]) if k >= 0 else None,
-                "where": peak_where,
-                "rows": [[c, m, p, b] for (c, m, p), b in sorted(rows.items(), key=lambda kv: -kv[1]) if b],
-                "steps": _step_peaks(story, step_windows),
-            }
+            ClassMemory(
+                device=story.on_device,
+                addressed=story.addressed,
+                baseline_bytes=story.baseline.total,
+                baseline_seen_bytes=story.baseline.seen,
+                baseline_allocator_bytes=story.baseline.held,
+                absolute_peak_bytes=peak,
+                peak_ts_ns=int(story.ts[k]) if k >= 0 else None,
+                where=peak_where,
+                rows=tuple(
+                    MemoryRow(c, m, p, b) for (c, m, p), b in sorted(rows.items(), key=lambda kv: -kv[1]) if b
+                ),
+                steps=_step_figures(story, step_windows),
+            )
         )
-    return {"classes": classes, "saved": saved}
+    return tuple(classes)
 
 
 def _where_of(story: MemoryStory, k: int) -> dict[str, str] | None:
@@ -58,10 +62,8 @@ def _where_of(story: MemoryStory, k: int) -> dict[str, str] | None:
     return {"module": where.module, "phase": where.phase, "op": where.op}
 
 
-def _step_peaks(story: MemoryStory, windows: list[tuple[int, int, int]]) -> list[list[int]]:
-    """Per step window (number, start, end): [number, absolute peak, bytes allocated, net change]."""
-    if not windows:
-        return []
+def _step_figures(story: MemoryStory, windows: list[tuple[int, int, int]]) -> tuple[StepMemory, ...]:
+    """Per step window (number, start, end): its absolute peak, bytes allocated and net change."""
     running = story.running
     out = []
     for number, start, end in windows:
@@ -71,10 +73,10 @@ def _step_peaks(story: MemoryStory, windows: list[tuple[int, int, int]]) -> list
         if hi > lo:
             window = story.nbytes[lo:hi]
             peak = max(before, int(running[lo:hi].max()))
-            out.append([number, peak, int(window[window > 0].sum()), int(window.sum())])
+            out.append(StepMemory(number, peak, int(window[window > 0].sum()), int(window.sum())))
         else:
-            out.append([number, before, 0, 0])
-    return out
+            out.append(StepMemory(number, before, 0, 0))
+    return tuple(out)
 
 
 def saved_by_module(
@@ -131,7 +133,7 @@ def build_memory_report(
     snapshots: list[Snapshot] | None,
     swept: Sweep,
     parent: np.ndarray,
-) -> dict[str, Any]:
+) -> MemoryReport:
     """``meta["memory"]``: baseline, peak and live-at-peak per device class, per-step peaks, and
     tensors saved for backward per keeping module (the last only with the watch's snapshots)."""
     snaps = snapshots or []
@@ -159,36 +161,40 @@ def build_memory_report(
     parameter_addrs = {
         e.addr for s in snaps if s.kind == "start" for e in s.entries if e.category == "parameter"
     }
-    report = memory_report(stories, windows, saved_by_module(snaps, keeper_of, parameter_addrs))
-    report["watched"] = bool(snaps)
-    if order.size:
-        report["start_ns"] = int(ts[order].min())
-    elif table.mem_ts:
-        report["start_ns"] = int(min(table.mem_ts))
-    if table.out_of_memory:
-        report["out_of_memory"] = _out_of_memory(table, order, parent, place, stories)
-    report["addresses"] = bool(table.mem_ts) and bool(table.array("mem_addr").any())
-    return report
+    start_ns = int(ts[order].min()) if order.size else int(min(table.mem_ts)) if table.mem_ts else None
+    return MemoryReport(
+        classes=memory_classes(stories, windows),
+        saved=saved_by_module(snaps, keeper_of, parameter_addrs),
+        watched=bool(snaps),
+        start_ns=start_ns,
+        out_of_memory=_out_of_memory(table, order, parent, place, stories) if table.out_of_memory else (),
+        addresses=bool(table.mem_ts) and bool(table.array("mem_addr").any()),
+    )
 
 
-def with_step_memory(steps: tuple[StepStats, ...], memory: dict[str, Any]) -> tuple[StepStats, ...]:
+def with_step_memory(steps: tuple[StepStats, ...], memory: MemoryReport) -> tuple[StepStats, ...]:
     """The steps with their memory figures (the device's when it recorded any, else the CPU's)."""
-    classes = memory.get("classes") or []
-    if not classes or not steps:
+    watched = memory.main_class()
+    if watched is None or not steps:
         return steps
-    watched = next((c for c in classes if c["device"]), classes[0])
-    figures = {number: rest for number, *rest in watched["steps"]}
-    return tuple(
-        replace(step, peak_bytes=found[0], alloc_bytes=found[1], net_bytes=found[2])
-        if (found := figures.get(step.step)) is not None
-        else step
-        for step in steps
+    figures = {s.step: s for s in watched.steps}
+    return tuple(_with_figures(step, figures.get(step.step)) for step in steps)
+
+
+def _with_figures(step: StepStats, found: StepMemory | None) -> StepStats:
+    if found is None:
+        return step
+    return replace(
+        step,
+        absolute_peak_bytes=found.absolute_peak_bytes,
+        alloc_bytes=found.alloc_bytes,
+        net_bytes=found.net_bytes,
     )
 
 
 def _out_of_memory(
     table: EventTable, order: np.ndarray, parent: np.ndarray, place: Any, stories: list[MemoryStory]
-) -> list[dict[str, Any]]:
+) -> tuple[OutOfMemory, ...]:
     """Each refused allocation: what it asked for, where (innermost op, its module and phase), and
     the memory live on its device class then (absolute, as the peak)."""
     ooms = table.out_of_memory
@@ -208,15 +214,15 @@ def _out_of_memory(
             k = int(np.searchsorted(story.ts, oom.ts, side="right")) - 1
             live = int(story.running[k]) if k >= 0 else story.baseline.total
         found.append(
-            {
-                "requested_bytes": oom.requested_bytes,
-                "device": oom.on_device,
-                "module": where.module,
-                "phase": where.phase,
-                "op": where.op,
-                "live_bytes": live,
-                "allocator_allocated_bytes": oom.allocated_bytes,
-                "ts_ns": oom.ts,
-            }
+            OutOfMemory(
+                requested_bytes=oom.requested_bytes,
+                device=oom.on_device,
+                module=where.module,
+                phase=where.phase,
+                op=where.op,
+                live_bytes=live,
+                allocator_allocated_bytes=oom.allocated_bytes,
+                ts_ns=oom.ts,
+            )
         )
-    return found
+    return tuple(found)

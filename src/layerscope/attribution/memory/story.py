@@ -24,7 +24,7 @@ from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.events.memory_snapshots import Snapshot
 from layerscope.events.table import EventTable
-from layerscope.model.memory_view import BEFORE_BLOCK, UNPAIRED
+from layerscope.model.memory import BEFORE_BLOCK, UNPAIRED
 
 _NEVER = np.iinfo(np.int64).max
 

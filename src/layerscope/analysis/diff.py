@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from layerscope.errors import UsageError
 from layerscope.model.display import NotebookDisplay
-from layerscope.model.metrics import ADDITIVE_PAIRS
+from layerscope.model.metrics import ADDITIVE_PAIRS, metric_name
 from layerscope.model.profile import Profile
 
 #: Metrics a diff can compare (the inclusive names; ops use their ``self_`` counterpart).
@@ -79,6 +79,7 @@ def diff(a: Profile, b: Profile, metric: str = "cpu_us") -> ProfileDiff:
     inclusive), ops by name and input shapes when both profiles recorded shapes (else by name),
     using their self figure. Rows are sorted by absolute change, largest first. When both profiles
     hold several steps, values are means per step, so runs of different lengths compare."""
+    metric = metric_name(metric)
     if metric not in DIFF_METRICS:
         raise UsageError(f"cannot diff on {metric!r}; choose from {', '.join(DIFF_METRICS)}")
     per_step = len(a.steps) > 1 and len(b.steps) > 1

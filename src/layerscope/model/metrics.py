@@ -33,6 +33,15 @@ RENAMED_FIELDS: dict[str, str] = {
 }
 
 
+def metric_name(name: str) -> str:
+    """``name``, or the current name of a metric renamed in 0.3 (with a DeprecationWarning)."""
+    new = RENAMED_FIELDS.get(name)
+    if new is None:
+        return name
+    warnings.warn(f"the metric {name!r} is now {new!r}", DeprecationWarning, stacklevel=3)
+    return new
+
+
 def renamed(new: str, old: str, owner: str) -> Any:
     """A read-only property under a public attribute's old name that warns and reads ``new``."""
 

@@ -6,7 +6,7 @@ Words: ``time`` (device time where the profile has any, else CPU time), ``cpu``,
 ``flops``, ``alloc`` (bytes allocated, CPU and device), their ``self_`` forms (the row's own work,
 children left out), ``calls``, ``params``, ``name`` (the row's name, A to Z: path, op, source
 location or type) and ``execution`` (the tree's run order). A metric field's own name
-(``self_cpu_us``, ``device_peak_bytes``...) sorts by that field, in every view. Every other key is
+(``self_cpu_us``, ``device_relative_peak_bytes``...) sorts by that field, in every view. Every other key is
 larger first.
 """
 
@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from layerscope.errors import UsageError
-from layerscope.model.metrics import FIELD_NAMES, Metrics
+from layerscope.model.metrics import FIELD_NAMES, RENAMED_FIELDS, Metrics
 
 #: The words, each with what it sorts by.
 SORT_WORDS: dict[str, str] = {
@@ -49,7 +49,7 @@ LINE_SORT_KEYS: tuple[str, ...] = (*METRIC_SORT_KEYS, "calls", "name")
 TYPE_SORT_KEYS: tuple[str, ...] = (*METRIC_SORT_KEYS, "calls", "params", "name")
 
 #: Old spellings -> the word that replaced them (accepted for one release, with a DeprecationWarning).
-OLD_SORT_KEYS: dict[str, str] = {"location": "name", "type": "name"}
+OLD_SORT_KEYS: dict[str, str] = {"location": "name", "type": "name", **RENAMED_FIELDS}
 
 _FIGURES: dict[str, tuple[str, ...]] = {
     "cpu": ("cpu_us",),

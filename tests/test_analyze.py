@@ -185,7 +185,7 @@ def test_memory_near_capacity_uses_the_allocator_total(tmp_path: Path) -> None:
     path.write_text(json.dumps(trace))
     rules = {a.rule: a for a in analyze(path).advice}
     assert "memory-near-capacity" in rules
-    assert rules["memory-near-capacity"].evidence["peak_bytes"] == 78 * 2**30
+    assert rules["memory-near-capacity"].evidence["absolute_peak_bytes"] == 78 * 2**30
     trace["traceEvents"][2]["args"]["Total Allocated"] = 10 * 2**30
     path.write_text(json.dumps(trace))
     assert "memory-near-capacity" not in {a.rule for a in analyze(path).advice}

@@ -13,6 +13,7 @@ from typing import Any
 
 from layerscope.analysis.device import DeviceReport
 from layerscope.events.names import DATA_LOADER_PREFIX, OPTIMIZER_STEP_PREFIX
+from layerscope.model.memory import memory_report_of
 from layerscope.model.profile import Profile
 from layerscope.units import fmt_bytes, fmt_time_us
 
@@ -191,10 +192,10 @@ def memory_near_capacity(profile: Profile, device: DeviceReport | None) -> Advic
     trace = profile.meta.get("trace", {})
     props = trace.get("device_properties") or []
     capacity = max([p.get("totalGlobalMem", 0) for p in props if isinstance(p, dict)] or [0])
-    # the allocator's own running total (absolute), else the live capture's per-scope peak
-    peak = (trace.get("peak_allocated_bytes") or {}).get(
-        "device", 0
-    ) or profile.totals.device_relative_peak_bytes
+    # the allocator's own running total, else the memory report's: both absolute
+    report = memory_report_of(profile.meta)
+    recorded = next((c.absolute_peak_bytes for c in report.classes if c.device), 0) if report else 0
+    peak = (trace.get("peak_allocated_bytes") or {}).get("device", 0) or recorded
     if not capacity or not peak or peak < 0.9 * capacity:
         return None
     return Advice(
@@ -202,7 +203,7 @@ def memory_near_capacity(profile: Profile, device: DeviceReport | None) -> Advic
         f"peak device memory {fmt_bytes(peak)} is {100 * peak / capacity:.0f}% of {fmt_bytes(capacity)}: "
         "activation checkpointing, a smaller batch or bf16",
         "device",
-        {"peak_bytes": peak, "capacity_bytes": capacity},
+        {"absolute_peak_bytes": peak, "capacity_bytes": capacity},
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from layerscope.attribution.buckets import LABEL_STEP_GAPS
 from layerscope.events.names import DATA_LOADER_PREFIX, OPTIMIZER_STEP_PREFIX, OPTIMIZER_ZERO_GRAD_PREFIX
+from layerscope.model.metrics import renamed
 from layerscope.model.profile import Profile, StepStats
 
 #: A step is an outlier when its wall time exceeds this multiple of the median step's.
@@ -38,6 +39,8 @@ class StepRow:
     cause_excess_us: float = 0.0
     absolute_peak_bytes: int | None = None  # the step's absolute peak of live memory (with memory)
     net_bytes: int | None = None  # what the step left allocated
+
+    peak_bytes = renamed("absolute_peak_bytes", "peak_bytes", "StepRow")
 
 
 @dataclass(frozen=True, slots=True)

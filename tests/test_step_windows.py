@@ -143,9 +143,9 @@ def test_user_steps_end_to_end() -> None:
     p.validate()
     assert [(s.step, s.wall_us, s.device_us) for s in p.steps] == [(0, 150, 60), (1, 150, 60)]
     assert not any(event_names.is_step_range(r.name) is not None for r in p.op_rows)
-    memory_steps = p.meta["memory"]["classes"][0]["steps"]
-    assert [row[0] for row in memory_steps] == [0, 1]
-    assert [s.peak_bytes for s in p.steps] == [1000, 3000]
+    memory_steps = p.meta["memory"].classes[0].steps
+    assert [row.step for row in memory_steps] == [0, 1]
+    assert [s.absolute_peak_bytes for s in p.steps] == [1000, 3000]
     report = device_report(t)
     assert report is not None
     assert [(v.step, v.wall_us, v.device_busy_us) for v in report.steps] == [(0, 150, 60), (1, 150, 60)]

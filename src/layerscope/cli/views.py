@@ -87,7 +87,7 @@ def add_view_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="KEY",
         help="order the main table: time, cpu, device, flops, alloc (self_... for own figures), calls, "
-        "params, name, or a metric field such as device_peak_bytes (default: the tree in execution "
+        "params, name, or a metric field such as device_relative_peak_bytes (default: the tree in execution "
         "order, lines and types by time)",
     )
     group.add_argument(

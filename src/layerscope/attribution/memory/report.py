@@ -24,7 +24,7 @@ from layerscope.model.profile import StepStats
 
 
 def memory_classes(
-    stories: list[MemoryStory], step_windows: list[tuple[int, int, int]]
+    stories: list[MemoryStory], windows: list[tuple[int, int, int]]
 ) -> tuple[ClassMemory, ...]:
     """The ``meta["memory"]`` figures: per device class the baseline, the peak and what was live at
     it; per step the absolute peak, bytes allocated and the net change."""
@@ -48,7 +48,7 @@ def memory_classes(
                 rows=tuple(
                     MemoryRow(c, m, p, b) for (c, m, p), b in sorted(rows.items(), key=lambda kv: -kv[1]) if b
                 ),
-                steps=_step_figures(story, step_windows),
+                steps=_step_figures(story, windows),
             )
         )
     return tuple(classes)

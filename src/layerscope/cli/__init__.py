@@ -35,6 +35,21 @@ framework, no script change beyond one argument: Hugging Face Trainer
 see docs/integrations/."""
 
 
+#: The subcommands in the order ``layerscope -h`` lists them. Each module holds its ``HELP`` (the
+#: line in that list), ``DESCRIPTION``, optional ``EXAMPLES`` (the epilog), ``add_arguments(parser)``
+#: and ``run(args) -> exit code``; the parser is built for all of them here, the same way.
+COMMANDS: dict[str, Any] = {
+    "profile": profile_cmd,
+    "run": run_cmd,
+    "show": show_cmd,
+    "analyze": analyze_cmd,
+    "diff": diff_cmd,
+    "merge": merge_cmd,
+    "report": report_cmd,
+    "native": native_cmd,
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
     from layerscope import __version__
@@ -49,14 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"layerscope {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    profile_cmd.register(sub)
-    run_cmd.register(sub)
-    show_cmd.register(sub)
-    analyze_cmd.register(sub)
-    diff_cmd.register(sub)
-    merge_cmd.register(sub)
-    report_cmd.register(sub)
-    native_cmd.register(sub)
+    for name, command in COMMANDS.items():
+        command_parser = sub.add_parser(
+            name,
+            help=command.HELP,
+            description=command.DESCRIPTION,
+            epilog=getattr(command, "EXAMPLES", None),
+            formatter_class=views.HelpFormatter,
+        )
+        command.add_arguments(command_parser)
+        command_parser.set_defaults(run=command.run)
     return parser
 
 

@@ -26,15 +26,16 @@ if TYPE_CHECKING:
     from layerscope.loading import Analysis
 
 
-def register(sub: Any) -> None:
-    """Add the ``analyze`` subcommand."""
-    parser = sub.add_parser(
-        "analyze",
-        help="analyse torch.profiler traces: tree, ops, device section, advice",
-        description="Analyse a trace written by torch.profiler (.json or .json.gz), a TensorBoard log folder "
-        "(*.pt.trace.json[.gz]) or a folder of per-rank traces: the module tree (from layerscope's ranges "
-        "when present), the op table, a device section when the trace has device activity, and advice.",
-    )
+HELP = "analyse torch.profiler traces: tree, ops, device section, advice"
+DESCRIPTION = (
+    "Analyse a trace written by torch.profiler (.json or .json.gz), a TensorBoard log folder "
+    "(*.pt.trace.json[.gz]) or a folder of per-rank traces: the module tree (from layerscope's ranges "
+    "when present), the op table, a device section when the trace has device activity, and advice."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``analyze`` command's arguments."""
     parser.add_argument("path", help="a trace file or a folder of traces")
     add_output_options(
         parser,
@@ -45,7 +46,7 @@ def register(sub: Any) -> None:
     add_view_options(parser)
     add_scheduler_options(parser)
     add_strict_option(parser)
-    parser.set_defaults(run=run, top=10)
+    parser.set_defaults(top=10)
 
 
 class _Progress:

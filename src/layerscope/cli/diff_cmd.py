@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from layerscope.analysis.diff import DIFF_METRICS, diff
 from layerscope.errors import UsageError
 from layerscope.loading import load
 
+HELP = "compare two profiles or traces (A = baseline, B = new)"
+DESCRIPTION = (
+    "Compare B against baseline A: total change, then the modules and ops that changed "
+    "most. A and B are saved profiles or torch.profiler traces (mixed is fine)."
+)
 
-def register(sub: Any) -> None:
-    """Add the ``diff`` subcommand."""
-    parser = sub.add_parser(
-        "diff",
-        help="compare two profiles or traces (A = baseline, B = new)",
-        description="Compare B against baseline A: total change, then the modules and ops that changed "
-        "most. A and B are saved profiles or torch.profiler traces (mixed is fine).",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``diff`` command's arguments."""
     parser.add_argument("a", metavar="A")
     parser.add_argument("b", metavar="B")
     parser.add_argument(
@@ -37,7 +36,6 @@ def register(sub: Any) -> None:
         help="exit with code 1 when B's total exceeds A's by more than PCT (e.g. 5%%)",
     )
     parser.add_argument("--ascii", action="store_true", help="ASCII tables")
-    parser.set_defaults(run=run)
 
 
 def parse_percent(text: str) -> float:

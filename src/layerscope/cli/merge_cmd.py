@@ -19,14 +19,15 @@ from layerscope.render.writers import commit_files
 MERGE_SUFFIXES = (".json", ".json.gz", ".html", ".htm")
 
 
-def register(sub: Any) -> None:
-    """Add the ``merge`` subcommand."""
-    parser = sub.add_parser(
-        "merge",
-        help="merge per-rank profiles or traces: spread across ranks, straggler",
-        description="Merge one profile or trace per rank (files, or folders of them): the per-rank split of "
-        "a step, the modules that differ most across ranks, and the straggler.",
-    )
+HELP = "merge per-rank profiles or traces: spread across ranks, straggler"
+DESCRIPTION = (
+    "Merge one profile or trace per rank (files, or folders of them): the per-rank split of "
+    "a step, the modules that differ most across ranks, and the straggler."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``merge`` command's arguments."""
     parser.add_argument("paths", nargs="+", metavar="DIR_OR_FILE")
     add_output_options(
         parser,
@@ -37,7 +38,6 @@ def register(sub: Any) -> None:
     add_scheduler_options(parser)
     parser.add_argument("--top", type=int, default=10, metavar="N")
     parser.add_argument("--ascii", action="store_true")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

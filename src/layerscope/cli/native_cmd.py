@@ -4,28 +4,26 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from layerscope.capture import native
 
+HELP = "build or check the native module (faster post-processing, cheaper module scopes)"
+DESCRIPTION = (
+    "The native module reads torch's profiler results into layerscope's tables in C++ "
+    "and marks module calls on torch's clock instead of opening profiler ranges. "
+    "It is compiled once for the installed torch (about 15 s, needs a C++ compiler) into "
+    f"{native.cache_dir()} (LAYERSCOPE_CACHE moves it). Without it, the same results are read "
+    "through torch's Python bindings and module calls get profiler ranges. LAYERSCOPE_NATIVE=0 turns "
+    "it off."
+)
 
-def register(sub: Any) -> None:
-    """Add the ``native`` subcommand."""
-    parser = sub.add_parser(
-        "native",
-        help="build or check the native module (faster post-processing, cheaper module scopes)",
-        description="The native module reads torch's profiler results into layerscope's tables in C++ "
-        "and marks module calls on torch's clock instead of opening profiler ranges. "
-        "It is compiled once for the installed torch (about 15 s, needs a C++ compiler) into "
-        f"{native.cache_dir()} (LAYERSCOPE_CACHE moves it). Without it, the same results are read "
-        "through torch's Python bindings and module calls get profiler ranges. LAYERSCOPE_NATIVE=0 turns "
-        "it off.",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``native`` command's arguments."""
     parser.add_argument(
         "action", choices=("build", "status"), help="build: compile it; status: say whether it is in use"
     )
     parser.add_argument("--force", action="store_true", help="build: compile again even when built")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

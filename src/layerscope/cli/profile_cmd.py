@@ -11,7 +11,6 @@ from typing import Any
 
 from layerscope.cli.outputs import add_output_options, requested_outputs
 from layerscope.cli.views import (
-    HelpFormatter,
     add_recording_options,
     add_view_options,
     check_view_options,
@@ -38,17 +37,16 @@ examples:
   layerscope profile mypkg.models:Net --input 4x128:int64 --depth 2 --top 5"""
 
 
-def register(sub: Any) -> None:
-    """Add the ``profile`` subcommand."""
-    parser = sub.add_parser(
-        "profile",
-        help="profile a model (the built-in ResNet-18 layout by default)",
-        description="Profile training (forward + backward of a sum loss) or inference steps of a model. "
-        "FACTORY is package.module:callable, path/to/file.py:callable, or a built-in name "
-        f"({', '.join(BUILTIN_MODELS)}). Default: resnet18 on 5x3x224x224.",
-        epilog=EXAMPLES,
-        formatter_class=HelpFormatter,
-    )
+HELP = "profile a model (the built-in ResNet-18 layout by default)"
+DESCRIPTION = (
+    "Profile training (forward + backward of a sum loss) or inference steps of a model. "
+    "FACTORY is package.module:callable, path/to/file.py:callable, or a built-in name "
+    f"({', '.join(BUILTIN_MODELS)}). Default: resnet18 on 5x3x224x224."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``profile`` command's arguments."""
     parser.add_argument(
         "factory",
         nargs="?",
@@ -91,7 +89,6 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (use with -o)")
     add_view_options(parser)
-    parser.set_defaults(run=run)
 
 
 def parse_shape(text: str, default_dtype: str) -> tuple[list[int], str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from layerscope.errors import UsageError
 from layerscope.render.exports import FRAME_KINDS
@@ -15,17 +14,18 @@ from layerscope.render.writers import ExportOptions, Output, find_writer, write_
 FORMATS = (*WRITER_FORMATS, "chrome")
 
 
-def register(sub: Any) -> None:
-    """Add the ``report`` subcommand."""
-    parser = sub.add_parser(
-        "report",
-        help="export a profile: HTML report, text, csv, parquet, collapsed stacks, SVG flame graph, json",
-        description="Export a saved profile or a trace. The format comes from --format or the output's "
-        "suffix: .html (a self-contained report), .txt (the console view), .csv and .parquet (two files "
-        "each: NAME.modules.* and NAME.ops.*), "
-        ".collapsed or .folded (flame-graph stacks), .svg (a flame graph), .json / .json.gz (a layerscope "
-        "profile); --format chrome re-writes a torch.profiler trace with a 'modules (backward)' track.",
-    )
+HELP = "export a profile: HTML report, text, csv, parquet, collapsed stacks, SVG flame graph, json"
+DESCRIPTION = (
+    "Export a saved profile or a trace. The format comes from --format or the output's "
+    "suffix: .html (a self-contained report), .txt (the console view), .csv and .parquet (two files "
+    "each: NAME.modules.* and NAME.ops.*), "
+    ".collapsed or .folded (flame-graph stacks), .svg (a flame graph), .json / .json.gz (a layerscope "
+    "profile); --format chrome re-writes a torch.profiler trace with a 'modules (backward)' track."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``report`` command's arguments."""
     parser.add_argument("path", help="a saved layerscope profile or a torch.profiler trace")
     parser.add_argument(
         "-o",
@@ -54,7 +54,6 @@ def register(sub: Any) -> None:
         action="store_true",
         help="with --frames source: keep torch's and layerscope's frames",
     )
-    parser.set_defaults(run=run)
 
 
 def format_of(output: Path, given: str | None) -> str:

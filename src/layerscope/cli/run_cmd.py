@@ -20,7 +20,6 @@ from typing import Any, TextIO
 
 from layerscope.cli.outputs import DeprecatedAlias, deprecated
 from layerscope.cli.views import (
-    HelpFormatter,
     add_recording_options,
     add_view_options,
     check_view_options,
@@ -37,22 +36,16 @@ examples:
   torchrun --nproc-per-node 2 -m layerscope run --steps 3 train_ddp.py"""
 
 
-def register(sub: Any) -> None:
-    """Add the ``run`` subcommand."""
-    parser = sub.add_parser(
-        "run",
-        help="profile an unmodified Python script or module",
-        description="Run a script (or -m module) under layerscope. Steps end at every optimizer.step(); "
-        "choose which steps to record with --steps or --wait/--warmup/--active/--repeat/--skip-first "
-        "(without them the whole run is one cycle). Each cycle is saved into --output; after a "
-        "finite schedule's last cycle the script goes on unprofiled. torch.compile is watched from the "
-        "script's start, so a model compiled before the recorded steps shows its modules; while it "
-        "is, Inductor's FX-graph and AOTAutograd caches are bypassed (each compile takes its full "
-        "time) and C++ kernels carry profiler ranges.",
-        epilog=EXAMPLES,
-        formatter_class=HelpFormatter,
-    )
-    add_arguments(parser)
+HELP = "profile an unmodified Python script or module"
+DESCRIPTION = (
+    "Run a script (or -m module) under layerscope. Steps end at every optimizer.step(); "
+    "choose which steps to record with --steps or --wait/--warmup/--active/--repeat/--skip-first "
+    "(without them the whole run is one cycle). Each cycle is saved into --output; after a "
+    "finite schedule's last cycle the script goes on unprofiled. torch.compile is watched from the "
+    "script's start, so a model compiled before the recorded steps shows its modules; while it "
+    "is, Inductor's FX-graph and AOTAutograd caches are bypassed (each compile takes its full "
+    "time) and C++ kernels carry profiler ranges."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", action="store_true", help="also save each cycle's HTML report")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line and no summary")
     add_view_options(parser)
-    parser.set_defaults(run=run, top=10)
+    parser.set_defaults(top=10)
 
 
 def _schedule_arguments(args: argparse.Namespace) -> dict[str, int] | None:

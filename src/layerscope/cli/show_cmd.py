@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from layerscope.cli.outputs import DeprecatedAlias, add_output_options, requested_outputs, stem_of
 from layerscope.cli.views import (
@@ -18,15 +17,15 @@ from layerscope.cli.views import (
 from layerscope.loading import load
 from layerscope.render.writers import write_outputs
 
+HELP = "render a saved profile or a torch.profiler trace (.json or .json.gz)"
+DESCRIPTION = (
+    "Render a profile saved with `layerscope profile -o` or Profile.save, or a Chrome "
+    "trace written by torch.profiler (export_chrome_trace, tensorboard_trace_handler)."
+)
 
-def register(sub: Any) -> None:
-    """Add the ``show`` subcommand."""
-    parser = sub.add_parser(
-        "show",
-        help="render a saved profile or a torch.profiler trace (.json or .json.gz)",
-        description="Render a profile saved with `layerscope profile -o` or Profile.save, or a Chrome "
-        "trace written by torch.profiler (export_chrome_trace, tensorboard_trace_handler).",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``show`` command's arguments."""
     parser.add_argument(
         "path", help="a saved layerscope profile or a torch.profiler trace (.json or .json.gz)"
     )
@@ -59,7 +58,6 @@ def register(sub: Any) -> None:
         ".html, .txt, .csv, .svg, .collapsed, .parquet), or a folder (NAME.json.gz in it)",
         html_help="also write the HTML report, beside -o (without -o: beside the input)",
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -180,7 +180,7 @@ def test_profile_object_is_single_use_and_result_waits_for_exit() -> None:
 
 
 def test_two_threads_running_the_model() -> None:
-    if not ls.profile(None).all_threads:
+    if not ls.profile(None).options.all_threads:
         pytest.skip(f"torch {torch.__version__} cannot record every thread (no profile_all_threads)")
     model = TinyMLP()
     x = torch.randn(4, 8)

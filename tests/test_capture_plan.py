@@ -31,7 +31,7 @@ def test_the_options_are_frozen_once_the_session_is_made() -> None:
         prof.options.memory = True  # type: ignore[misc]
     with pytest.raises(TypeError):
         prof.options.profiler_kwargs["record_shapes"] = True  # type: ignore[index]
-    assert prof.scheduled and prof.options.scheduled
+    assert prof.options.scheduled
     assert isinstance(prof.options.activities, tuple)
 
 
@@ -127,3 +127,22 @@ def test_one_marks_session_serves_the_scopes_and_the_memory_watch(
     assert profile.meta["module_scopes"] == ("marks" if module_scopes == "auto" else "ranges")
     assert profile.find("fc1").calls == 1
     assert profile.meta.get("memory_watch_errors") is None
+
+
+@pytest.mark.parametrize("name", ["schedule", "module_scopes", "profiler_kwargs", "all_threads", "scheduled"])
+def test_read_back_options_on_the_session_are_deprecated_but_answer(name: str) -> None:
+    prof = ls.profile(TinyMLP(), schedule=ls.schedule(wait=0, warmup=0, active=1))
+    with pytest.warns(DeprecationWarning, match=rf"prof\.{name} is deprecated.*prof\.options\.{name}"):
+        value = getattr(prof, name)
+    expected = getattr(prof.options, name)
+    assert value == (dict(expected) if name == "profiler_kwargs" else expected)
+
+
+def test_the_session_surface_is_the_lifecycle_and_its_results() -> None:
+    public = {a for a in dir(ls.profile(TinyMLP())) if not a.startswith("_")}
+    deprecated = {"schedule", "module_scopes", "profiler_kwargs", "all_threads", "scheduled"}
+    assert public - deprecated == {
+        "action", "cycles", "export_chrome_trace", "flush_pending_step", "is_running", "model",
+        "on_trace_ready", "options", "profile", "recording", "scope_plan", "start", "step",
+        "step_before_next_top_level_call", "step_count", "stop", "torch_profiler",
+    }  # fmt: skip

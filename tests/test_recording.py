@@ -214,7 +214,7 @@ def test_show_scopes_of_a_trace_is_a_one_line_error(
 
 def test_module_scopes_default_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LAYERSCOPE_MODULE_SCOPES", "hooks")
-    assert ls.profile(TinyMLP()).module_scopes == "hooks"
+    assert ls.profile(TinyMLP()).options.module_scopes == "hooks"
     monkeypatch.setenv("LAYERSCOPE_MODULE_SCOPES", "sideways")
     with pytest.raises(ls.UsageError, match=r"\$LAYERSCOPE_MODULE_SCOPES must be one of"):
         ls.profile(TinyMLP())
@@ -271,7 +271,7 @@ def test_the_old_marks_switch_still_means_ranges(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("LAYERSCOPE_MODULE_MARKS", "0")
     monkeypatch.delenv("LAYERSCOPE_MODULE_SCOPES", raising=False)
     with pytest.warns(DeprecationWarning, match="LAYERSCOPE_MODULE_SCOPES=ranges"):
-        assert ls.profile(TinyMLP()).module_scopes == "ranges"
+        assert ls.profile(TinyMLP()).options.module_scopes == "ranges"
 
 
 def test_an_instance_forward_on_a_bare_module_counts_as_a_range() -> None:

@@ -167,14 +167,11 @@ class CaptureOptions:
 
 
 class OptionsReadBack:
-    """The options a profile session was made with, read back (``prof.module_scopes``...)."""
+    """The options a profile session was made with, read back through the session (deprecated:
+    read ``prof.options``). ``prof.on_trace_ready`` stays: the integrations' docs read the files
+    their handler wrote from it."""
 
     options: CaptureOptions
-
-    @property
-    def schedule(self) -> Callable[[int], Any] | None:
-        """The schedule (None: every step is recorded)."""
-        return self.options.schedule
 
     @property
     def on_trace_ready(self) -> Callable[[Any], Any] | None:
@@ -182,24 +179,42 @@ class OptionsReadBack:
         return self.options.on_trace_ready
 
     @property
+    def schedule(self) -> Callable[[int], Any] | None:
+        """Deprecated: ``prof.options.schedule``."""
+        _read_back_deprecated("schedule")
+        return self.options.schedule
+
+    @property
     def module_scopes(self) -> str:
-        """The ``module_scopes`` option in force (``auto``, ``ranges`` or ``hooks``)."""
+        """Deprecated: ``prof.options.module_scopes``."""
+        _read_back_deprecated("module_scopes")
         return self.options.module_scopes
 
     @property
     def profiler_kwargs(self) -> dict[str, Any]:
-        """The extra ``torch.profiler.profile`` arguments (layerscope adds ``experimental_config``)."""
+        """Deprecated: ``prof.options.profiler_kwargs`` (a read-only mapping)."""
+        _read_back_deprecated("profiler_kwargs")
         return dict(self.options.profiler_kwargs)
 
     @property
     def all_threads(self) -> bool:
-        """Whether torch records every thread."""
+        """Deprecated: ``prof.options.all_threads``."""
+        _read_back_deprecated("all_threads")
         return self.options.all_threads
 
     @property
     def scheduled(self) -> bool:
-        """Whether the block runs in cycles (a schedule or an ``on_trace_ready`` handler)."""
+        """Deprecated: ``prof.options.scheduled``."""
+        _read_back_deprecated("scheduled")
         return self.options.scheduled
+
+
+def _read_back_deprecated(name: str) -> None:
+    warnings.warn(
+        f"prof.{name} is deprecated and goes in 0.3: read prof.options.{name}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def check_options(

@@ -180,7 +180,7 @@ class profile(OptionsReadBack):
             if exc is not None:
                 self._block_error = block_error(exc, self.model)
             # what was recorded stays readable even when a clean-up step failed
-            if not self.scheduled:  # a schedule's recordings end with its cycles
+            if not self.options.scheduled:  # a schedule's recordings end with its cycles
                 context = instruments.end_recording(self._block_error)
                 self._recording = Recording(self.torch_profiler, context, block_us=self._wall_ns / 1000.0)
             instruments.release_watch()
@@ -232,9 +232,9 @@ class profile(OptionsReadBack):
         when there is no schedule)."""
         if step is None and self._torch_profiler is not None:
             return current_action(self._torch_profiler)
-        if self.schedule is None:
+        if self.options.schedule is None:
             return ProfilerAction.RECORD
-        return self.schedule(self.step_count if step is None else step)  # type: ignore[no-any-return]
+        return self.options.schedule(self.step_count if step is None else step)  # type: ignore[no-any-return]
 
     def _cycle_ready(self, tp: torch.profiler.profile) -> None:
         """torch's on_trace_ready: one cycle's recording ended; build its Profile, call the handler."""
@@ -261,7 +261,7 @@ class profile(OptionsReadBack):
         """The block's recording (the last cycle's under a schedule), after the block ended."""
         if not self._finished:
             raise CaptureError("the profile is available after the `with layerscope.profile(...)` block")
-        if self.scheduled:
+        if self.options.scheduled:
             if not self.cycles:
                 raise CaptureError("no profiling cycle completed (the schedule reached no active step)")
             return self.cycles[-1].recording

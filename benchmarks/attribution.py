@@ -61,7 +61,7 @@ def time_builds(path: Path, rounds: int) -> None:
         gc.collect()
         gc.disable()
         start = time.perf_counter()
-        build_profile(table, catalog, {})
+        build_profile(table, catalog)
         seconds.append(time.perf_counter() - start)
         gc.enable()
     seconds.sort()

@@ -29,6 +29,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import layerscope as ls
+from layerscope.model.meta import CompileReport
 from layerscope.models import TinyGPT
 from overhead import interleaved_samples
 
@@ -96,7 +97,7 @@ def measure(name: str, model: nn.Module, tokens: torch.Tensor, rounds: int, step
             else:
                 prof.torch_profiler.key_averages()
             post[f"{side}_{'first' if position == 0 else 'second'}_s"] = time.perf_counter() - t0
-    compiled = profile.meta.get("compiled", {})
+    compiled = profile.meta.compiled or CompileReport()
     below = sum(c.total.cpu_us for c in profile.root.children) / max(profile.root.total.cpu_us, 1e-9)
     return {
         "model": name,
@@ -105,8 +106,8 @@ def measure(name: str, model: nn.Module, tokens: torch.Tensor, rounds: int, step
         "torch_vs_plain": round(median["torch.profiler"] / median["plain"], 3),
         "layerscope_vs_torch": round(median["layerscope"] / median["torch.profiler"], 3),
         "postprocess_s": {k: round(v, 4) for k, v in post.items()},
-        "events": profile.meta["event_count"],
-        "graph_calls_mapped": f"{compiled.get('mapped_graph_calls')}/{compiled.get('graph_calls')}",
+        "events": profile.meta.event_count,
+        "graph_calls_mapped": f"{compiled.mapped_graph_calls}/{compiled.graph_calls}",
         "share_below_root": round(below, 3),
     }
 

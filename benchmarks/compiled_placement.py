@@ -6,7 +6,7 @@ backward (``aten::convolution_backward`` as a fallback kernel), and the ResNet-1
 
 Each model is compiled whole (``torch.compile(model)``) while compiles are watched, warmed up for
 two training steps, then profiled ``--rounds`` times for ``--steps`` steps. Per model: graph calls
-mapped, kernel spans placed of those matched (``meta["compiled"]``, last round), the share of the
+mapped, kernel spans placed of those matched (``meta.compiled``, last round), the share of the
 root's CPU time below it (median of the rounds: this machine is shared, single rounds vary) and of
 its FLOPs, the
 ``aten::convolution_backward`` calls left on the root, and the warnings the profile raised.
@@ -42,6 +42,7 @@ from tests.fixtures.models import tiny_resnet
 import layerscope as ls
 from layerscope.capture.compile_watch import CompileWatch
 from layerscope.errors import LayerscopeWarning
+from layerscope.model.meta import CompileReport
 
 
 def _loss(model: nn.Module, x: torch.Tensor, llama: bool) -> torch.Tensor:
@@ -71,15 +72,15 @@ def measure(
             root = profile.root
             shares.append(sum(c.total.cpu_us for c in root.children) / root.total.cpu_us)
     flops_below = sum(c.total.flops for c in root.children) / max(root.total.flops, 1)
-    compiled = profile.meta.get("compiled", {})
+    compiled = profile.meta.compiled or CompileReport()
     conv_bwd = [r for r in profile.ops(group_by=("name", "module")) if r.name == "aten::convolution_backward"]
     on_root = sum(r.calls for r in conv_bwd if r.module == "")
     all_conv = sum(r.calls for r in conv_bwd)
     conv_note = f"; convolution_backward on the root {on_root}/{all_conv}" if conv_bwd else ""
     ours = sorted({w.category.__name__ for w in caught if issubclass(w.category, LayerscopeWarning)})
     print(
-        f"{name:<16} graph calls mapped {compiled.get('mapped_graph_calls')}/{compiled.get('graph_calls')}, "
-        f"kernel spans placed {compiled.get('kernels_placed')}/{compiled.get('kernels_matched', '?')}; "
+        f"{name:<16} graph calls mapped {compiled.mapped_graph_calls}/{compiled.graph_calls}, "
+        f"kernel spans placed {compiled.kernels_placed}/{compiled.kernels_matched}; "
         f"below the root: CPU time median "
         f"{statistics.median(shares):.1%} (min {min(shares):.1%}), FLOPs {flops_below:.1%}{conv_note}; "
         f"warnings: {ours or 'none'}"

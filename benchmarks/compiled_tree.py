@@ -79,12 +79,13 @@ def measure(name: str, compile_model: Callable[[nn.Module], nn.Module], rounds: 
         root = profile.root
         shares.append(sum(c.total.cpu_us for c in root.children) / root.total.cpu_us)
         on_root |= {r.name for r in profile.ops(group_by=("name", "module")) if r.module == ""}
-    compiled = profile.meta["compiled"]
+    compiled = profile.meta.compiled
+    assert compiled is not None
     kernels_on_root = sorted(n for n in on_root if n.startswith(("aten::", "graph_")))  # runtime ops, fusions
     print(
         f"{name:<26} below the root: median {statistics.median(shares):.1%}, min {min(shares):.1%} "
-        f"({rounds} rounds of {steps} steps); graph calls mapped {compiled['mapped_graph_calls']}/"
-        f"{compiled['graph_calls']}; kernels left on the root: {kernels_on_root or 'none'}; "
+        f"({rounds} rounds of {steps} steps); graph calls mapped {compiled.mapped_graph_calls}/"
+        f"{compiled.graph_calls}; kernels left on the root: {kernels_on_root or 'none'}; "
         f"first call (compile) {unwatched_s:.1f} s unwatched, {watched_s:.1f} s watched"
     )
 

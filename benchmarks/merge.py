@@ -23,6 +23,7 @@ from pathlib import Path
 import layerscope as ls
 from layerscope.attribution import build_profile, module_range_name
 from layerscope.events import EventKind, EventTable
+from layerscope.model.meta import DistributedInfo, Environment, ProfileMeta
 
 US = 1000
 
@@ -117,9 +118,9 @@ def main() -> None:
     slow = args.ranks // 2 + 1
     for rank in range(args.ranks):
         table = rank_profile(rank, slow, args.modules, args.steps)
-        build_profile(table, None, {"distributed": {"rank": rank, "world_size": args.ranks}}).save(
-            folder / f"rank{rank}.json.gz"
-        )
+        build_profile(
+            table, None, ProfileMeta(environment=Environment(distributed=DistributedInfo(rank, args.ranks)))
+        ).save(folder / f"rank{rank}.json.gz")
     files = sorted(folder.glob("*.json.gz"))
     t0 = time.perf_counter()
     merged = ls.merge(files)

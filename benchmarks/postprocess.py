@@ -55,8 +55,8 @@ def measure(prof: ls.profile, ours_first: bool) -> dict[str, Any]:
         result["ours_s"] = time.perf_counter() - t0
         result["ours_peak_rss_mib"] = peak_mib()
         result["ours_rss_growth_mib"] = peak_mib() - base
-        result["events"] = profile.meta["event_count"]
-        result["reader"] = profile.meta["reader"]
+        result["events"] = profile.meta.event_count
+        result["reader"] = profile.meta.capture.reader
 
     def theirs() -> None:
         gc.collect()
@@ -105,7 +105,7 @@ def stages(prof: ls.profile, reader: str) -> dict[str, float]:
             )
             t3 = time.perf_counter()
             found["native reader"] = t3 - t2
-        build_profile(table, prof.recording.context.catalog, {})
+        build_profile(table, prof.recording.context.catalog)
         found["attribution"] = time.perf_counter() - t3
     finally:
         gc.enable()

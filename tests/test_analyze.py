@@ -67,12 +67,12 @@ def test_device_report_numbers() -> None:
 
 def test_advice_fires_on_evidence_and_stays_silent_without_it() -> None:
     storm = gpu_table(kernels=150, kernel_us=2, step_us=2000, sync=False)
-    profile = build_profile(storm, None, {})
+    profile = build_profile(storm, None)
     rules = {a.rule for a in advise(profile, device_report(storm))}
     assert {"tiny-kernel-storm", "low-device-utilisation"} <= rules
     assert "host-device-syncs" not in rules and "fp32-matmul" not in rules  # no syncs; hardware unknown
     busy = gpu_table(kernels=4, kernel_us=240, step_us=1000, sync=False)
-    rules = {a.rule for a in advise(build_profile(busy, None, {}), device_report(busy))}
+    rules = {a.rule for a in advise(build_profile(busy, None), device_report(busy))}
     assert "low-device-utilisation" not in rules and "tiny-kernel-storm" not in rules
 
 
@@ -216,7 +216,7 @@ def test_a_trace_without_modules_shows_its_annotations_as_regions(
 ) -> None:
     profile = ls.load(_plain_trace(tmp_path, annotate=True))
     profile.validate()
-    assert profile.meta["module_source"] == "record_function regions"
+    assert profile.meta.module_source == "record_function regions"
     forward = profile.find("## forward ##")
     assert forward.type_name == "record_function" and forward.calls == 1
     # the forward ops' backward nodes (sequence numbers) come back to the region that ran them
@@ -230,7 +230,7 @@ def test_a_trace_without_modules_shows_its_annotations_as_regions(
 def test_without_annotations_recorded_ops_are_forward_not_other(tmp_path: Path) -> None:
     profile = ls.load(_plain_trace(tmp_path, annotate=False))
     profile.validate()
-    assert profile.meta["module_source"] == "none"
+    assert profile.meta.module_source == "none"
     phases = {u.label: str(u.phase) for u in profile.unattributed}
     assert phases["aten::linear"] == "forward" and phases["aten::relu"] == "forward"
     assert any(p == "backward" for p in phases.values())

@@ -13,6 +13,7 @@ import layerscope as ls
 from layerscope.attribution import build_profile
 from layerscope.errors import UsageError
 from layerscope.handlers import FileSaver, save_to
+from layerscope.model.meta import CaptureInfo, ProfileMeta, SavedOptions
 from layerscope.model.profile import Profile
 from layerscope.model.sort_keys import OP_SORT_KEYS, TREE_SORT_KEYS, check_sort_key
 from layerscope.render.console import render_to_text, tree_table
@@ -24,7 +25,11 @@ HAS_PARQUET = all(importlib.util.find_spec(name) for name in ("pandas", "pyarrow
 
 @pytest.fixture
 def profile() -> Profile:
-    p = build_profile(forward_backward_table(), CATALOG, {"model": "Net", "options": {"memory": True}})
+    p = build_profile(
+        forward_backward_table(),
+        CATALOG,
+        ProfileMeta(model="Net", capture=CaptureInfo(options=SavedOptions(memory=True))),
+    )
     p.validate()
     return p
 

@@ -6,6 +6,7 @@ import pytest
 
 from layerscope.attribution import ModuleInfo, build_profile, module_range_name
 from layerscope.events import EventKind, EventTable
+from layerscope.model.meta import CaptureInfo, ProfileMeta, SavedOptions
 from layerscope.model.profile import Phase
 
 US = 1000  # ns per µs
@@ -67,7 +68,9 @@ def forward_backward_table(with_kernel: bool = True) -> EventTable:
 
 
 def test_forward_backward_device_memory_attribution() -> None:
-    p = build_profile(forward_backward_table(), CATALOG, {"options": {"memory": True}})
+    p = build_profile(
+        forward_backward_table(), CATALOG, ProfileMeta(capture=CaptureInfo(options=SavedOptions(memory=True)))
+    )
     p.validate()
     fc, root = p.find("fc"), p.root
     # forward CPU: fc range 50 µs, of which addmm 30 µs (itself 25 + runtime 5)
@@ -95,7 +98,7 @@ def test_forward_backward_device_memory_attribution() -> None:
 
 
 def test_op_rows_carry_module_phase_shapes() -> None:
-    p = build_profile(forward_backward_table(), CATALOG, {})
+    p = build_profile(forward_backward_table(), CATALOG)
     rows = {(r.name, r.module, r.phase): r for r in p.op_rows}
     addmm = rows[("aten::addmm", "fc", Phase.FORWARD)]
     assert addmm.input_shapes == "[[4], [2, 8], [8, 4]]"
@@ -113,7 +116,7 @@ def test_kernel_linked_by_external_id_when_no_runtime_call() -> None:
     t.add_span("aten::mm", EventKind.CPU_OP, 1, 10 * US, 20 * US, ext=55)
     t.add_span("k", EventKind.KERNEL, 7, 50 * US, 8 * US, ext=55)
     t.add_span("orphan", EventKind.KERNEL, 7, 70 * US, 3 * US, ext=999)
-    p = build_profile(t, CATALOG[:1], {})
+    p = build_profile(t, CATALOG[:1])
     p.validate()
     assert p.root.forward.device_us == 8
     orphan = [e for e in p.unattributed if e.label == "(device work without a launching op)"]
@@ -125,7 +128,7 @@ def test_outermost_flops_only() -> None:
     t = EventTable()
     t.add_span("aten::convolution", EventKind.CPU_OP, 1, 0, 10 * US, flops=1000)
     t.add_span("aten::_convolution", EventKind.CPU_OP, 1, 1 * US, 8 * US, flops=1000)
-    p = build_profile(t, None, {})
+    p = build_profile(t, None)
     p.validate()
     assert p.totals.flops == 1000
 
@@ -134,7 +137,7 @@ def test_same_name_only_child_is_one_call_like_torch() -> None:
     t = EventTable()
     t.add_span("aten::sum", EventKind.CPU_OP, 1, 0, 10 * US)
     t.add_span("aten::sum", EventKind.CPU_OP, 1, 2 * US, 6 * US)
-    p = build_profile(t, None, {})
+    p = build_profile(t, None)
     (row,) = p.ops()
     assert row.calls == 1 and row.metrics.self_cpu_us == 10
 
@@ -145,7 +148,7 @@ def test_steps_and_step_gaps() -> None:
     t.add_span("aten::add", EventKind.CPU_OP, 1, 10 * US, 20 * US, ext=1)
     t.add_span("k", EventKind.KERNEL, 9, 40 * US, 7 * US, ext=1)
     t.add_span("ProfilerStep#4", EventKind.USER_ANNOTATION, 1, 100 * US, 50 * US)
-    p = build_profile(t, None, {})
+    p = build_profile(t, None)
     p.validate()
     assert [(s.step, s.wall_us, s.device_us) for s in p.steps] == [(3, 100, 7), (4, 50, 0)]
     gaps = {e.label: e for e in p.unattributed}["(Python between ops)"]
@@ -160,7 +163,7 @@ def test_a_step_range_is_no_op_and_launches_nothing_itself() -> None:
     t.add_span("k1", EventKind.KERNEL, 9, 40 * US, 7 * US, ext=1)
     t.add_span("cudaMemsetAsync", EventKind.RUNTIME, 1, 50 * US, 4 * US, corr=77)
     t.add_span("memset", EventKind.MEMSET, 9, 60 * US, 3 * US, corr=77, ext=5)
-    p = build_profile(t, None, {})
+    p = build_profile(t, None)
     p.validate()
     assert [(s.step, s.device_us) for s in p.steps] == [(1, 10)]
     assert not any(r.name.startswith("ProfilerStep") for r in p.op_rows)
@@ -175,7 +178,7 @@ def test_trace_without_catalog_builds_tree_from_range_names() -> None:
     t = EventTable()
     t.add_span(module_range_name("", "Net"), EventKind.CPU_OP, 1, 0, 100 * US)
     t.add_span(module_range_name("block.0.fc", "Linear"), EventKind.CPU_OP, 1, 10 * US, 10 * US)
-    p = build_profile(t, None, {})
+    p = build_profile(t, None)
     p.validate()
     assert [n.path for n in p.modules()] == ["", "block", "block.0", "block.0.fc"]
     assert p.find("block").type_name == "?"  # placeholder for a path with no range of its own
@@ -187,7 +190,7 @@ def test_validate_catches_broken_sums() -> None:
 
     from layerscope.errors import ValidationError
 
-    p = build_profile(forward_backward_table(), CATALOG, {})
+    p = build_profile(forward_backward_table(), CATALOG)
     fc = p.find("fc")
     broken_fc = replace(fc, forward=replace(fc.forward, cpu_us=fc.forward.cpu_us + 1))
     broken = replace(p, root=replace(p.root, children=(broken_fc,)))
@@ -204,7 +207,7 @@ def test_validate_catches_impossible_steps() -> None:
     from layerscope.errors import ValidationError
     from layerscope.model.profile import StepStats
 
-    p = build_profile(forward_backward_table(), CATALOG, {})
+    p = build_profile(forward_backward_table(), CATALOG)
     p.validate()
     negative = replace(p, steps=(StepStats(step=1, wall_us=10.0, device_us=-5.0),))
     with pytest.raises(ValidationError, match="step 1: negative device_us"):

@@ -94,7 +94,7 @@ def test_line_totals_equal_the_op_table_and_the_tree(trained: ls.Profile) -> Non
     assert sum(r.flops for r in lines) == trained.totals.flops
     op_cpu = sum(r.metrics.self_cpu_us for r in trained.op_rows)
     assert sum(r.cpu_us for r in lines) == pytest.approx(op_cpu)
-    assert trained.meta["call_lines"]["ops"] > 0
+    assert trained.meta.call_lines.ops > 0
 
 
 def test_ops_grouped_by_stack_use_call_lines(trained: ls.Profile) -> None:
@@ -121,10 +121,10 @@ def test_exported_traces_carry_call_lines(tmp_path: Path) -> None:
         return sorted((r.location, r.forward.self_flops, r.backward.self_flops, r.calls) for r in rows)
 
     assert figures(loaded) == figures(prof.profile)
-    assert loaded.meta["call_lines"] == prof.profile.meta["call_lines"]
+    assert loaded.meta.call_lines == prof.profile.meta.call_lines is not None
     assert rows_by_line(loaded)[line_of("second mm")].backward.self_flops == 2 * (2 * 8 * 16 * 16)
 
-    assert "call_lines" not in loaded.meta["trace"].get("layerscope", {})  # not copied into the meta
+    assert "call_lines" not in loaded.meta.trace.other.get("layerscope", {})  # not copied into the meta
 
     # A damaged header, or one whose ops are not in the trace, loses the lines, not the trace; a
     # malformed id loses that op's line, not the event.
@@ -150,7 +150,7 @@ def test_exported_traces_carry_call_lines(tmp_path: Path) -> None:
         damaged.write_text(json.dumps(data))
         without = ls.load(damaged, strict=True)
         without.validate()
-        assert "call_lines" not in without.meta, name
+        assert without.meta.call_lines is None, name
         assert without.totals.flops == loaded.totals.flops
     data = json.loads(trace.read_text())
     for event in data["traceEvents"]:
@@ -160,7 +160,7 @@ def test_exported_traces_carry_call_lines(tmp_path: Path) -> None:
     odd.write_text(json.dumps(data))
     partly = ls.load(odd, strict=True)
     partly.validate()
-    assert partly.meta["call_lines"] and not partly.meta["trace"]["malformed_events"]
+    assert partly.meta.call_lines is not None and not partly.meta.trace.malformed_events
     assert partly.totals.flops == loaded.totals.flops
 
 
@@ -206,7 +206,7 @@ def test_outputs_and_rng_unchanged_and_callback_removed_on_error() -> None:
     # A callback left behind would make the next start fail ("already being recorded").
     with ls.profile(model, lines=True) as prof:
         model(x)
-    assert prof.profile.meta["call_lines"]["ops"] > 0
+    assert prof.profile.meta.call_lines.ops > 0
 
 
 def test_threads_and_no_grad() -> None:
@@ -264,7 +264,7 @@ def test_lines_without_the_native_module_warn(monkeypatch: pytest.MonkeyPatch) -
     expected = pytest.warns(LayerscopeWarning, match="call lines are not recorded")
     with expected, ls.profile(model, lines=True) as prof:
         model(x)
-    assert "call_lines" not in prof.profile.meta
+    assert prof.profile.meta.call_lines is None
 
 
 def test_show_by_line_cli(trained: ls.Profile, tmp_path: Path) -> None:
@@ -294,7 +294,7 @@ def test_each_scheduled_cycle_gets_its_own_lines() -> None:
         profile.validate()
         rows = rows_by_line(profile)
         assert rows[line_of("first mm")].forward.self_flops == 2 * 8 * 16 * 16  # one step's
-        assert profile.meta["call_lines"]["ops"] > 0
+        assert profile.meta.call_lines.ops > 0
 
 
 def test_compiled_code_keeps_its_graph_and_gets_the_calling_line() -> None:

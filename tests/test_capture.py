@@ -202,7 +202,7 @@ def test_two_threads_running_the_model() -> None:
     assert not errors
     p = prof.profile
     p.validate()
-    assert p.meta["options"]["all_threads"] is True
+    assert p.meta.capture.options.all_threads is True
     assert p.find("fc1").calls == 6  # both worker threads were recorded
     assert p.find("fc1").backward.cpu_us > 0
     assert hook_count(model) == 0
@@ -277,7 +277,7 @@ def test_torch_profiler_is_exposed() -> None:
     assert isinstance(prof.torch_profiler, torch.profiler.profile)
     names = {e.key for e in prof.torch_profiler.key_averages()}
     assert "ls:fc1:Linear" in names
-    assert prof.profile.meta["module_scopes"] == "ranges"
+    assert prof.profile.meta.capture.scope_plan.kinds == "ranges"
 
 
 def test_module_scopes_must_be_a_known_kind() -> None:
@@ -294,7 +294,7 @@ def test_memory_profiles_record_the_entering_thread() -> None:
     model = TinyMLP()
     with ls.profile(model, memory=True) as prof:
         train_step(model, torch.randn(2, 8))
-    assert prof.profile.meta["options"]["all_threads"] is False
+    assert prof.profile.meta.capture.options.all_threads is False
     assert prof.profile.totals.cpu_alloc_bytes > 0
 
 
@@ -383,5 +383,5 @@ def test_a_shape_error_in_the_block_costs_that_op_its_flops_not_the_profile() ->
         model(torch.randn(2, 3))
     p = prof.profile
     p.validate()
-    assert p.meta["flop_formula_failures"] == {"aten::addmm": 1}
+    assert p.meta.capture.flop_formula_failures == {"aten::addmm": 1}
     assert p.find("0").calls == 1 and p.totals.flops == 0

@@ -91,7 +91,8 @@ def test_the_scope_plan_is_made_once_at_block_start(monkeypatch: pytest.MonkeyPa
             prof.step()
     assert len(made) == 1 and prof.scope_plan is made[0]
     assert len(prof.cycles) == 2
-    assert all(c.profile.meta["scope_plan"] == prof.cycles[0].profile.meta["scope_plan"] for c in prof.cycles)
+    plans = [c.profile.meta.capture.scope_plan for c in prof.cycles if c.profile.meta.capture is not None]
+    assert len(plans) == len(prof.cycles) and all(plan == plans[0] for plan in plans)
 
 
 def test_global_mode_folds_modules_found_later_by_the_plans_rule() -> None:
@@ -124,9 +125,9 @@ def test_one_marks_session_serves_the_scopes_and_the_memory_watch(
         train_step(model)
     assert len(started) == 1
     profile = prof.profile
-    assert profile.meta["module_scopes"] == ("marks" if module_scopes == "auto" else "ranges")
+    assert profile.meta.capture.scope_plan.kinds == ("marks" if module_scopes == "auto" else "ranges")
     assert profile.find("fc1").calls == 1
-    assert profile.meta.get("memory_watch_errors") is None
+    assert profile.meta.capture is not None and profile.meta.capture.memory_watch_errors == ()
 
 
 @pytest.mark.parametrize("name", ["schedule", "module_scopes", "profiler_kwargs", "all_threads", "scheduled"])

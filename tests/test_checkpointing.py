@@ -84,7 +84,7 @@ def test_without_early_stop_the_whole_recomputation_counts() -> None:
     with set_checkpoint_early_stop(False):
         theirs = reference_flops(model, x)
         p = profiled(model, x)
-    assert p.meta["checkpoint_early_stop"] is False
+    assert p.meta.environment.checkpoint_early_stop is False
     assert p.totals.flops == theirs
 
 

@@ -37,7 +37,7 @@ def test_profile_factory_file_saves_and_prints(tmp_path: Path, capsys: pytest.Ca
     p = ls.load(out)
     p.validate()
     assert p.find("0").calls == 2 and p.find("0").type_name == "Linear"
-    assert p.meta["options"]["memory"] is True
+    assert p.meta.capture.options.memory is True
 
 
 def test_show_renders_saved_profile_with_view_options(

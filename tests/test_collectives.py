@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,10 +58,11 @@ def test_merge_two_ranks_counts_communication_kernels(real_traces: Path, tmp_pat
     by_rank = {s.rank: s for s in merged.summaries}
     assert {s.comm_source for s in merged.summaries} == {"kernels"}
     for rank in (0, 1):
-        device = ls.load(real_traces / f"two_ranks/rank-{rank}.json.gz").meta["device"]
-        steps = len(device["steps"])
-        assert by_rank[rank].communication_us == pytest.approx(device["by_kind"]["communication"] / steps)
-        assert by_rank[rank].comm_overlap == pytest.approx(device["comm_compute_overlap"])
+        device = ls.load(real_traces / f"two_ranks/rank-{rank}.json.gz").meta.device
+        assert device is not None
+        steps = len(device.steps)
+        assert by_rank[rank].communication_us == pytest.approx(device.by_kind["communication"] / steps)
+        assert by_rank[rank].comm_overlap == pytest.approx(device.comm_compute_overlap)
     straggler = merged.straggler
     assert straggler is not None and straggler.late is not None
     assert straggler.module is not None and "nccl" not in straggler.module  # waiting is no work
@@ -82,7 +84,7 @@ def test_one_unit_for_communication_across_ranks(real_traces: Path) -> None:
     """A rank without a device report (a profile saved before reports were kept) puts every rank
     back on CPU time in collective ops: no table mixes kernel time with waiting time."""
     profiles = [ls.load(real_traces / f"two_ranks/rank-{rank}.json.gz") for rank in (0, 1)]
-    del profiles[1].meta["device"]
+    profiles[1] = replace(profiles[1], meta=replace(profiles[1].meta, device=None))
     merged = ls.merge(profiles)
     assert {s.comm_source for s in merged.summaries} == {"ops"}
     assert all(s.comm_overlap is None for s in merged.summaries)

@@ -27,6 +27,7 @@ import layerscope as ls
 from layerscope.attribution.compiled import LABEL_COMPILING, kernel_key
 from layerscope.capture import compile_watch
 from layerscope.capture.compiled import common_ancestor, inductor_kernel_key, module_path
+from layerscope.model.meta import CompileReport
 from tests.fixtures.models import WideAmongNarrow
 from tests.test_recording import assert_same_tree
 
@@ -237,7 +238,7 @@ def test_a_saved_trace_keeps_the_mapping(whole: Scenario, tmp_path: Path) -> Non
     loaded.validate()
     mid = loaded.find(HEAVIEST)
     assert mid.forward.self_cpu_us > 0 and mid.backward.self_cpu_us > 0
-    assert loaded.meta["compiled"]["mapped_graph_calls"] == loaded.meta["compiled"]["graph_calls"]
+    assert loaded.meta.compiled.mapped_graph_calls == loaded.meta.compiled.graph_calls
 
 
 @needs_provenance
@@ -280,7 +281,7 @@ def test_code_compiled_before_the_block_gives_an_honest_tree(
     message = str(notes[0].message)
     assert len(notes) == 1 and "layerscope.watch_compiles()" in message and "torch._dynamo.reset()" in message
     assert notes[0].filename == __file__  # the user's line that asked for the profile
-    assert profile.meta["compiled"]["mapped_graph_calls"] == 0
+    assert profile.meta.compiled.mapped_graph_calls == 0
     # the compiled region is one node holding its kernels: nothing placed in a wrong module
     assert profile.root.forward.self_cpu_us > 0
     assert all(n.total.cpu_us == 0 for n in profile.modules() if n.path)
@@ -298,7 +299,7 @@ def test_compile_info_learns_graphs_for_later_profiles(monkeypatch: pytest.Monke
     with ls.profile(model) as session:
         _train_steps(model, x)
     profile = session.profile
-    assert profile.meta["compiled"]["mapped_graph_calls"] == profile.meta["compiled"]["graph_calls"] > 0
+    assert profile.meta.compiled.mapped_graph_calls == profile.meta.compiled.graph_calls > 0
     assert profile.find(HEAVIEST).forward.self_cpu_us > 0
 
 
@@ -371,12 +372,9 @@ def test_triton_kernels_follow_the_mapping_on_a_real_cuda_trace(real_traces: Pat
     rotary = profile.find("rotary")
     assert rotary.forward.self_device_us == pytest.approx(kernel["dur"])
     assert profile.root.forward.self_device_us == 0
-    assert profile.meta["compiled"] == {
-        "graph_calls": 1,
-        "mapped_graph_calls": 1,
-        "kernels_matched": 1,
-        "kernels_placed": 1,
-    }
+    assert profile.meta.compiled == CompileReport(
+        graph_calls=1, mapped_graph_calls=1, kernels_matched=1, kernels_placed=1
+    )
 
 
 def test_a_torch_without_the_provenance_hook_still_profiles(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -107,8 +107,8 @@ def compiled(request: pytest.FixtureRequest) -> Iterator[Compiled]:
 def test_a_model_compiled_before_the_profile_gets_its_modules(compiled: Compiled) -> None:
     profile = compiled.profile
     profile.validate()
-    assert profile.meta["compiled"]["mapped_graph_calls"] == profile.meta["compiled"]["graph_calls"] > 0
-    assert "note" not in profile.meta["compiled"]
+    assert profile.meta.compiled.mapped_graph_calls == profile.meta.compiled.graph_calls > 0
+    assert profile.meta.compiled is not None and profile.meta.compiled.note is None
     mid = profile.find(HEAVIEST)
     assert mid.type_name == "Linear" and mid.calls == STEPS
     assert mid.forward.self_cpu_us > 0 and mid.backward.self_cpu_us > 0
@@ -201,10 +201,10 @@ def test_a_watch_where_dynamo_is_loaded_installs_at_the_first_compile(tmp_path: 
         with ls.profile(model) as session:
             model(x).sum().backward()
         watch.stop()
-        compiled = session.profile.meta["compiled"]
+        compiled = session.profile.meta.compiled
         print(json.dumps({
             "imported_before": before, "imported_after": "torch._inductor.codegen.cpp" in sys.modules,
-            "mapped": compiled["mapped_graph_calls"], "calls": compiled["graph_calls"],
+            "mapped": compiled.mapped_graph_calls, "calls": compiled.graph_calls,
             "forward": session.profile.find("wide.mid").forward.self_cpu_us,
         }))
         """,
@@ -241,7 +241,7 @@ def test_layerscope_run_gives_the_eager_tree_of_a_script_that_compiles_first(tmp
     assert "trained" in out
     profile = ls.load(saved)
     profile.validate()
-    assert profile.meta["compiled"]["mapped_graph_calls"] == profile.meta["compiled"]["graph_calls"] > 0
+    assert profile.meta.compiled.mapped_graph_calls == profile.meta.compiled.graph_calls > 0
     mid = profile.find(f"WideAmongNarrow.{HEAVIEST}")
     assert mid.type_name == "Linear"
     assert mid.forward.self_cpu_us > 0 and mid.backward.self_cpu_us > 0
@@ -272,7 +272,7 @@ def test_a_compiled_submodule_shows_its_inner_modules() -> None:
         "encoder.1",
         "encoder.2",
     ]
-    assert profile.meta["compiled"]["kernels_placed"] > 0
+    assert profile.meta.compiled.kernels_placed > 0
     first = profile.find("encoder.0")
     assert first.forward.self_cpu_us > 0 and first.backward.self_cpu_us > 0
     assert first.forward.flops == STEPS * 2 * 1024 * 32 * 512
@@ -288,7 +288,7 @@ def test_layerscope_profile_watches_its_warm_up(tmp_path: Path) -> None:
     factory = str(REPO / "tests" / "fixtures" / "factory.py")
     assert main(["profile", f"{factory}:compiled_mlp", "--input", "4x8", "-q", "-o", str(saved)]) == 0
     profile = ls.load(saved)
-    assert profile.meta["compiled"]["mapped_graph_calls"] == profile.meta["compiled"]["graph_calls"] > 0
+    assert profile.meta.compiled.mapped_graph_calls == profile.meta.compiled.graph_calls > 0
     first = profile.find("0")
     assert first.type_name == "Linear" and first.forward.self_cpu_us > 0 and first.backward.self_cpu_us > 0
 
@@ -323,4 +323,4 @@ def test_a_compiled_loss_outside_the_model_stays_out_of_it() -> None:
     profile = session.profile
     profile.validate()
     assert profile.root.calls == 2  # the model's own calls, none added by the loss's graph calls
-    assert profile.meta["compiled"]["kernels_placed"] == 0
+    assert profile.meta.compiled.kernels_placed == 0

@@ -150,9 +150,10 @@ def run(request: pytest.FixtureRequest) -> Run:
 
 def _placed_share(profile: ls.Profile) -> float:
     """Kernel spans of compiled graphs placed below the compiled module, of those matched."""
-    compiled = profile.meta["compiled"]
-    assert compiled["mapped_graph_calls"] == compiled["graph_calls"] == 2 * STEPS  # forward, backward
-    return compiled["kernels_placed"] / compiled["kernels_matched"]  # type: ignore[no-any-return]
+    compiled = profile.meta.compiled
+    assert compiled is not None
+    assert compiled.mapped_graph_calls == compiled.graph_calls == 2 * STEPS  # forward, backward
+    return compiled.kernels_placed / compiled.kernels_matched
 
 
 def _flops_below_root(profile: ls.Profile) -> float:
@@ -167,7 +168,7 @@ def test_profiling_changes_nothing_validates_and_warns_not(run: Run) -> None:
     assert after == before  # no recompilation, no graph break
     assert run.same_losses and run.same_grads
     assert not run.ours, [str(w.message) for w in run.ours]
-    assert "paths_not_in_tree" not in run.profile.meta["compiled"]
+    assert run.profile.meta.compiled is not None and not run.profile.meta.compiled.paths_not_in_tree
 
 
 @needs_provenance
@@ -231,9 +232,9 @@ def test_module_paths_not_in_the_model_give_one_warning(
     assert len(ours) == 1
     message = str(ours[0].message)
     assert "'mystery.blocks" in message and "DecoratedNet" in message and "block.compile()" in message
-    assert profile.meta["compiled"]["kernels_placed"] == 0
-    assert profile.meta["compiled"]["note"] == message
-    assert all(p.startswith("mystery.") for p in profile.meta["compiled"]["paths_not_in_tree"])
+    assert profile.meta.compiled.kernels_placed == 0
+    assert profile.meta.compiled.note == message
+    assert all(p.startswith("mystery.") for p in profile.meta.compiled.paths_not_in_tree)
 
 
 @needs_provenance
@@ -246,7 +247,7 @@ def test_paths_folded_by_depth_go_to_their_ancestor_without_a_warning(decorated:
     profile.validate()
     assert {n.path for n in profile.modules()} == {"", "blocks", "head"}
     assert profile.find("blocks").total.flops > 0
-    assert "blocks.0.up" in profile.meta["compiled"]["paths_not_in_tree"]  # folded, and said so
+    assert "blocks.0.up" in profile.meta.compiled.paths_not_in_tree  # folded, and said so
 
 
 _PLACEHOLDER = SimpleNamespace(op="placeholder", target="primals_1", meta={}, all_input_nodes=[], args=())

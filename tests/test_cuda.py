@@ -73,7 +73,7 @@ def test_compiled_model_triton_kernels_go_to_modules() -> None:
         torch.cuda.synchronize()
     p = prof.profile
     p.validate()
-    assert p.meta["compiled"]["mapped_graph_calls"] == p.meta["compiled"]["graph_calls"] > 0
+    assert p.meta.compiled.mapped_graph_calls == p.meta.compiled.graph_calls > 0
     mid = p.find("wide.mid")
     assert mid.forward.device_us > 0 and mid.backward.device_us > 0
     below = sum(c.total.device_us for c in p.root.children)
@@ -146,7 +146,7 @@ def test_device_memory_peak_is_absolute_and_categorised() -> None:
     greedy = torch.nn.Sequential(torch.nn.Linear(8, 8), Greedy()).cuda()
     with pytest.raises(torch.OutOfMemoryError), ls.profile(greedy, memory=True) as failing:
         greedy(torch.randn(2, 8, device="cuda"))
-    (oom,) = failing.profile.meta["memory"].out_of_memory
+    (oom,) = failing.profile.meta.memory.out_of_memory
     assert oom.device and oom.requested_bytes >= 2**50 and oom.module == "1"
 
 

@@ -29,7 +29,7 @@ def run(addmm_us: int, gelu: bool) -> ls.Profile:
     t.add_span("aten::relu", EventKind.CPU_OP, 1, (fc_end + 10) * US, 20 * US, shapes="[[2, 4]]")
     if gelu:
         t.add_span("aten::gelu", EventKind.CPU_OP, 1, (relu_end + 2) * US, 20 * US, shapes="[[2, 4]]")
-    p = build_profile(t, CATALOG, {})
+    p = build_profile(t, CATALOG)
     p.validate()
     return p
 

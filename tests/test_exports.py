@@ -121,7 +121,7 @@ def test_svg_flamegraph_structure_and_escaping(session: ls.profile, tmp_path: Pa
     t.add_span(
         module_range_name("<img src=x onerror=alert(1)>", "Linear"), EventKind.CPU_OP, 1, 10_000, 50_000
     )
-    hostile = flamegraph_svg(build_profile(t, None, {}))
+    hostile = flamegraph_svg(build_profile(t, None))
     assert "<img" not in hostile and "&lt;img src=x onerror=alert(1)&gt;" in hostile
     xml.dom.minidom.parseString(hostile.encode())
     if shutil.which("node"):  # the inlined script at least parses
@@ -144,7 +144,7 @@ def test_flamegraph_with_thousands_of_frames_culls_sub_pixel_ones() -> None:
         t.add_span(module_range_name(f"blocks.{k}", "Linear"), EventKind.CPU_OP, 1, 10_000 + k * 1_000, 1_000)
     t.add_span(module_range_name("big", "Linear"), EventKind.CPU_OP, 1, 1_020_000, 1_000_000)
     t.add_span(module_range_name("tiny", "Linear"), EventKind.CPU_OP, 1, 2_030_000, 100)  # 0.06 px
-    profile = build_profile(t, None, {})
+    profile = build_profile(t, None)
     profile.validate()
     doc = xml.dom.minidom.parseString(flamegraph_svg(profile).encode())
     frames = [g for g in doc.getElementsByTagName("g") if g.getAttribute("class") == "f"]

@@ -79,8 +79,12 @@ def test_mfu_against_a_given_or_known_peak(profile: ls.Profile) -> None:
     assert known_peak_tflops("NVIDIA H100 PCIe") == 756.0
     assert known_peak_tflops("NVIDIA A100-SXM4-40GB") == 312.0
     assert known_peak_tflops("Some CPU") is None
-    assert peak_flops_per_s({"devices": [{"name": "NVIDIA H200"}]}) == 989e12
-    assert peak_flops_per_s({"devices": []}) is None  # CPU run: no MFU unless a peak is given
+    from layerscope.model.meta import DeviceInfo, Environment, ProfileMeta
+
+    assert (
+        peak_flops_per_s(ProfileMeta(environment=Environment(devices=(DeviceInfo("NVIDIA H200"),)))) == 989e12
+    )
+    assert peak_flops_per_s(ProfileMeta(environment=Environment())) is None  # CPU run: no MFU unless given
     plain = render_to_text(tree_table(profile, ascii_only=True), width=250)
     assert "FLOP/s" in plain and "MFU" not in plain
     node = profile.find("fc1")

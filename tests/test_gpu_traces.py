@@ -214,7 +214,7 @@ def test_two_devices_each_keep_their_own_timeline() -> None:
 
 
 def test_device_report_in_profile_frames_and_html(tmp_path: Path) -> None:
-    """The device report travels with the profile (meta["device"]): saved, framed, in the report."""
+    """The device report travels with the profile (meta.device): saved, framed, in the report."""
     pytest.importorskip("pandas")
     import layerscope as ls
     from layerscope.render.html import html_report

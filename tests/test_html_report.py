@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -344,7 +345,10 @@ def test_device_section_of_a_gpu_trace_in_the_browser(browser: Any, tmp_path: Pa
     """A trace recorded on an H100: the report's Device section shows the stream and each step's
     verdict, as text (a hostile verdict planted in the data stays text)."""
     profile = ls.load(Path(__file__).parent / "fixtures" / "gpu" / "host_bound.json.gz")
-    profile.meta["device"]["steps"][0]["verdict"] = HOSTILE
+    device = profile.meta.device
+    assert device is not None
+    steps = ({**device.steps[0], "verdict": HOSTILE}, *device.steps[1:])
+    profile = replace(profile, meta=replace(profile.meta, device=replace(device, steps=steps)))
     page_file = tmp_path / "gpu.html"
     page_file.write_text(html_report(profile), encoding="utf-8")
     page = _open(browser, page_file, "#device table")

@@ -14,6 +14,7 @@ import pytest
 
 import layerscope.render.source_view as source_view
 from layerscope.analysis.lines import NO_LINE, line_table
+from layerscope.model.meta import CallLinesInfo, ProfileMeta
 from layerscope.model.metrics import ADDITIVE_PAIRS, FIELD_NAMES, PEAK_FIELDS, Metrics, own_metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, UnattributedEntry
 from layerscope.render.html import html_report, report_data
@@ -87,7 +88,8 @@ def _profile(rows: list[OpStats], call_lines: bool = True) -> Profile:
     )
     parts = [root_fwd, root_bwd, *(e.metrics for e in outside)]
     totals = own_metrics({name: sum(getattr(m, name) for m in parts) for _, name in ADDITIVE_PAIRS})
-    profile = Profile({"model": "Net", "call_lines": call_lines}, root, tuple(rows), outside, totals)
+    lines = CallLinesInfo(ops=len(rows), stacks=1) if call_lines else None
+    profile = Profile(ProfileMeta(model="Net", call_lines=lines), root, tuple(rows), outside, totals)
     profile.validate()
     return profile
 

@@ -141,8 +141,9 @@ def test_transformers_trainer_with_torch_compile(tmp_path: Path) -> None:
     _, callback = _train_tiny_gpt2(tmp_path, torch_compile=True)
     profile = callback.cycles[0].profile  # type: ignore[attr-defined]
     profile.validate()
-    compiled = profile.meta["compiled"]
-    assert compiled["mapped_graph_calls"] == compiled["graph_calls"] > 0 and "note" not in compiled
+    compiled = profile.meta.compiled
+    assert compiled is not None and compiled.mapped_graph_calls == compiled.graph_calls > 0
+    assert compiled.note is None
     assert profile.root.calls == 2  # the wrapper's scope: one call a step
     for path in ("transformer.h.0.attn.c_attn", "transformer.h.0.mlp.c_fc", "lm_head"):
         node = profile.find(path)
@@ -284,8 +285,9 @@ def test_lightning_fit_of_a_compiled_module(tmp_path: Path) -> None:
     profiler = _fit_tiny_lightning_module(tmp_path, compile_it=True)
     p = profiler.cycles[0].profile  # type: ignore[attr-defined]
     p.validate()
-    compiled = p.meta["compiled"]
-    assert compiled["mapped_graph_calls"] == compiled["graph_calls"] > 0 and "note" not in compiled
+    compiled = p.meta.compiled
+    assert compiled is not None and compiled.mapped_graph_calls == compiled.graph_calls > 0
+    assert compiled.note is None
     assert p.root.calls == 3  # one compiled forward a step
     for path in ("encoder.0", "head"):
         node = p.find(path)

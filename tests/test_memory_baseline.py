@@ -18,6 +18,7 @@ from torch import nn
 import layerscope as ls
 from layerscope.capture.live_tensors import scan_live
 from layerscope.model.memory_view import BEFORE_BLOCK
+from layerscope.model.meta import CaptureInfo, ProfileMeta, SavedOptions
 from tests.test_memory_peak import _torch_categories_at
 
 F32 = 4
@@ -91,7 +92,7 @@ def test_the_baseline_agrees_with_torchs_memory_profile(table_run: dict[str, Any
     which it calls inputs) but not those it never touches: the same total less those, the same
     parameters and gradients."""
     profile, prof = table_run["profile"], table_run["prof"]
-    peak_ns = profile.meta["memory"].classes[0].peak_ts_ns
+    peak_ns = profile.meta.memory.classes[0].peak_ts_ns
     theirs = _torch_categories_at(prof.torch_profiler._memory_profile(), peak_ns)
     at_peak = profile.memory_at_peak("cpu")
     ours = at_peak.by_category()
@@ -144,7 +145,7 @@ def test_the_scan_holds_nothing_and_changes_nothing() -> None:
             assert [str(w.message) for w in caught] == []
             assert gc.isenabled() == enabled and gc.get_threshold() == thresholds
             prof.profile.validate()
-            assert "memory_watch_errors" not in prof.profile.meta
+            assert prof.profile.meta.capture is not None and not prof.profile.meta.capture.memory_watch_errors
         gc.disable()  # freed by reference counting alone
         del kept
         assert ref() is None
@@ -206,7 +207,9 @@ def test_a_baseline_storage_is_freed_when_an_allocation_lands_inside_it() -> Non
         "start", [StorageEntry(1000, 100, "other", False), StorageEntry(2000, 40, "other", False)], ts=1
     )
     catalog = [ModuleInfo(path="", type_name="Net", parent=None, params=0, params_total=0)]
-    profile = build_profile(table, catalog, {"options": {"memory": True}}, snapshots=[start])
+    profile = build_profile(
+        table, catalog, ProfileMeta(capture=CaptureInfo(options=SavedOptions(memory=True))), snapshots=[start]
+    )
     profile.validate()
     at_peak = profile.memory_at_peak("cpu")
     assert at_peak.baseline_bytes == 140

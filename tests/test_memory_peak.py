@@ -84,7 +84,7 @@ def test_live_at_peak_agrees_with_torchs_memory_profile(adamw_run: dict[str, Any
     """torch's MemoryProfile (profiler._memory_profile(), which needs stacks) replayed to our peak's
     time: the same total, and the same bytes in every category both name."""
     profile, prof = adamw_run["profile"], adamw_run["prof"]
-    peak_ns = profile.meta["memory"].classes[0].peak_ts_ns
+    peak_ns = profile.meta.memory.classes[0].peak_ts_ns
     theirs = _torch_categories_at(prof.torch_profiler._memory_profile(), peak_ns)
     ours = profile.memory_at_peak().by_category()
     # torch's replay knows only tensors the block's events touch: not other tests' leftovers ("other")
@@ -208,9 +208,9 @@ def test_a_shape_error_in_the_block_keeps_the_profile() -> None:
         model(torch.randn(2, 3))  # the second layer expects 4 features
     profile = prof.profile
     profile.validate()
-    error = profile.meta["block_error"]
-    assert error["type"] == "RuntimeError" and error["module"] == "1.fc"
-    assert profile.meta["flop_formula_failures"]["aten::addmm"] == 1
+    error = profile.meta.capture.block_error if profile.meta.capture is not None else None
+    assert error is not None and error.type == "RuntimeError" and error.module == "1.fc"
+    assert profile.meta.capture.flop_formula_failures["aten::addmm"] == 1
     assert profile.find("0").forward.flops == 2 * 3 * 3 * 2
     assert "the block raised RuntimeError in 1.fc" in str(profile)
 
@@ -226,15 +226,15 @@ def test_out_of_memory_names_the_module_and_the_request(tmp_path: Path) -> None:
         model(torch.randn(2, 8))
     profile = prof.profile
     profile.validate()
-    (oom,) = profile.meta["memory"].out_of_memory
+    (oom,) = profile.meta.memory.out_of_memory
     assert oom.requested_bytes == 2**50
     assert (oom.module, oom.phase, oom.op) == ("1.0", "forward", "aten::empty")
     assert oom.live_bytes is not None and oom.live_bytes >= _param_bytes(model)
     assert "out of memory in 1.0 forward (aten::empty): asked for 1.00 PiB" in str(profile)
-    assert profile.meta["block_error"]["module"] == "1.0"
+    assert profile.meta.capture.block_error.module == "1.0"
     # The trace carries torch's [OutOfMemory] event: read back, the same request and place.
     trace = prof.export_chrome_trace(tmp_path / "oom.json")
-    (again,) = ls.load(trace).meta["memory"].out_of_memory
+    (again,) = ls.load(trace).meta.memory.out_of_memory
     assert (again.requested_bytes, again.module, again.op) == (2**50, "1.0", "aten::empty")
 
 
@@ -268,11 +268,7 @@ def test_a_real_gpu_traces_peak_is_the_allocators_own() -> None:
     profile.validate()
     at_peak = profile.memory_at_peak()
     assert at_peak.device and not at_peak.categorised
-    assert (
-        at_peak.absolute_peak_bytes
-        == profile.meta["trace"]["peak_allocated_bytes"]["device"]
-        == 1_127_465_984
-    )
+    assert at_peak.absolute_peak_bytes == profile.meta.trace.peak_allocated_bytes["device"] == 1_127_465_984
     assert at_peak.baseline_bytes == 305_250_304  # "Total Allocated" less "Bytes" of the first event
     assert at_peak.where is not None and at_peak.where["phase"] == "backward"
     assert sum(r.bytes for r in at_peak.rows) == at_peak.absolute_peak_bytes
@@ -359,8 +355,8 @@ def test_validate_catches_impossible_memory_figures(
     from layerscope.model.memory import MemoryReport
 
     profile = adamw_run["profile"]
-    figures = profile.meta["memory"].to_json()
+    figures = profile.meta.memory.to_json()
     tamper(figures["classes"][0])
-    meta = {**profile.meta, "memory": MemoryReport.from_json(figures)}
+    meta = replace(profile.meta, memory=MemoryReport.from_json(figures))
     with pytest.raises(ls.ValidationError, match=message):
         replace(profile, meta=meta).validate()

@@ -1,4 +1,4 @@
-"""Memory records and names: ``meta["memory"]``/``meta["memory_timeline"]`` are typed records that
+"""Memory records and names: ``meta.memory``/``meta.memory_timeline`` are typed records that
 read schema v1's form, and every surface (console, pandas, CSV, JSON, the HTML report) uses only the
 glossary's names (docs/usage.md): ``alloc``, ``net``, ``relative_peak``, ``absolute_peak``."""
 
@@ -53,7 +53,7 @@ def test_v1_files_load_with_typed_memory_records(name: str, tmp_path: Path) -> N
     old = raw["meta"]["memory"]["classes"]
     profile = ls.load(V1 / name)
     profile.validate()
-    report, timeline = profile.meta["memory"], profile.meta["memory_timeline"]
+    report, timeline = profile.meta.memory, profile.meta.memory_timeline
     assert isinstance(report, MemoryReport) and isinstance(timeline, MemoryTimeline)
     # v1's positional and old-named figures land in the new names
     for saved, now in zip(old, report.classes, strict=True):
@@ -81,7 +81,7 @@ def test_v1_files_load_with_typed_memory_records(name: str, tmp_path: Path) -> N
 
 
 def test_records_round_trip_through_json(live: ls.Profile) -> None:
-    report, timeline = live.meta["memory"], live.meta["memory_timeline"]
+    report, timeline = live.meta.memory, live.meta.memory_timeline
     assert MemoryReport.from_json(json.loads(json.dumps(report.to_json()))) == report
     assert MemoryTimeline.from_json(json.loads(json.dumps(timeline.to_json()))) == timeline
     assert report.classes and report.classes[0].steps  # the capture recorded steps with memory
@@ -99,7 +99,7 @@ def test_old_attribute_names_still_read_with_a_warning(live: ls.Profile) -> None
     with pytest.warns(DeprecationWarning, match="absolute_peak_bytes"):
         assert at_peak.total_bytes == at_peak.absolute_peak_bytes
     with pytest.warns(DeprecationWarning, match="MemoryReport"):
-        assert live.meta["memory"]["classes"][0]["absolute_peak_bytes"] == at_peak.absolute_peak_bytes
+        assert live.meta.memory["classes"][0]["absolute_peak_bytes"] == at_peak.absolute_peak_bytes
 
 
 def _old_names_in(value: Any, path: str = "") -> list[str]:

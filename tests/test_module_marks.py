@@ -55,7 +55,9 @@ def test_marks_give_the_profile_ranges_give(name: str) -> None:
     model(x).float().sum().backward()  # warm-up
     marked = _profile(model, x, "auto", memory=True)
     ranged = _profile(model, x, "ranges", memory=True)
-    assert marked.meta["module_scopes"] == "marks" and ranged.meta["module_scopes"] == "ranges"
+    assert (
+        marked.meta.capture.scope_plan.kinds == "marks" and ranged.meta.capture.scope_plan.kinds == "ranges"
+    )
     assert [n.path for n in marked.modules()] == [n.path for n in ranged.modules()]
     for node in ranged.modules():
         other = marked.find(node.path)
@@ -95,7 +97,7 @@ def test_an_exception_inside_a_forward_closes_its_marks() -> None:
     assert nn.Linear.forward is original
     p = prof.profile
     p.validate()
-    assert p.meta["module_scopes"] == "marks"
+    assert p.meta.capture.scope_plan.kinds == "marks"
     assert p.find("1").calls == 1 and p.find("0").calls == 2 and p.root.calls == 1
     marks = prof.recording.context.marks
     assert marks is not None and marks.unmatched == 0
@@ -126,7 +128,7 @@ def test_two_threads_each_get_their_own_module_calls() -> None:
         worker.join()
     p = prof.profile
     p.validate()
-    assert p.meta["module_scopes"] == "marks"
+    assert p.meta.capture.scope_plan.kinds == "marks"
     assert p.root.calls == 2 and p.find("fc1").calls == 2
     # Both threads' matmuls are inside fc1 / fc2, none left at the root.
     fc = sum(r.calls for r in p.op_rows if r.name == "aten::addmm" and str(r.module).startswith("fc"))
@@ -142,10 +144,10 @@ def test_where_marks_cannot_serve_ranges_do() -> None:
     with ls.profile(model, schedule=ls.schedule(wait=0, warmup=0, active=1)) as prof:
         model(x).sum()
         prof.step()
-    assert prof.profile.meta["module_scopes"] == "ranges"
+    assert prof.profile.meta.capture.scope_plan.kinds == "ranges"
     with ls.profile() as prof:  # global mode: hooks, hence ranges
         model(x).sum()
-    assert prof.profile.meta["module_scopes"] == "ranges"
+    assert prof.profile.meta.capture.scope_plan.kinds == "ranges"
 
 
 class _RecordingNative:
@@ -199,7 +201,7 @@ def test_marks_and_ranges_mix_in_one_tree() -> None:
     model.fc2.forward = lambda inp: plain_forward(inp)  # type: ignore[method-assign]
     mixed = _profile(model, x, "auto")
     ranged = _profile(model, x, "ranges")
-    assert mixed.meta["module_scopes"] == "marks and ranges"
+    assert mixed.meta.capture.scope_plan.kinds == "marks and ranges"
     for node in ranged.modules():
         other = mixed.find(node.path)
         assert other.calls == node.calls and other.forward.flops == node.forward.flops, node.path

@@ -211,7 +211,7 @@ def test_profiles_use_the_native_reader_and_equal_the_bindings_ones(
     slow = profiled()
     for p in (fast, slow):
         p.validate()
-    assert fast.meta["reader"] == "native" and slow.meta["reader"] == "python"
+    assert fast.meta.capture.reader == "native" and slow.meta.capture.reader == "python"
     assert [n.path for n in fast.root.walk()] == [n.path for n in slow.root.walk()]
     assert fast.root.total.flops == slow.root.total.flops > 0
     assert [n.calls for n in fast.root.walk()] == [n.calls for n in slow.root.walk()]
@@ -234,7 +234,7 @@ def test_a_failing_native_reader_warns_once_and_the_profile_is_still_made(
                 model(torch.randn(2, 32))
             profile = prof.profile
         profile.validate()
-        assert profile.meta["reader"] == "python"
+        assert profile.meta.capture.reader == "python"
         assert native.status().reason == "raised RuntimeError: boom"  # not tried again
     finally:
         native.forget()
@@ -246,7 +246,7 @@ def test_without_a_built_reader_profiling_reads_through_the_bindings(empty_cache
     model = Block()
     with ls.profile(model) as prof:
         model(torch.randn(2, 32))
-    assert prof.profile.meta["reader"] == "python"
+    assert prof.profile.meta.capture.reader == "python"
     with pytest.raises(LayerscopeError, match="native reader unavailable: not built"):
         table_from_kineto(object(), None, shapes=False, use_native=True)
 
@@ -282,7 +282,7 @@ def test_a_broken_binary_is_reported_and_profiling_goes_on(empty_cache: Path) ->
     with ls.profile(model) as prof:
         model(torch.randn(2, 32))
     prof.profile.validate()
-    assert prof.profile.meta["reader"] == "python"
+    assert prof.profile.meta.capture.reader == "python"
 
 
 def test_the_reader_refuses_what_is_not_torchs_results(reader: ModuleType) -> None:

@@ -13,6 +13,7 @@ import layerscope as ls
 from layerscope.analysis import peaks
 from layerscope.analysis.frames import achieved_flops_per_s
 from layerscope.analysis.peaks import choose_peak, known_peaks, mixed_peak
+from layerscope.model.meta import DeviceInfo, Environment, FlopsByDtype, ProfileMeta
 from layerscope.render.columns import tree_view
 from layerscope.render.console import render_to_text, tree_table
 from layerscope.render.types import types_table
@@ -81,8 +82,19 @@ def test_output_shapes_column(mixed: ls.Profile) -> None:
     assert frame.set_index("path").loc["a", "input_shapes"] == "[[16, 32]]"
 
 
+def _on_device(profile: ls.Profile, name: str) -> ls.Profile:
+    """The profile as if it had run on the device named ``name``."""
+    on = Environment(devices=(DeviceInfo(name),))
+    return replace(profile, meta=replace(profile.meta, environment=on))
+
+
+def _run_split(profile: ls.Profile) -> dict[str, int]:
+    assert profile.meta.flops_by_dtype is not None
+    return dict(profile.meta.flops_by_dtype.run)
+
+
 def test_flops_are_split_by_dtype(mixed: ls.Profile) -> None:
-    by_dtype = mixed.meta["flops_by_dtype"]
+    by_dtype = _run_split(mixed)
     mm = 2 * 16 * 32 * 64
     fp32 = 2 * mm + 3 * mm  # a: forward + weight gradient (x needs none); b: forward + both gradients
     bf16 = 2 * 16 * 32 * 32 * 3  # low: forward + grad input + grad weight
@@ -95,20 +107,21 @@ def test_each_module_has_its_own_dtype_mix(mixed: ls.Profile, monkeypatch: pytes
     the peak of its own mix: the fp32 layer to the fp32 peak, the bf16 one to bf16's, the root to
     the run's mix; a given --peak-tflops holds every row to itself."""
     mm = 2 * 16 * 32 * 64
-    per_module = mixed.meta["flops_by_dtype_per_module"]
+    assert mixed.meta.flops_by_dtype is not None
+    run, per_module = mixed.meta.flops_by_dtype.run, mixed.meta.flops_by_dtype.per_module
     assert per_module["a"] == {"fp32": 2 * mm}
     assert per_module["b"] == {"fp32": 3 * mm}
     assert per_module["low"] == {"bf16": 3 * 2 * 16 * 32 * 32}
-    assert per_module[""] == mixed.meta["flops_by_dtype"]
+    assert per_module[""] == run
     assert "act" not in per_module  # no FLOPs
 
-    on_h100 = replace(mixed, meta={**mixed.meta, "devices": [{"name": "NVIDIA H100 80GB HBM3"}]})
+    on_h100 = _on_device(mixed, "NVIDIA H100 80GB HBM3")
     view = tree_view(on_h100, per_step=False, peak_tflops=None)
     h100 = known_peaks("NVIDIA H100 80GB HBM3")
     assert h100 is not None
     assert view.module_peaks["a"] == pytest.approx(h100["fp32"] * 1e12)
     assert view.module_peaks["low"] == pytest.approx(h100["bf16"] * 1e12)
-    run_peak = mixed_peak(h100, mixed.meta["flops_by_dtype"], tf32=False)[0] * 1e12
+    run_peak = mixed_peak(h100, dict(run), tf32=False)[0] * 1e12
     assert view.module_peaks[""] == pytest.approx(run_peak) == pytest.approx(view.peak_rate)
     low = on_h100.find("low")
     rate = achieved_flops_per_s(low.total)
@@ -118,7 +131,7 @@ def test_each_module_has_its_own_dtype_mix(mixed: ls.Profile, monkeypatch: pytes
     # The console rows use the module's peak: on a made-up device slow enough for CPU rates to show,
     # the bf16 layer at 1 MFLOP/s peak, the fp32 ones at 10.
     monkeypatch.setattr(peaks, "PEAK_TFLOPS", [("Slowpoke", {"fp32": 1e-5, "bf16": 1e-6})])
-    slow = replace(mixed, meta={**mixed.meta, "devices": [{"name": "Slowpoke 1"}]})
+    slow = _on_device(mixed, "Slowpoke 1")
     text = render_to_text(tree_table(slow, ascii_only=True), width=250)
     for path, peak in (("low", 1e6), ("a", 1e7)):
         node_rate = achieved_flops_per_s(slow.find(path).total)
@@ -129,9 +142,8 @@ def test_each_module_has_its_own_dtype_mix(mixed: ls.Profile, monkeypatch: pytes
     given = tree_view(on_h100, per_step=False, peak_tflops=100.0)
     assert given.module_peaks == {} and given.mfu_cell(low.total, "low") == f"{100 * rate / 100e12:.1f}%"
 
-    broken = replace(
-        mixed, meta={**mixed.meta, "flops_by_dtype_per_module": {**per_module, "a": {"fp32": 1}}}
-    )
+    broken_split = FlopsByDtype(run, {**per_module, "a": {"fp32": 1}})
+    broken = replace(mixed, meta=replace(mixed.meta, flops_by_dtype=broken_split))
     with pytest.raises(ls.ValidationError, match="module a: FLOPs by dtype"):
         broken.validate()
 
@@ -141,7 +153,7 @@ def test_fp32_convolutions_are_their_own_class() -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
     with ls.profile(model) as prof:
         model(torch.randn(2, 3, 8, 8))
-    by_dtype = prof.profile.meta["flops_by_dtype"]
+    by_dtype = _run_split(prof.profile)
     assert by_dtype == {"fp32-conv": 2 * 2 * 4 * 6 * 6 * 3 * 3 * 3, "fp32": 2 * 2 * 144 * 2}
     a100 = known_peaks("NVIDIA A100-SXM4-80GB")
     assert a100 is not None
@@ -159,13 +171,14 @@ def test_mfu_peak_is_weighted_by_the_dtype_mix() -> None:
     assert "bf16 989 (50% of FLOPs)" in how and "fp32 67 (50% of FLOPs)" in how
     tf32_peak, how = mixed_peak(h100, {"fp32": 10}, tf32=True)
     assert tf32_peak == pytest.approx(494.5) and how.startswith("tf32")
-    meta = {"devices": [{"name": "NVIDIA A100-SXM4-80GB"}], "flops_by_dtype": {"fp32": 5}}
+    on_a100 = Environment(devices=(DeviceInfo("NVIDIA A100-SXM4-80GB"),))
+    meta = ProfileMeta(environment=on_a100, flops_by_dtype=FlopsByDtype({"fp32": 5}))
     chosen = choose_peak(meta)
     assert chosen is not None and chosen.flops_per_s == pytest.approx(19.5e12)
     assert "fp32 19.5" in chosen.description
     given = choose_peak(meta, peak_tflops=100.0)
     assert given is not None and given.flops_per_s == 100e12 and given.description == "--peak-tflops 100"
-    unknown = choose_peak({"devices": [{"name": "NVIDIA H100"}]})
+    unknown = choose_peak(ProfileMeta(environment=Environment(devices=(DeviceInfo("NVIDIA H100"),))))
     assert unknown is not None and unknown.flops_per_s == 989e12 and "dtypes unknown" in unknown.description
 
 
@@ -181,18 +194,21 @@ def test_traces_give_the_same_flops_by_dtype(tmp_path: Path) -> None:
     model, x = Mixed(), torch.randn(16, 32)
     with ls.profile(model) as prof:
         model(x).sum().backward()
-    live = prof.profile.meta["flops_by_dtype"]
+    live = _run_split(prof.profile)
     loaded = ls.load(prof.export_chrome_trace(tmp_path / "trace.json"))
-    assert loaded.meta["flops_by_dtype"] == live
+    assert loaded.meta.flops_by_dtype is not None and loaded.meta.flops_by_dtype.run == live
 
 
 def test_validate_catches_a_dtype_split_that_does_not_add_up(mixed: ls.Profile) -> None:
     from dataclasses import replace
 
-    meta = dict(mixed.meta)
-    meta["flops_by_dtype"] = {**meta["flops_by_dtype"], "bf16": meta["flops_by_dtype"]["bf16"] + 1}
+    found = mixed.meta.flops_by_dtype
+    assert found is not None
+
+    def with_run(run: dict[str, int]) -> ls.Profile:
+        return replace(mixed, meta=replace(mixed.meta, flops_by_dtype=FlopsByDtype(run, found.per_module)))
+
     with pytest.raises(ls.ValidationError, match="flops_by_dtype adds up to"):
-        replace(mixed, meta=meta).validate()
-    meta["flops_by_dtype"] = {"fp32": mixed.totals.flops + 5, "bf16": -5}
+        with_run({**found.run, "bf16": found.run["bf16"] + 1}).validate()
     with pytest.raises(ls.ValidationError, match="negative class"):
-        replace(mixed, meta=meta).validate()
+        with_run({"fp32": mixed.totals.flops + 5, "bf16": -5}).validate()

@@ -12,6 +12,7 @@ import layerscope as ls
 from layerscope.analysis.ops import GROUP_KEYS, op_table
 from layerscope.attribution import build_profile, module_range_name
 from layerscope.events import EventKind, EventTable
+from layerscope.model.meta import ProfileMeta
 from layerscope.model.metrics import ADDITIVE_PAIRS
 
 NAMES = [
@@ -109,7 +110,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 @SETTINGS
 @given(tables())
 def test_any_nested_trace_validates(table: EventTable) -> None:
-    profile = build_profile(table, None, {})
+    profile = build_profile(table, None)
     profile.validate()
     assert (
         profile.totals.device_us
@@ -121,7 +122,7 @@ def test_any_nested_trace_validates(table: EventTable) -> None:
 @SETTINGS
 @given(tables(), st.lists(st.sampled_from(GROUP_KEYS), min_size=1, max_size=4, unique=True))
 def test_grouping_keeps_totals(table: EventTable, group_by: list[str]) -> None:
-    profile = build_profile(table, None, {})
+    profile = build_profile(table, None)
     grouped = op_table(profile, group_by=group_by)
     for _, total in ADDITIVE_PAIRS:
         expected = sum(getattr(r.metrics, total) for r in profile.op_rows)
@@ -133,6 +134,6 @@ def test_grouping_keeps_totals(table: EventTable, group_by: list[str]) -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tables(), st.sampled_from(["p.json", "p.json.gz"]))
 def test_save_load_round_trip(tmp_path: Path, table: EventTable, name: str) -> None:
-    profile = build_profile(table, None, {"note": "round trip"})
+    profile = build_profile(table, None, ProfileMeta(extra={"note": "round trip"}))
     path = profile.save(tmp_path / name)
     assert ls.load(path) == profile

@@ -16,6 +16,7 @@ from layerscope.attribution import build_profile, module_range_name
 from layerscope.cli import main
 from layerscope.errors import UsageError
 from layerscope.events import EventKind, EventTable
+from layerscope.model.meta import DistributedInfo
 
 JOB = Path(__file__).parent / "fixtures" / "ddp_job.py"
 
@@ -36,7 +37,7 @@ def test_ddp_job_merge_names_the_slow_rank_and_module(ddp_run: Path) -> None:
     profiles = [ls.load(f) for f in files]
     for k, p in enumerate(profiles):
         p.validate()
-        assert p.meta["distributed"] == {"rank": k, "world_size": 2, "backend": "gloo"}
+        assert p.meta.distributed == DistributedInfo(rank=k, world_size=2, backend="gloo")
         assert any(COMMUNICATION.search(r.name) and "all_reduce" in r.name for r in p.op_rows)
     merged = ls.merge(profiles)
     s = merged.straggler
@@ -68,7 +69,7 @@ def one(paths: list[str], self_us: dict[str, int]) -> ls.Profile:
             module_range_name(path, "Linear"), EventKind.CPU_OP, 1, cursor * 1000, self_us[path] * 1000
         )
         cursor += self_us[path]
-    return build_profile(t, None, {})
+    return build_profile(t, None)
 
 
 def test_different_module_trees_merge_as_a_union_with_gaps() -> None:
@@ -103,7 +104,7 @@ def test_collectives_with_message_sizes_and_groups(real_traces: Path) -> None:
         for e in events
         if e.get("name") == "record_param_comms" and e["args"].get("Collective name") == "allreduce"
     )
-    comm = ls.load(path).meta["trace"]["communication"]
+    comm = ls.load(path).meta.trace.communication
     allreduce = next(c for c in comm if c["collective"] == "allreduce")
     assert (
         allreduce["bytes"] == expected and allreduce["group"] == "default_pg" and allreduce["group_size"] == 2

@@ -144,7 +144,7 @@ def test_out_of_range_integers_are_malformed_events_not_crashes(tmp_path: Path) 
             profile = ls.load(path)
         profile.validate()
         assert profile.totals.cpu_us == pytest.approx(5.0)  # the good event (5 µs) is there
-        (reason, count), *_ = profile.meta["trace"]["malformed_events"].items()
+        (reason, count), *_ = profile.meta.trace.malformed_events.items()
         assert count == 1 and "OverflowError" in reason
         assert [w.category for w in caught] == [MalformedEventsWarning]
 

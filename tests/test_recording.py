@@ -109,7 +109,7 @@ def test_run_trace_of_a_compiled_model_reads_back_to_the_saved_tree(tmp_path: Pa
     (trace,) = sorted(out.glob("*.pt.trace.json.gz"))
     live = ls.load(trace.with_name(trace.name.replace(".pt.trace.json.gz", ".json.gz")))
     assert_same_tree(live, ls.load(trace))
-    assert live.meta["compiled"]["graph_calls"] > 0
+    assert live.meta.compiled.graph_calls > 0
     assert backward_track_modules(trace)  # cycle traces had no backward track before the Recording
 
 
@@ -185,7 +185,7 @@ def test_scope_plan_is_kept_in_meta_and_shown(tmp_path: Path, capsys: pytest.Cap
     model = EveryMechanism()
     with ls.profile(model, module_scopes="ranges") as prof:
         model(torch.randn(2, 4)).sum().backward()
-    assert prof.profile.meta["module_scopes"] == "ranges"
+    assert prof.profile.meta.capture.scope_plan.kinds == "ranges"
     path = prof.profile.save(tmp_path / "run.json")
     assert main(["show", str(path), "--scopes", "--ascii"]) == 0
     out = capsys.readouterr().out
@@ -195,9 +195,10 @@ def test_scope_plan_is_kept_in_meta_and_shown(tmp_path: Path, capsys: pytest.Cap
     mlp = nn.Sequential(nn.Linear(4, 4))
     with ls.profile() as prof:
         mlp(torch.randn(2, 4))
-    global_plan = prof.profile.meta["scope_plan"]
-    assert global_plan["reasons"][0][:2] == [GLOBAL_HOOKS, RANGES]
-    assert [m[0] for m in global_plan["modules"]] == ["Sequential", "Sequential.0"]
+    assert prof.profile.meta.capture is not None
+    global_plan = prof.profile.meta.capture.scope_plan
+    assert (global_plan.reasons[0].mechanism, global_plan.reasons[0].clock) == (GLOBAL_HOOKS, RANGES)
+    assert [m[0] for m in global_plan.modules] == ["Sequential", "Sequential.0"]
 
 
 def test_show_scopes_of_a_trace_is_a_one_line_error(

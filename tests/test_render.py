@@ -7,6 +7,7 @@ import io
 import pytest
 
 from layerscope.attribution import build_profile
+from layerscope.model.meta import CaptureInfo, ProfileMeta, SavedOptions
 from layerscope.render.console import make_console, ops_table, render_to_text, tree_table
 from layerscope.units import fmt_bytes, fmt_share, fmt_si, fmt_time_us
 from tests.test_build_synthetic import CATALOG, forward_backward_table
@@ -14,7 +15,11 @@ from tests.test_build_synthetic import CATALOG, forward_backward_table
 
 @pytest.fixture
 def profile():  # type: ignore[no-untyped-def]
-    p = build_profile(forward_backward_table(), CATALOG, {"model": "Net", "options": {"memory": True}})
+    p = build_profile(
+        forward_backward_table(),
+        CATALOG,
+        ProfileMeta(model="Net", capture=CaptureInfo(options=SavedOptions(memory=True))),
+    )
     p.validate()
     return p
 
@@ -37,7 +42,7 @@ def test_tree_table_golden_ascii_narrow(profile, golden) -> None:  # type: ignor
 
 def test_min_share_folds_with_a_note() -> None:
     # CPU-only (no kernel): fc is 90 of 185 µs = 48.6% of the run
-    cpu_only = build_profile(forward_backward_table(with_kernel=False), CATALOG, {})
+    cpu_only = build_profile(forward_backward_table(with_kernel=False), CATALOG)
     text = render_to_text(tree_table(cpu_only, min_share=40, ascii_only=True), width=150)
     assert "`-- fc" in text and "folded" not in text
     text = render_to_text(tree_table(cpu_only, min_share=50, ascii_only=True), width=150)
@@ -92,7 +97,7 @@ def test_names_that_look_like_markup_print_as_written() -> None:
     t.add_span(module_range_name("", "Net"), EventKind.CPU_OP, 1, 0, 100_000)
     t.add_span(module_range_name("heads.[bold]", "Linear"), EventKind.CPU_OP, 1, 10_000, 50_000)
     t.add_span("[memory]", EventKind.CPU_OP, 1, 20_000, 10_000)
-    p = build_profile(t, None, {})
+    p = build_profile(t, None)
     tree = render_to_text(tree_table(p, ascii_only=True), width=150)
     assert "`-- [bold]" in tree
     ops = render_to_text(ops_table(p.ops(group_by=("name", "module")), ascii_only=True), width=150)

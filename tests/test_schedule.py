@@ -38,7 +38,7 @@ def test_schedule_calls_the_handler_once_per_cycle() -> None:
         cycle.profile.validate()
         assert len(cycle.profile.steps) == 2
         assert cycle.profile.find("fc1").calls == 2  # two recorded steps, one call each
-        assert cycle.profile.meta["cycle"] == cycle.index
+        assert cycle.profile.meta.capture.cycle == cycle.index
     assert prof.profile is cycles[-1].profile
     assert prof.step_count == 10
 

@@ -35,7 +35,7 @@ def test_round_trip_is_equal(tmp_path: Path, live_profile: ls.Profile, name: str
 
 def test_saved_form_is_versioned(live_profile: ls.Profile) -> None:
     data = profile_to_dict(live_profile)
-    assert data["format"] == "layerscope.profile" and data["schema_version"] == 1
+    assert data["format"] == "layerscope.profile" and data["schema_version"] == 2
     assert data["metric_fields"][0] == "self_cpu_us"
 
 

@@ -139,11 +139,11 @@ def _user_step_table() -> EventTable:
 
 def test_user_steps_end_to_end() -> None:
     t = _user_step_table()
-    p = build_profile(t, None, {})
+    p = build_profile(t, None)
     p.validate()
     assert [(s.step, s.wall_us, s.device_us) for s in p.steps] == [(0, 150, 60), (1, 150, 60)]
     assert not any(event_names.is_step_range(r.name) is not None for r in p.op_rows)
-    memory_steps = p.meta["memory"].classes[0].steps
+    memory_steps = p.meta.memory.classes[0].steps
     assert [row.step for row in memory_steps] == [0, 1]
     assert [s.absolute_peak_bytes for s in p.steps] == [1000, 3000]
     report = device_report(t)
@@ -178,10 +178,10 @@ def test_step_table_memory_and_verdicts_share_windows(name: str) -> None:
     assert steps and [v.step for v in found.device.steps] == [s.step for s in steps]
     for step, verdict in zip(steps, found.device.steps, strict=True):
         assert verdict.wall_us == pytest.approx(step.wall_us, abs=1e-3)
-    memory = found.profile.meta.get("memory")
-    if memory:
-        for figures in memory["classes"]:
-            assert [row[0] for row in figures["steps"]] == [s.step for s in steps]
+    memory = found.profile.meta.memory
+    if memory is not None:
+        for figures in memory.classes:
+            assert [s.step for s in figures.steps] == [s.step for s in steps]
 
 
 # ---- one owner ---------------------------------------------------------------------------------------

@@ -26,13 +26,13 @@ TRACES = [
 def test_blocks_give_the_same_profile_as_a_whole_parse(real_traces: Path, name: str, block: int) -> None:
     path = real_traces / name
     whole = orjson.loads(gzip.decompress(path.read_bytes()))
-    expected = build_profile(table_from_trace(whole), None, {})
+    expected = build_profile(table_from_trace(whole), None)
     builder = TraceTableBuilder()
     result = stream_trace(path, builder, block_bytes=block)
     assert not result.truncated and result.lost_bytes == 0
     assert result.header.get("schemaVersion") == whole.get("schemaVersion")
     assert result.header.get("traceName", whole.get("traceName")) == whole.get("traceName")
-    got = build_profile(builder.finish(result.header), None, {})
+    got = build_profile(builder.finish(result.header), None)
     assert got == expected
 
 
@@ -42,14 +42,14 @@ def test_a_cut_trace_keeps_every_complete_event(real_traces: Path, tmp_path: Pat
     path.write_bytes(raw[: len(raw) // 2])
     profile = ls.load(path)
     profile.validate()
-    trace = profile.meta["trace"]
-    assert trace["truncated"] is True and 0 < trace["lost_bytes"] < 10_000
+    trace = profile.meta.trace
+    assert trace.truncated is True and 0 < trace.lost_bytes < 10_000
     full = ls.load(real_traces / "cuda_nccl_distributed.json.gz")
     assert 0 < profile.totals.device_us < full.totals.device_us
     gz = tmp_path / "killed.json.gz"
     gz.write_bytes(gzip.compress(raw)[: len(raw) // 20])  # the gzip stream itself ends early
     cut = ls.load(gz)
-    assert cut.meta["trace"]["truncated"] is True
+    assert cut.meta.trace.truncated is True
 
 
 def test_truncation_is_reported_by_the_cli(

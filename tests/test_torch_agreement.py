@@ -40,8 +40,8 @@ def test_op_self_cpu_matches_key_averages(name: str, memory: bool, module_scopes
     prof, _, _ = capture(name, memory, module_scopes)
     p = prof.profile
     p.validate()
-    marks = p.meta["module_scopes"] == "marks"
-    assert marks == (module_scopes == "auto" and p.meta["reader"] == "native")
+    marks = p.meta.capture.scope_plan.kinds == "marks"
+    assert marks == (module_scopes == "auto" and p.meta.capture.reader == "native")
     averages = prof.torch_profiler.key_averages()
     # Step ranges are no op rows of ours (their self time is our "(Python between ops)"; with marks,
     # torch also counts there the time inside a module but outside its ops).

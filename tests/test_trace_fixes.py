@@ -82,7 +82,7 @@ def test_overlapping_siblings_own_their_time_once() -> None:
     t.add_span("second", EventKind.USER_ANNOTATION, 1, 40 * US, 55 * US)  # 40..95, past "first"
     t.add_span("inner", EventKind.CPU_OP, 1, 45 * US, 2 * US)  # inside both: "first" owns 45..47
     t.add_span("late", EventKind.CPU_OP, 1, 60 * US, 10 * US)
-    p = build_profile(t, None, {})
+    p = build_profile(t, None)
     p.validate()
     self_us = {r.name: r.metrics.self_cpu_us for r in p.op_rows}
     assert self_us == {"outer": 15.0, "first": 40.0, "second": 35.0, "inner": 0.0, "late": 10.0}
@@ -132,7 +132,7 @@ def test_step_device_time_is_work_run_in_the_window() -> None:
         "autograd::engine::evaluate_function: MmBackward0", EventKind.CPU_OP, 2, 50 * US, 5 * US, ext=2
     )
     t.add_span("k2", EventKind.KERNEL, 9, 90 * US, 30 * US, ext=2)  # 10 µs in step 1, 20 in step 2
-    p = build_profile(t, None, {})
+    p = build_profile(t, None)
     p.validate()
     assert [(s.step, s.device_us) for s in p.steps] == [(1, 20.0), (2, 20.0)]
 

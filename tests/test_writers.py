@@ -13,6 +13,7 @@ import layerscope as ls
 from layerscope.attribution import build_profile
 from layerscope.cli import main
 from layerscope.errors import UsageError
+from layerscope.model.meta import CaptureInfo, ProfileMeta, SavedOptions
 from layerscope.model.profile import Profile
 from layerscope.render.writers import FORMATS, WRITERS, find_writer
 from tests.test_build_synthetic import CATALOG, forward_backward_table
@@ -20,7 +21,11 @@ from tests.test_build_synthetic import CATALOG, forward_backward_table
 
 @pytest.fixture
 def profile() -> Profile:
-    p = build_profile(forward_backward_table(), CATALOG, {"model": "Net", "options": {"memory": True}})
+    p = build_profile(
+        forward_backward_table(),
+        CATALOG,
+        ProfileMeta(model="Net", capture=CaptureInfo(options=SavedOptions(memory=True))),
+    )
     p.validate()
     return p
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerscope.analysis.advice import Advice, advise
-from layerscope.analysis.device import DeviceReport, device_report
-from layerscope.analysis.device_summary import device_summary
+from layerscope.analysis.device import DeviceReport
+from layerscope.analysis.device_summary import summarize_device
 from layerscope.attribution.attribute import build_profile
 from layerscope.errors import LayerscopeWarning, TraceFormatError
 from layerscope.events.chrome import FlopCounter, TraceTableBuilder
@@ -19,7 +19,8 @@ from layerscope.events.stream import Progress, stream_trace
 from layerscope.events.table import EventTable
 from layerscope.filemap import FileResults, map_files
 from layerscope.gcpause import gc_paused
-from layerscope.model.profile import SCHEMA_VERSION, Profile
+from layerscope.model.meta import TRACE, ProfileMeta
+from layerscope.model.profile import Profile
 from layerscope.model.serialize import FORMAT_TAG, profile_from_dict
 
 if TYPE_CHECKING:
@@ -103,31 +104,18 @@ def _without_step_rows(profile: Profile) -> Profile:
     return profile if len(kept) == len(profile.op_rows) else replace(profile, op_rows=kept)
 
 
-def _trace_meta(path: Path, table: EventTable) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "source": "trace",
-        "trace_file": str(path),
-        "model": None,
-        "options": {"memory": bool(table.mem_ts)},
-    }
-
-
 def _profile_of_trace(path: Path, table: EventTable) -> tuple[Profile, DeviceReport | None]:
-    """The profile of a trace, its device report kept in ``meta["device"]`` as JSON data."""
-    profile = build_profile(table, None, _trace_meta(path, table))
-    device = device_report(table)
-    if device is not None:
-        profile.meta["device"] = device_summary(device)
-    return profile, device
+    """The profile of a trace, with its device report (summarized in ``meta.device``)."""
+    device, summary = summarize_device(table)
+    return build_profile(table, None, ProfileMeta(source=TRACE, trace_file=str(path), device=summary)), device
 
 
 def load(path: str | Path, progress: Progress | None = None, strict: bool = False) -> Profile:
     """Load a profile saved by :meth:`Profile.save`, or build one from a Chrome trace written by
     torch.profiler (``export_chrome_trace``, ``tensorboard_trace_handler``; .json or .json.gz). Big
-    traces are read in blocks; a trace cut short keeps every complete event (``meta["trace"]``
+    traces are read in blocks; a trace cut short keeps every complete event (``meta.trace``
     says ``truncated`` and how many bytes were lost). Malformed events are skipped, counted by reason
-    in ``meta["trace"]["malformed_events"]`` and reported by a :class:`MalformedEventsWarning`;
+    in ``meta.trace.malformed_events`` and reported by a :class:`MalformedEventsWarning`;
     ``strict=True`` raises :class:`~layerscope.errors.TraceFormatError` on the first one instead."""
     path = Path(path)
     read = _read(path, progress, strict)

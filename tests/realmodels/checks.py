@@ -280,7 +280,7 @@ def check_peak(run: ZooRun) -> Check:
     profile = run.memory_profile
     assert profile is not None
     at_peak = profile.memory_at_peak(device=False)
-    peak_ns = next(c for c in profile.meta["memory"].classes if not c.device).peak_ts_ns
+    peak_ns = next(c for c in profile.meta.memory.classes if not c.device).peak_ts_ns
     # torch's MemoryProfile of the capture's results: what ``_memory_profile()`` returns, without
     # its demand for stacks (they name categories; the totals compared here do not need them)
     results = run.memory_session.torch_profiler.profiler.kineto_results
@@ -313,7 +313,7 @@ COMPILED_RUNTIME = (
 
 def check_placement(run: ZooRun) -> Check:
     """Compiled: at least 80% of the compiled graphs' kernel spans are placed below the root
-    (``meta["compiled"]``: a count, so the machine's load cannot move it), and no FLOP-counted op
+    (``meta.compiled``: a count, so the machine's load cannot move it), and no FLOP-counted op
     (matmul, convolution, forward or backward) is left on the root's own time. The share of op time
     below the root (device time where there is some, else CPU, :data:`COMPILED_RUNTIME` left out)
     is reported beside it."""
@@ -334,8 +334,8 @@ def check_placement(run: ZooRun) -> Check:
         if r.module == "" and not r.name.startswith(COMPILED_RUNTIME)
     )
     share = below / (below + on_root) if below + on_root else 0.0
-    compiled = profile.meta.get("compiled") or {}
-    placed = compiled.get("kernels_placed", 0) / (compiled.get("kernels_matched") or 1)
+    compiled = profile.meta.compiled
+    placed = compiled.kernels_placed / (compiled.kernels_matched or 1) if compiled is not None else 0.0
     flops = root.forward.self_flops + root.backward.self_flops
     figure = f"{placed:.0%} of kernels ({share:.0%} of op time)" + (
         f", {flops / (root.total.flops or 1):.0%} of FLOPs on the root" if flops else ""

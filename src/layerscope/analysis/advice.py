@@ -13,7 +13,6 @@ from typing import Any
 
 from layerscope.analysis.device import DeviceReport
 from layerscope.events.names import DATA_LOADER_PREFIX, OPTIMIZER_STEP_PREFIX
-from layerscope.model.memory import memory_report_of
 from layerscope.model.profile import Profile
 from layerscope.units import fmt_bytes, fmt_time_us
 
@@ -139,12 +138,8 @@ def frequent_syncs(profile: Profile, device: DeviceReport | None) -> Advice | No
 
 
 def _compute_capability(profile: Profile) -> int:
-    props = profile.meta.get("trace", {}).get("device_properties") or []
-    majors = [
-        int(p["computeMajor"])
-        for p in props
-        if isinstance(p, dict) and isinstance(p.get("computeMajor"), int)
-    ]
+    props = profile.meta.trace.device_properties
+    majors = [int(p["computeMajor"]) for p in props if isinstance(p.get("computeMajor"), int)]
     return max(majors, default=0)
 
 
@@ -189,13 +184,12 @@ def channels_last(profile: Profile, device: DeviceReport | None) -> Advice | Non
 
 
 def memory_near_capacity(profile: Profile, device: DeviceReport | None) -> Advice | None:
-    trace = profile.meta.get("trace", {})
-    props = trace.get("device_properties") or []
-    capacity = max([p.get("totalGlobalMem", 0) for p in props if isinstance(p, dict)] or [0])
+    trace = profile.meta.trace
+    capacity = max([p.get("totalGlobalMem", 0) for p in trace.device_properties] or [0])
     # the allocator's own running total, else the memory report's: both absolute
-    report = memory_report_of(profile.meta)
+    report = profile.meta.memory
     recorded = next((c.absolute_peak_bytes for c in report.classes if c.device), 0) if report else 0
-    peak = (trace.get("peak_allocated_bytes") or {}).get("device", 0) or recorded
+    peak = trace.peak_allocated_bytes.get("device", 0) or recorded
     if not capacity or not peak or peak < 0.9 * capacity:
         return None
     return Advice(

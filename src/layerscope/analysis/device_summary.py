@@ -1,16 +1,24 @@
-"""The device report as plain JSON data, kept in a profile built from a trace
-(``Profile.meta["device"]``): saved with it (``analyze -o``), read by ``to_pandas("streams")``,
-``to_pandas("device_steps")`` and the HTML report's device section.
+"""The device report's figures a profile keeps (``ProfileMeta.device``, a
+:class:`~layerscope.model.meta.DeviceSummary`): made here, the same way for a live capture
+(``capture/recording.py``) and a trace (``loading.py``), saved with the profile, read by
+``to_pandas("streams")``, ``to_pandas("device_steps")``, the HTML report's device section and rank
+merging.
 
 Times are in µs, shares 0-1, None where there is nothing to measure (no communication, no launch
 calls on a stream)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from layerscope.analysis.device import DeviceReport
+from layerscope.analysis.device import DeviceReport, device_report
 from layerscope.analysis.streams import IdleTime
+from layerscope.events.table import EventTable
+from layerscope.model.meta import DeviceSummary, IdleSplit
+
+
+def summarize_device(table: EventTable) -> tuple[DeviceReport | None, DeviceSummary | None]:
+    """The device report of ``table``'s events and its summary (None, None: no device work)."""
+    report = device_report(table)
+    return report, device_summary(report) if report is not None else None
 
 
 def _idle(idle: IdleTime) -> dict[str, float]:
@@ -21,19 +29,19 @@ def _idle(idle: IdleTime) -> dict[str, float]:
     }
 
 
-def device_summary(report: DeviceReport) -> dict[str, Any]:
+def device_summary(report: DeviceReport) -> DeviceSummary:
     """The report's figures (top kernels and sync points left out: the op table has them)."""
-    return {
-        "window_us": report.window_us,
-        "busy_us": report.busy_us,
-        "utilisation": report.utilisation,
-        "idle": _idle(report.idle),
-        "comm_compute_overlap": report.comm_compute_overlap,
-        "launches": report.launches,
-        "tiny_kernels": report.tiny_kernels,
-        "launch_bound": report.launch_bound,
-        "by_kind": dict(report.by_kind),
-        "streams": [
+    return DeviceSummary(
+        window_us=report.window_us,
+        busy_us=report.busy_us,
+        utilisation=report.utilisation,
+        idle=IdleSplit(**_idle(report.idle)),
+        comm_compute_overlap=report.comm_compute_overlap,
+        launches=report.launches,
+        tiny_kernels=report.tiny_kernels,
+        launch_bound=report.launch_bound,
+        by_kind=dict(report.by_kind),
+        streams=tuple(
             {
                 "device": s.device,
                 "stream": s.stream,
@@ -48,13 +56,13 @@ def device_summary(report: DeviceReport) -> dict[str, Any]:
                 "full_queue_us": s.full_queue_us,
             }
             for s in report.streams
-        ],
-        "copies": [
+        ),
+        copies=tuple(
             {"kind": c.kind, "count": c.count, "bytes": c.bytes, "time_us": c.time_us, "gb_per_s": c.gb_per_s}
             for c in report.copies
-        ],
-        "collectives": [[c.name, c.start_us, c.end_us, c.step] for c in report.collectives],
-        "steps": [
+        ),
+        collectives=tuple((c.name, c.start_us, c.end_us, c.step) for c in report.collectives),
+        steps=tuple(
             {
                 "step": s.step,
                 "wall_us": s.wall_us,
@@ -66,5 +74,5 @@ def device_summary(report: DeviceReport) -> dict[str, Any]:
                 "verdict": s.verdict,
             }
             for s in report.steps
-        ],
-    }
+        ),
+    )

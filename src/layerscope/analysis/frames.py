@@ -10,7 +10,7 @@ Columns (documented in docs/usage.md):
   ``flops_per_s``.
 * ``unattributed``: ``label``, ``phase``, ``calls``, every metric.
 * ``steps``: ``step``, ``wall_us``, ``cpu_us``, ``device_us``, ``forward_us``, ``backward_us``.
-* ``streams``, ``device_steps``, ``copies``: a trace's device report (``meta["device"]``, profiles
+* ``streams``, ``device_steps``, ``copies``: a trace's device report (``meta.device``, profiles
   built from traces with device work): per stream ``device``, ``stream``, ``kernels``, ``work``,
   ``busy_us``, ``host_wait_us``, ``kernel_wait_us``, ``other_us``, ``queue_mean``, ``queue_max``,
   ``launch_delay_median_us``, ``launch_delay_p95_us``, ``full_queue_us``; per step ``step``, ``wall_us``,
@@ -110,13 +110,14 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
             for r in at_peak.rows
         ]
     if table in ("streams", "device_steps", "copies"):
-        device = profile.meta.get("device")
-        if not isinstance(device, dict):
+        device = profile.meta.device
+        if device is None:
             raise UsageError(
                 f"no {table} table: this profile has no device report (it comes with profiles built "
                 "from traces that have device work: layerscope.load, layerscope analyze -o)"
             )
-        return [dict(row) for row in device["steps" if table == "device_steps" else table]]
+        rows = {"streams": device.streams, "device_steps": device.steps, "copies": device.copies}[table]
+        return [dict(row) for row in rows]
     raise UsageError(f"unknown table {table!r}; choose from {', '.join(TABLES)}")
 
 

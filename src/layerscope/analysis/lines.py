@@ -46,7 +46,7 @@ def line_table(
     """Op rows summed per innermost user frame (see the module's docstring). ``module`` keeps the
     work that ran in that module's subtree; ``sort_by`` is one of :data:`LINE_SORT_KEYS`;
     ``user_stacks`` (analysis/stacks.py's ``op_user_stacks``) saves filtering the stacks again."""
-    if not profile.has_stacks and not profile.meta.get("call_lines"):
+    if not profile.has_stacks and profile.meta.call_lines is None:
         raise UsageError(
             "this profile has no source lines: record with lines=True (`--lines`), or with_stack=True"
         )
@@ -68,7 +68,7 @@ def line_table(
     table = LineTable(_line_stats(key, rows) for key, rows in groups.items())
     table.sort(key=_sort_key(sort_by, profile.has_device_time))
     result = LineTable(table[:limit] if limit is not None else table)
-    result.call_lines = bool(profile.meta.get("call_lines"))
+    result.call_lines = profile.meta.call_lines is not None
     result.time_kind = time_kind
     return result
 

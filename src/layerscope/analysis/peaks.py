@@ -8,7 +8,7 @@ tensor rate), V100 and T4 datasheets (no bf16 tensor cores: bf16 work is held to
 AMD Instinct MI300X and MI250X datasheets (matrix rates). Sparse figures in the datasheets are twice
 these.
 
-A profile's FLOPs are split by the dtype each op ran in (``meta["flops_by_dtype"]``); the peak MFU
+A profile's FLOPs are split by the dtype each op ran in (``meta.flops_by_dtype``); the peak MFU
 compares against is the FLOP-weighted one (:func:`mixed_peak`): a run whose FLOPs are 90% bf16 and
 10% fp32 is held to ``1 / (0.9 / bf16_peak + 0.1 / fp32_peak)``. fp32 matmuls count at the TF32 rate
 when the run allowed TF32 (``torch.get_float32_matmul_precision()`` not ``highest``), fp32
@@ -18,7 +18,8 @@ convolutions (``fp32-conv``) when cuDNN did (``torch.backends.cudnn.allow_tf32``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from layerscope.model.meta import Environment, ProfileMeta
 
 #: (name substring, {dtype class: dense TFLOP/s}), most specific first.
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
@@ -62,14 +63,6 @@ def known_peak_tflops(device_name: str, dtype: str = DEFAULT_CLASS) -> float | N
     return peaks.get(dtype) if peaks is not None else None
 
 
-def device_names(meta: dict[str, Any]) -> list[str]:
-    """Device names a profile's meta records (live capture or trace)."""
-    found = [d.get("name") for d in meta.get("devices") or [] if isinstance(d, dict)]
-    trace = meta.get("trace") or {}
-    found += [d.get("name") for d in trace.get("device_properties") or [] if isinstance(d, dict)]
-    return [str(n) for n in found if n]
-
-
 def mixed_peak(
     peaks: dict[str, float], flops_by_dtype: dict[str, int], tf32: bool, tf32_conv: bool = True
 ) -> tuple[float, str]:
@@ -90,7 +83,7 @@ def mixed_peak(
     return 1.0 / seconds_per_tflop, ", ".join(parts)
 
 
-def choose_peak(meta: dict[str, Any], peak_tflops: float | None = None) -> PeakChoice | None:
+def choose_peak(meta: ProfileMeta, peak_tflops: float | None = None) -> PeakChoice | None:
     """The peak to compare against: the one given, else the table's for the profile's first known
     device, weighted by the profile's FLOPs per dtype (without them: the bf16/fp16 peak), else None
     (then no MFU is shown)."""
@@ -100,49 +93,49 @@ def choose_peak(meta: dict[str, Any], peak_tflops: float | None = None) -> PeakC
     if device is None:
         return None
     name, peaks = device
-    by_dtype = meta.get("flops_by_dtype")
-    if isinstance(by_dtype, dict) and sum(by_dtype.values()) > 0:
-        tflops, how = mixed_peak(peaks, by_dtype, *_tf32_flags(meta))
-        per_module = " (each module against its own mix)" if meta.get("flops_by_dtype_per_module") else ""
+    by_dtype = meta.flops_by_dtype
+    if by_dtype is not None and sum(by_dtype.run.values()) > 0:
+        tflops, how = mixed_peak(peaks, dict(by_dtype.run), *_tf32_flags(meta))
+        per_module = " (each module against its own mix)" if by_dtype.per_module else ""
         return PeakChoice(tflops * 1e12, f"{name} peak TFLOP/s: {how}{per_module}")
     fallback = peaks.get(DEFAULT_CLASS) or max(peaks.values())
     how = f"{DEFAULT_CLASS} {fallback:g} TFLOP/s (dtypes unknown)"
     return PeakChoice(fallback * 1e12, f"{name} peak: {how}")
 
 
-def module_peak_rates(meta: dict[str, Any], peak_tflops: float | None = None) -> dict[str, float]:
+def module_peak_rates(meta: ProfileMeta, peak_tflops: float | None = None) -> dict[str, float]:
     """FLOP/s peaks per module path, each weighted by the module's own FLOPs per dtype, in a mixed
-    run on a known device (``meta["flops_by_dtype_per_module"]``); {} otherwise (then every module
+    run on a known device (``meta.flops_by_dtype.per_module``); {} otherwise (then every module
     is held to :func:`choose_peak`'s, as a given ``--peak-tflops`` always holds them)."""
-    per_module = meta.get("flops_by_dtype_per_module")
+    per_module = meta.flops_by_dtype.per_module if meta.flops_by_dtype is not None else {}
     device = _first_known_device(meta)
-    if peak_tflops is not None or device is None or not isinstance(per_module, dict):
+    if peak_tflops is not None or device is None or not per_module:
         return {}
     peaks, flags = device[1], _tf32_flags(meta)
     return {
-        path: mixed_peak(peaks, mix, *flags)[0] * 1e12
+        path: mixed_peak(peaks, dict(mix), *flags)[0] * 1e12
         for path, mix in per_module.items()
-        if isinstance(mix, dict) and sum(mix.values()) > 0
+        if sum(mix.values()) > 0
     }
 
 
-def _first_known_device(meta: dict[str, Any]) -> tuple[str, dict[str, float]] | None:
+def _first_known_device(meta: ProfileMeta) -> tuple[str, dict[str, float]] | None:
     """The first device the profile names that the table has peaks for, and its peaks."""
-    for name in device_names(meta):
+    for name in meta.device_names:
         peaks = known_peaks(name)
         if peaks is not None:
             return name, peaks
     return None
 
 
-def _tf32_flags(meta: dict[str, Any]) -> tuple[bool, bool]:
-    """Whether fp32 matmuls and fp32 convolutions ran in TF32, as the run recorded."""
-    return meta.get("float32_matmul_precision", "highest") != "highest", bool(
-        meta.get("cudnn_allow_tf32", True)
-    )
+def _tf32_flags(meta: ProfileMeta) -> tuple[bool, bool]:
+    """Whether fp32 matmuls and fp32 convolutions ran in TF32, as the run recorded (a trace does
+    not say: torch's defaults)."""
+    env = meta.environment or Environment()
+    return env.float32_matmul_precision != "highest", env.cudnn_allow_tf32
 
 
-def peak_flops_per_s(meta: dict[str, Any], peak_tflops: float | None = None) -> float | None:
+def peak_flops_per_s(meta: ProfileMeta, peak_tflops: float | None = None) -> float | None:
     """The FLOP/s of :func:`choose_peak`, or None."""
     chosen = choose_peak(meta, peak_tflops)
     return chosen.flops_per_s if chosen is not None else None

@@ -23,10 +23,8 @@ COMMUNICATION = re.compile(
 
 def rank_of(profile: Profile, default: int) -> int:
     """The profile's rank: from a live capture's meta, a trace's distributedInfo, else ``default``."""
-    for info in (profile.meta.get("distributed"), profile.meta.get("trace", {}).get("distributed")):
-        if isinstance(info, dict) and isinstance(info.get("rank"), int):
-            return int(info["rank"])
-    return default
+    info = profile.meta.distributed
+    return info.rank if info is not None else default
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +164,9 @@ def merge_profiles(profiles: Sequence[Profile], ranks: Sequence[int] | None = No
 
 
 def _collectives(profile: Profile) -> list[CollectiveKernel]:
-    device = profile.meta.get("device")
-    rows = device.get("collectives", []) if isinstance(device, dict) else []
-    return [CollectiveKernel(str(n), float(s), float(e), st) for n, s, e, st in rows]
+    device = profile.meta.device
+    rows = device.collectives if device is not None else ()
+    return [CollectiveKernel(n, s, e, st) for n, s, e, st in rows]
 
 
 def _is_collective_module(node: ModuleNode) -> bool:
@@ -202,17 +200,15 @@ def _communication_in_model(profile: Profile) -> float:
 def _comm_kernel_us(profile: Profile) -> float | None:
     """Communication-kernel time of a profile built from a trace with device work (None: no
     device report, e.g. a live CPU capture or a profile saved before reports were kept)."""
-    device = profile.meta.get("device")
-    if not isinstance(device, dict):
-        return None
-    return float(device.get("by_kind", {}).get("communication", 0.0))
+    device = profile.meta.device
+    return float(device.by_kind.get("communication", 0.0)) if device is not None else None
 
 
 def _summary(profile: Profile, rank: int, scale: float, metric: str, kernels: bool) -> RankSummary:
     if profile.steps:
         wall = sum(s.wall_us for s in profile.steps) * scale
     else:
-        wall = float(profile.meta.get("wall_us", profile.totals.cpu_us))
+        wall = profile.meta.wall_us if profile.meta.wall_us is not None else profile.totals.cpu_us
     root = profile.root
     modules = (getattr(root.forward, metric) + getattr(root.backward, metric)) * scale
     comm_kernels = _comm_kernel_us(profile) if kernels else None
@@ -221,7 +217,7 @@ def _summary(profile: Profile, rank: int, scale: float, metric: str, kernels: bo
         return RankSummary(rank, wall, modules, comm)
     if metric == "device_us":  # the model's device time holds the collectives it launched
         modules = max(0.0, modules - _communication_in_model(profile) * scale)
-    overlap = profile.meta["device"].get("comm_compute_overlap")
+    overlap = profile.meta.device.comm_compute_overlap if profile.meta.device is not None else None
     return RankSummary(rank, wall, modules, comm_kernels * scale, "kernels", overlap)
 
 

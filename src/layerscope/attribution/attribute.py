@@ -9,7 +9,7 @@ buckets, so that ``Profile.validate()`` can reconcile the two.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from layerscope.attribution.compiled import (
     graphs_from_meta,
 )
 from layerscope.attribution.devices import DeviceWork, link_device_work
-from layerscope.attribution.flop_dtypes import flops_by_dtype, flops_by_dtype_per_module
+from layerscope.attribution.flop_dtypes import flops_split
 from layerscope.attribution.memory.report import build_memory_report, with_step_memory
 from layerscope.attribution.memory.sums import (
     bucket_memory,
@@ -61,6 +61,7 @@ from layerscope.events.memory_snapshots import Snapshot
 from layerscope.events.steps import step_windows
 from layerscope.events.table import EventKind, EventTable
 from layerscope.model.memory import MemoryReport, block_relative_peaks
+from layerscope.model.meta import CallLinesInfo, ProfileMeta
 from layerscope.model.metrics import Metrics, own_metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, UnattributedEntry
 
@@ -68,7 +69,7 @@ from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile, Unattr
 def build_profile(
     table: EventTable,
     catalog: list[ModuleInfo] | None = None,
-    meta: dict[str, Any] | None = None,
+    meta: ProfileMeta | None = None,
     compiled_graphs: list[Any] | None = None,
     snapshots: list[Snapshot] | None = None,
 ) -> Profile:
@@ -77,7 +78,8 @@ def build_profile(
     ``catalog`` lists the modules (from a live capture); without one, modules are discovered from
     the layerscope ranges found in the trace. ``compiled_graphs`` (capture's record of which module
     each kernel of a compiled graph comes from) places the kernels run inside compiled regions; a
-    trace saved by layerscope carries its own.
+    trace saved by layerscope carries its own. ``meta`` is what the caller knows (source, model,
+    environment, capture, device summary); attribution adds what the events tell.
     """
     table.check()
     found = table.meta.get("layerscope")
@@ -93,8 +95,7 @@ def build_profile(
 
     # ---- nest: parents, exclusive time, buckets, FLOPs that count ------------------------------------
     graph_entries = compiled_graphs if compiled_graphs is not None else saved.get("compiled_graphs")
-    # torch's default; a capture records whether the block turned it off
-    early_stop = (meta or saved).get("checkpoint_early_stop", True) is not False
+    early_stop = _checkpoint_early_stop(meta, saved)
     nested = _nest(table, named, buckets, graphs_from_meta(graph_entries), modules_known, early_stop)
 
     # ---- link devices: kernels to their launching op -------------------------------------------------
@@ -131,12 +132,10 @@ def build_profile(
         {node.path for node in root.walk()},
         drop_idle_last=not named.regions,
     )
-    full_meta = _profile_meta(table, named, buckets, nested, owners, meta, modules_known)
-    full_meta.update(_flops_by_dtype_meta(table, nested, buckets, named.catalog, root))
     memory = _memory_report(table, owners, nested, buckets, named.catalog, snapshots)
     if memory is not None:
-        full_meta["memory"] = memory
         steps = with_step_memory(steps, memory)
+    full_meta = _profile_meta(table, named, buckets, nested, owners, meta, modules_known, root, memory)
     return Profile(
         meta=full_meta,
         root=root,
@@ -308,23 +307,6 @@ def _bucket_metrics(
     return [own_metrics(per_bucket, b) for b in range(nb)]
 
 
-def _flops_by_dtype_meta(
-    table: EventTable, nested: _Nested, buckets: Buckets, catalog: list[ModuleInfo], root: ModuleNode
-) -> dict[str, Any]:
-    """The run's FLOPs per dtype class and, in a mixed run, each module's (its MFU is held to its own
-    mix; with one class every module's is the run's)."""
-    by_dtype = flops_by_dtype(table, nested.flops)
-    if not by_dtype:
-        return {}
-    if len(by_dtype) == 1:
-        return {"flops_by_dtype": by_dtype}
-    paths = [
-        catalog[buckets.module_of(b)].path if buckets.is_module(b) else None for b in range(buckets.count)
-    ]
-    per_module = flops_by_dtype_per_module(table, nested.flops, np.asarray(nested.swept.bucket), paths, root)
-    return {"flops_by_dtype": by_dtype, "flops_by_dtype_per_module": per_module}
-
-
 def _unattributed(buckets: Buckets, per_bucket: list[Metrics]) -> tuple[UnattributedEntry, ...]:
     """One entry per label, in order of first use."""
     return tuple(
@@ -338,11 +320,11 @@ def _unattributed(buckets: Buckets, per_bucket: list[Metrics]) -> tuple[Unattrib
     )
 
 
-def _totals(table: EventTable, nested: _Nested, device: DeviceWork, meta: dict[str, Any]) -> Metrics:
+def _totals(table: EventTable, nested: _Nested, device: DeviceWork, meta: ProfileMeta) -> Metrics:
     """The run's totals, from the events themselves rather than the buckets (``validate`` compares);
     the peaks are the block's relative ones: its absolute peak less what was live before it."""
     mem_totals = memory_totals(table)
-    peaks = block_relative_peaks(meta)
+    peaks = block_relative_peaks(meta.memory)
     return own_metrics(
         {
             "cpu_us": covered_ns(table, nested.order, nested.parent) / 1000.0,
@@ -363,20 +345,35 @@ def _profile_meta(
     buckets: Buckets,
     nested: _Nested,
     owners: np.ndarray,
-    meta: dict[str, Any] | None,
+    meta: ProfileMeta | None,
     modules_known: bool,
-) -> dict[str, Any]:
-    """:func:`table_meta`, plus where the tree's modules came from and what compiled graphs did."""
-    full_meta = table_meta(table, nested.order, owners, nested.swept.bucket, buckets, named.catalog, meta)
-    if not modules_known:
+    root: ModuleNode,
+    memory: MemoryReport | None,
+) -> ProfileMeta:
+    """The caller's meta, plus :func:`table_meta`, where the tree's modules came from, what compiled
+    graphs did, the FLOPs by dtype and the memory report."""
+    lines = table.call_lines
+    counted = nested.flops
+    return replace(
+        table_meta(
+            table, nested.order, owners, nested.swept.bucket, buckets, named.catalog, meta or ProfileMeta()
+        ),
         # what the tree is made of when the trace named no module (the CLI says so in one line)
-        full_meta["module_source"] = "record_function regions" if named.regions else "none"
-    if table.call_lines is not None:
-        full_meta["call_lines"] = {"ops": table.call_lines.op_count, "stacks": len(table.call_lines.stacks)}
-    compiled = nested.compiled
-    if compiled.graph_calls:
-        full_meta["compiled"] = compiled.meta()
-    return full_meta
+        module_source=None if modules_known else "record_function regions" if named.regions else "none",
+        call_lines=CallLinesInfo(lines.op_count, len(lines.stacks)) if lines is not None else None,
+        compiled=nested.compiled.report() if nested.compiled.graph_calls else None,
+        flops_by_dtype=flops_split(
+            table, counted, np.asarray(nested.swept.bucket), buckets, named.catalog, root
+        ),
+        memory=memory,
+    )
+
+
+def _checkpoint_early_stop(meta: ProfileMeta | None, saved: dict[str, Any]) -> bool:
+    """Whether checkpointing's recomputation stops early: torch's default (yes) unless the capture
+    recorded that the block turned it off."""
+    env = meta.environment if meta is not None else None
+    return (env.checkpoint_early_stop if env else saved.get("checkpoint_early_stop")) is not False
 
 
 def _annotation_names(table: EventTable) -> set[int]:

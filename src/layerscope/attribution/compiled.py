@@ -22,6 +22,7 @@ import numpy as np
 
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import GLOBAL_ROOT_TYPE, ModuleInfo
+from layerscope.model.meta import CompileReport
 from layerscope.model.profile import Phase
 
 LABEL_COMPILING = "(torch.compile: compiling)"
@@ -123,21 +124,19 @@ class CompiledAttribution:
     #: those kernels went to the nearest ancestor in the tree
     not_in_tree: dict[str, int] = field(default_factory=dict)
 
-    def meta(self) -> dict[str, Any]:
-        """The ``meta["compiled"]`` of a profile: graph calls, those matched, kernel spans matched,
-        those placed below the compiled module, and the paths not in the tree (the most named
-        first, at most :data:`MAX_PATHS_SAVED`)."""
-        found: dict[str, Any] = {
-            "graph_calls": self.graph_calls,
-            "mapped_graph_calls": self.matched_calls,
-            "kernels_matched": self.matched_kernels,
-            "kernels_placed": self.moved,
-        }
-        if self.not_in_tree:
-            ranked = sorted(self.not_in_tree.items(), key=lambda item: (-item[1], item[0]))
-            found["kernels_not_in_tree"] = sum(self.not_in_tree.values())
-            found["paths_not_in_tree"] = dict(ranked[:MAX_PATHS_SAVED])
-        return found
+    def report(self) -> CompileReport:
+        """What a profile keeps of it (``ProfileMeta.compiled``): graph calls, those matched, kernel
+        spans matched, those placed below the compiled module, and the paths not in the tree (the
+        most named first, at most :data:`MAX_PATHS_SAVED`)."""
+        ranked = sorted(self.not_in_tree.items(), key=lambda item: (-item[1], item[0]))
+        return CompileReport(
+            graph_calls=self.graph_calls,
+            mapped_graph_calls=self.matched_calls,
+            kernels_matched=self.matched_kernels,
+            kernels_placed=self.moved,
+            kernels_not_in_tree=sum(self.not_in_tree.values()),
+            paths_not_in_tree=dict(ranked[:MAX_PATHS_SAVED]),
+        )
 
 
 #: Paths not in the tree kept in a profile's meta (the rest are counted only).

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from layerscope.attribution.buckets import Buckets
+from layerscope.attribution.catalog import ModuleInfo
 from layerscope.events.table import EventTable
+from layerscope.model.meta import FlopsByDtype
 from layerscope.model.profile import ModuleNode
 
 #: torch's dtype spellings (``Input type`` in traces) -> the class peaks are quoted for.
@@ -30,6 +33,27 @@ DTYPE_CLASSES = {
     "signed char": "int8",
     "unsigned char": "int8",
 }
+
+
+def flops_split(
+    table: EventTable,
+    counted: np.ndarray,
+    bucket: np.ndarray,
+    buckets: Buckets,
+    catalog: list[ModuleInfo],
+    root: ModuleNode,
+) -> FlopsByDtype | None:
+    """The run's FLOPs per dtype class and, in a mixed run, each module's (its MFU is held to its own
+    mix; with one class every module's is the run's); None without FLOPs."""
+    by_dtype = flops_by_dtype(table, counted)
+    if not by_dtype:
+        return None
+    if len(by_dtype) == 1:
+        return FlopsByDtype(by_dtype)
+    paths = [
+        catalog[buckets.module_of(b)].path if buckets.is_module(b) else None for b in range(buckets.count)
+    ]
+    return FlopsByDtype(by_dtype, flops_by_dtype_per_module(table, counted, bucket, paths, root))
 
 
 def dtype_class(dtype: str) -> str:

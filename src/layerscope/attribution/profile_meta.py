@@ -1,8 +1,10 @@
-"""The meta a Profile built from events carries: the caller's, plus what the table tells (event
-count, recorded window, trace metadata, the memory timeline)."""
+"""What the events tell a profile's meta: event count, recorded window, what the source said about
+itself (:class:`~layerscope.model.meta.TraceInfo`), the memory timeline."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -11,6 +13,10 @@ from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.memory.timeline import memory_timeline
 from layerscope.events.table import EventTable
+from layerscope.model.meta import ProfileMeta, TraceInfo
+
+#: Keys of a table's meta the capture owns (``ProfileMeta.capture``), not the trace's.
+_CAPTURE_KEYS = ("reader", "undecodable_names")
 
 
 def full_meta(
@@ -20,22 +26,36 @@ def full_meta(
     bucket: list[int],
     buckets: Buckets,
     catalog: list[ModuleInfo],
-    meta: dict[str, Any] | None,
-) -> dict[str, Any]:
+    meta: ProfileMeta,
+) -> ProfileMeta:
     """The caller's meta plus what the table tells: event count, recorded window, trace metadata,
     and the memory timeline."""
-    full_meta: dict[str, Any] = dict(meta or {})
-    full_meta.setdefault("event_count", table.event_count)
     ts, dur = table.array("span_ts"), table.array("span_dur")
-    if order.size:  # the recorded window: first CPU event's start to the last one's end
-        full_meta.setdefault("wall_us", float((ts + dur)[order].max() - ts[order].min()) / 1000.0)
-    full_meta.setdefault("trace", {k: v for k, v in table.meta.items() if _is_json_scalar_tree(v)})
+    timeline = None
     if table.mem_ts:
         start = int(ts[order].min()) if order.size else int(min(table.mem_ts))
-        full_meta.setdefault(
-            "memory_timeline", memory_timeline(table, owners.tolist(), bucket, buckets, catalog, start)
-        )
-    return full_meta
+        timeline = memory_timeline(table, owners.tolist(), bucket, buckets, catalog, start)
+    return replace(
+        meta,
+        event_count=table.event_count,
+        # the recorded window: first CPU event's start to the last one's end
+        wall_us=float((ts + dur)[order].max() - ts[order].min()) / 1000.0 if order.size else None,
+        trace=trace_info(table.meta),
+        memory_timeline=timeline,
+    )
+
+
+def trace_info(table_meta: Mapping[str, Any]) -> TraceInfo:
+    """A table's meta as a :class:`TraceInfo`: the fields it names, the rest (JSON data only) in
+    ``other``."""
+    names = {f.name for f in fields(TraceInfo)} - {"other"}
+    kept = {k: v for k, v in table_meta.items() if _is_json_scalar_tree(v) and k not in _CAPTURE_KEYS}
+    found: dict[str, Any] = {k: v for k, v in kept.items() if k in names and v is not None}
+    for key in ("device_properties", "communication"):  # lists of objects, as the trace gave them
+        rows = found.pop(key, [])
+        found[key] = tuple(r for r in rows if isinstance(r, dict)) if isinstance(rows, list) else ()
+    found["schema_version"] = kept.get("schema_version")
+    return TraceInfo(**found, other={k: v for k, v in kept.items() if k not in names})
 
 
 def _is_json_scalar_tree(value: Any) -> bool:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
+from layerscope.model.meta import BlockError
 
-def block_error(exc: BaseException, model: nn.Module | None) -> dict[str, Any]:
+
+def block_error(exc: BaseException, model: nn.Module | None) -> BlockError:
     """The exception's type and first line, and the innermost module of ``model`` whose ``forward``
     it passed through (from the traceback's finished frames; None when it passed through none).
     Never raises: describing the user's exception must not replace it."""
     try:
-        return {"type": type(exc).__name__, "message": _first_line(exc), "module": _module_of(exc, model)}
+        return BlockError(type(exc).__name__, _first_line(exc), _module_of(exc, model))
     except Exception:  # an exception whose str() fails, a module whose named_modules() does
-        return {"type": type(exc).__name__, "message": "", "module": None}
+        return BlockError(type(exc).__name__)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
 from torch.profiler import ProfilerAction
@@ -27,6 +26,7 @@ from layerscope.capture.options import CaptureOptions
 from layerscope.capture.recording import RecordingContext
 from layerscope.capture.scope_plan import ScopePlan
 from layerscope.capture.scopes import ModuleScopes
+from layerscope.model.meta import BlockError
 
 
 @dataclass
@@ -106,7 +106,7 @@ class Instruments:
         if self.watch is not None:
             self.watch.snapshot_state("end")
 
-    def end_recording(self, block_error: dict[str, Any] | None) -> RecordingContext:
+    def end_recording(self, block_error: BlockError | None) -> RecordingContext:
         """One recording ended (the block's, or a scheduled cycle's): hand over what the instruments
         collected for it (call lines and snapshots are taken: the next recording starts empty)."""
         watch = self.watch

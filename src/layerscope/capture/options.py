@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity
 
 from layerscope.capture.nvtx_ranges import check_nvtx_available
 from layerscope.errors import UsageError
+from layerscope.model.meta import SavedOptions
 
 _ACTIVITY_NAMES: dict[str, ProfilerActivity] = {
     "cpu": ProfilerActivity.CPU,
@@ -150,20 +151,20 @@ class CaptureOptions:
             **self.profiler_kwargs,
         }
 
-    def meta(self) -> dict[str, Any]:
-        """The options as saved in a profile's ``meta["options"]``."""
-        return {
-            "activities": [str(a).rsplit(".", 1)[-1].lower() for a in self.activities],
-            "memory": self.memory,
-            "shapes": self.shapes,
-            "flops": self.flops,
-            "with_stack": self.with_stack,
-            "lines": self.lines,
-            "nvtx": self.nvtx,
-            "paths": list(self.selection.paths) if self.selection.paths is not None else None,
-            "depth": self.selection.depth,
-            "all_threads": self.all_threads,
-        }
+    def saved(self) -> SavedOptions:
+        """The options as a profile keeps them (``ProfileMeta.capture.options``)."""
+        return SavedOptions(
+            activities=tuple(str(a).rsplit(".", 1)[-1].lower() for a in self.activities),
+            memory=self.memory,
+            shapes=self.shapes,
+            flops=self.flops,
+            with_stack=self.with_stack,
+            lines=self.lines,
+            nvtx=self.nvtx,
+            paths=tuple(self.selection.paths) if self.selection.paths is not None else None,
+            depth=self.selection.depth,
+            all_threads=self.all_threads,
+        )
 
 
 class OptionsReadBack:

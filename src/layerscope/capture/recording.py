@@ -12,17 +12,18 @@ import os
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 import torch
 
+from layerscope.analysis.device_summary import summarize_device
 from layerscope.attribution.attribute import build_profile
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.capture.compile_watch import known_graphs
-from layerscope.capture.environment import device_meta, distributed_info, environment_meta
+from layerscope.capture.environment import environment
 from layerscope.capture.flops import FlopCalculator
 from layerscope.capture.kineto import table_from_kineto
 from layerscope.capture.module_marks import ModuleMarks
@@ -31,7 +32,9 @@ from layerscope.capture.scope_plan import ScopePlan
 from layerscope.errors import CaptureError, LayerscopeWarning
 from layerscope.events.call_lines import CallLines
 from layerscope.events.memory_snapshots import Snapshot
+from layerscope.events.table import EventTable
 from layerscope.gcpause import gc_paused
+from layerscope.model.meta import BlockError, CaptureInfo, CompileReport, ProfileMeta
 from layerscope.model.profile import Profile
 
 
@@ -56,7 +59,7 @@ class RecordingContext:
     snapshots: list[Snapshot] | None = None
     watch_errors: list[str] = field(default_factory=list)
     #: The exception the block raised (type, message, module), if it did.
-    block_error: dict[str, Any] | None = None
+    block_error: BlockError | None = None
 
 
 class Recording:
@@ -103,7 +106,6 @@ class Recording:
         if marks is not None:
             marks.add_to(table)
         table.call_lines = self.context.call_lines
-        meta = self._meta()
         if table.call_lines is not None and table.op_handles is None:
             # the native reader failed: only it reads the ops' ids
             warnings.warn(
@@ -112,21 +114,13 @@ class Recording:
                 LayerscopeWarning,
                 stacklevel=3,
             )
-        meta["reader"] = table.meta["reader"]
-        meta["module_scopes"] = self.context.plan.kinds()
-        if marks is not None and marks.unmatched:  # calls still running at the end
-            meta["unmatched_module_marks"] = marks.unmatched
-        if table.meta.get("undecodable_names"):
-            meta["undecodable_names"] = table.meta["undecodable_names"]
-        if calculator is not None and calculator.failures:
-            meta["flop_formula_failures"] = dict(sorted(calculator.failures.items()))
-        if self.cycle is not None:
-            meta["cycle"] = self.cycle
-        meta["scope_plan"] = self.context.plan.to_meta(self.context.called_modules)
-        if self.context.block_error is not None:
-            meta["block_error"] = self.context.block_error
-        if self.context.watch_errors:
-            meta["memory_watch_errors"] = self.context.watch_errors[:20]
+        failures = calculator.failures if calculator is not None else {}
+        meta = ProfileMeta(
+            model=self.context.model_type,
+            environment=environment(),
+            capture=self._capture_info(table, marks.unmatched if marks is not None else 0, failures),
+            device=summarize_device(table)[1],
+        )
         profile = build_profile(
             table,
             self.context.catalog,
@@ -134,21 +128,28 @@ class Recording:
             compiled_graphs=known_graphs(),
             snapshots=self.context.snapshots,
         )
-        _warn_unplaced_compiled_kernels(profile, self.context.plan)
-        return profile
+        compiled = profile.meta.compiled
+        note = _unplaced_compiled_kernels(profile, compiled, self.context.plan) if compiled else None
+        if compiled is None or note is None:
+            return profile
+        warnings.warn(note, CompileInfoWarning, stacklevel=_first_frame_outside_layerscope())
+        return replace(profile, meta=replace(profile.meta, compiled=replace(compiled, note=note)))
 
-    def _meta(self) -> dict[str, Any]:
-        return {
-            **environment_meta(),
-            "model": self.context.model_type,
-            "distributed": distributed_info(),
-            "block_us": self.block_us,
-            "devices": device_meta(),
-            "options": self.context.options.meta(),
-            # attribution/recompute.py: whether checkpointing's recomputation stops early
-            "checkpoint_early_stop": getattr(torch.utils.checkpoint, "_enable_checkpoint_early_stop", None)
-            is not False,
-        }
+    def _capture_info(self, table: EventTable, unmatched_marks: int, failures: dict[str, int]) -> CaptureInfo:
+        """What this block recorded beside its events (``ProfileMeta.capture``)."""
+        context = self.context
+        return CaptureInfo(
+            options=context.options.saved(),
+            block_us=self.block_us,
+            reader=str(table.meta["reader"]),
+            scope_plan=context.plan.record(context.called_modules),
+            cycle=self.cycle,
+            unmatched_module_marks=unmatched_marks,  # calls still running at the end
+            undecodable_names=int(table.meta.get("undecodable_names", 0)),
+            flop_formula_failures=dict(sorted(failures.items())),
+            block_error=context.block_error,
+            memory_watch_errors=tuple(context.watch_errors[:20]),
+        )
 
     def export_chrome_trace(self, path: str | Path) -> Path:
         """Write the Chrome/Perfetto trace (``.json`` or ``.json.gz``): torch's events, the module
@@ -192,24 +193,21 @@ class Recording:
         return {"layerscope": own, **trace} if own else trace
 
 
-def _warn_unplaced_compiled_kernels(profile: Profile, plan: ScopePlan) -> None:
-    """One warning (and ``meta["compiled"]["note"]``) for compiled kernels left with the compiled
+def _unplaced_compiled_kernels(profile: Profile, compiled: CompileReport, plan: ScopePlan) -> str | None:
+    """The warning (kept as ``meta.compiled.note``) for compiled kernels left with the compiled
     module: graph calls of code compiled unwatched, and kernels whose module paths are not the
-    model's (paths that ``depth``/``paths`` fold are meant to go to their ancestors)."""
-    compiled = profile.meta.get("compiled")
-    if not compiled:
-        return
+    model's (paths that ``depth``/``paths`` fold are meant to go to their ancestors); None: all placed."""
     notes = []
-    unmapped = compiled["graph_calls"] - compiled["mapped_graph_calls"]
+    unmapped = compiled.graph_calls - compiled.mapped_graph_calls
     if unmapped > 0:
         notes.append(
-            f"{unmapped} of {compiled['graph_calls']} compiled graph calls ran code compiled before "
+            f"{unmapped} of {compiled.graph_calls} compiled graph calls ran code compiled before "
             "layerscope could watch, so their kernels stay with the compiled module: call "
             "layerscope.watch_compiles() before the first call of the compiled model (or set "
             "LAYERSCOPE_WATCH_COMPILES=1), or run the script under `layerscope run`; in a process "
             "that already ran it (a notebook), call torch._dynamo.reset() first so that it compiles again"
         )
-    unknown = {p: n for p, n in compiled.get("paths_not_in_tree", {}).items() if not plan.why_folded(p)}
+    unknown = {p: n for p, n in compiled.paths_not_in_tree.items() if not plan.why_folded(p)}
     if unknown:
         named = ", ".join(f"'{p}'" for p in list(unknown)[:3]) + (", ..." if len(unknown) > 3 else "")
         notes.append(
@@ -221,11 +219,7 @@ def _warn_unplaced_compiled_kernels(profile: Profile, plan: ScopePlan) -> None:
             "each is scoped by its own call) or profile uncompiled; and please report this message "
             "to layerscope with how the model's forward is wrapped"
         )
-    if not notes:
-        return
-    note = "; also, ".join(notes)
-    compiled["note"] = note
-    warnings.warn(note, CompileInfoWarning, stacklevel=_first_frame_outside_layerscope())
+    return "; also, ".join(notes) if notes else None
 
 
 def _first_frame_outside_layerscope() -> int:

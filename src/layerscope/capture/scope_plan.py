@@ -39,6 +39,7 @@ from torch import nn
 from layerscope.capture import native
 from layerscope.capture.compiled_modules import has_compiled_methods, is_compiled, model_modules
 from layerscope.capture.options import CaptureOptions, ModuleSelection
+from layerscope.model.meta import ScopePlanRecord, ScopeReason
 
 CLASS_WRAPPER = "class wrapper"
 HOOKS = "hooks"
@@ -106,7 +107,7 @@ class ScopePlan:
         return iter(self.modules)
 
     def kinds(self) -> str:
-        """``meta["module_scopes"]``: ``ranges``, ``marks`` (every scope that runs is a mark) or
+        """``ScopePlanRecord.kinds``: ``ranges``, ``marks`` (every scope that runs is a mark) or
         ``marks and ranges``."""
         marked = any(m.scope.clock == MARKS for m in self.modules)
         if not marked:
@@ -121,16 +122,16 @@ class ScopePlan:
             return [ModuleScope(p, t, GLOBAL_HOOKS, RANGES, reason) for p, t in called_paths or []]
         return [m.scope for m in self.modules]
 
-    def to_meta(self, called_paths: list[tuple[str, str]] | None = None) -> dict[str, Any]:
-        """The plan as saved in ``meta["scope_plan"]``: ``reasons`` lists each distinct
-        ``[mechanism, clock, reason]`` once, ``modules`` each module as ``[path, type, reason index]``
-        in model order (``render/scope_table.py`` reads it)."""
-        reasons: dict[tuple[str, str | None, str], int] = {}
-        modules: list[list[Any]] = []
+    def record(self, called_paths: list[tuple[str, str]] | None = None) -> ScopePlanRecord:
+        """The plan as a profile keeps it (``ProfileMeta.capture.scope_plan``): each distinct
+        reason once, each module as ``(path, type, reason index)`` in model order
+        (``render/scope_table.py`` reads it)."""
+        reasons: dict[ScopeReason, int] = {}
+        modules: list[tuple[str, str, int]] = []
         for s in self.scopes(called_paths):
-            k = reasons.setdefault((s.mechanism, s.clock, s.reason), len(reasons))
-            modules.append([s.path, s.type_name, k])
-        return {"reasons": [list(r) for r in reasons], "modules": modules}
+            k = reasons.setdefault(ScopeReason(s.mechanism, s.clock, s.reason), len(reasons))
+            modules.append((s.path, s.type_name, k))
+        return ScopePlanRecord(self.kinds(), tuple(reasons), tuple(modules))
 
 
 def marks_blocker(module_scopes: str, global_mode: bool, scheduled: bool) -> str | None:

@@ -41,6 +41,7 @@ from layerscope.capture.torch_session import (
     quiet_cycle_warning,
 )
 from layerscope.errors import CaptureError
+from layerscope.model.meta import BlockError
 from layerscope.model.profile import Profile
 
 __all__ = ["MODULE_SCOPE_KINDS", "CompileInfoWarning", "Cycle", "parse_activities", "profile"]
@@ -113,7 +114,7 @@ class profile(OptionsReadBack):
         self._torch_profiler: torch.profiler.profile | None = None
         self._plan: ScopePlan | None = None
         self._instruments: Instruments | None = None
-        self._block_error: dict[str, Any] | None = None
+        self._block_error: BlockError | None = None
         self._recording: Recording | None = None
         self._stack = ExitStack()
         self._started_ns = 0

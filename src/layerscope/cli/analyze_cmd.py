@@ -81,7 +81,12 @@ def run(args: argparse.Namespace) -> int:
     """Analyse and print every trace found."""
     from layerscope.filemap import map_files
     from layerscope.loading import analyze, trace_files
-    from layerscope.render.analysis import advice_list, communication_table, device_section
+    from layerscope.render.analysis import (
+        advice_list,
+        communication_table,
+        device_section,
+        device_summary_section,
+    )
     from layerscope.render.console import make_console
     from layerscope.render.writers import write_outputs
 
@@ -106,10 +111,10 @@ def run(args: argparse.Namespace) -> int:
         mapped = map_files(read, files, scheduler=scheduler, workers=args.workers, what="analysed")
         results, failures = zip(mapped.paths, mapped.results, strict=True), mapped.failures
     for k, (path, result) in enumerate(results):
-        trace = result.profile.meta.get("trace", {})
-        if trace.get("truncated"):
+        trace = result.profile.meta.trace
+        if trace.truncated:
             print(
-                f"layerscope: warning: {path} ends early (a killed job?): {trace.get('lost_bytes', 0)} bytes "
+                f"layerscope: warning: {path} ends early (a killed job?): {trace.lost_bytes} bytes "
                 "after the last complete event were not read; analysing what is there",
                 file=sys.stderr,
             )
@@ -119,8 +124,10 @@ def run(args: argparse.Namespace) -> int:
         print_profile(result.profile, args)
         if result.device is not None:
             console.print(device_section(result.device, top=args.top, ascii_only=ascii_only))
-        if trace.get("communication"):
-            console.print(communication_table(trace["communication"], ascii_only=ascii_only))
+        elif result.profile.meta.device is not None:  # a saved profile: its summary
+            console.print(device_summary_section(result.profile.meta.device, ascii_only=ascii_only))
+        if trace.communication:
+            console.print(communication_table([dict(r) for r in trace.communication], ascii_only=ascii_only))
         console.print(advice_list(result.advice, ascii_only=ascii_only))
         written += write_outputs(
             result.profile, requested_outputs(args, _trace_name(path), default_folder=path.parent)

@@ -368,4 +368,4 @@ def _report(session: Any, written: list[Path], args: argparse.Namespace, outcome
 def _has_main_table(profile: Any, by: str) -> bool:
     """Whether the profile has what ``--by`` asks for (after a whole script ran, a run without lines
     prints its tree rather than fail)."""
-    return by != "line" or bool(profile.has_stacks or profile.meta.get("call_lines"))
+    return by != "line" or bool(profile.has_stacks or profile.meta.call_lines is not None)

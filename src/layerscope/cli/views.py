@@ -266,7 +266,7 @@ def add_strict_option(parser: argparse.ArgumentParser) -> None:
 
 def note_missing_modules(profile: Profile) -> None:
     """One line on stderr when a trace named no module, saying what the tree shows and how to get one."""
-    source = profile.meta.get("module_source")
+    source = profile.meta.module_source
     if source not in ("record_function regions", "none"):
         return
     shown = (

@@ -1,8 +1,8 @@
 """Memory records: what a profile keeps about memory, one typed frozen record per concept.
 
-:class:`MemoryReport` is ``meta["memory"]`` (per device class the absolute peak and what was live at
+:class:`MemoryReport` is ``meta.memory`` (per device class the absolute peak and what was live at
 it, per-step figures, bytes saved for backward, allocations refused) and :class:`MemoryTimeline` is
-``meta["memory_timeline"]`` (memory in use over time, for the plot). Each has one ``to_json`` /
+``meta.memory_timeline`` (memory in use over time, for the plot). Each has one ``to_json`` /
 ``from_json`` pair; ``from_json`` also reads the positional form schema v1 saved.
 
 Names follow the glossary (docs/usage.md, "What the metrics mean"): ``alloc_bytes`` allocated,
@@ -115,7 +115,7 @@ class OutOfMemory:
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """``meta["memory"]``: per device class the baseline, the absolute peak and what was live at it,
+    """``meta.memory``: per device class the baseline, the absolute peak and what was live at it,
     per-step figures, bytes saved for backward per keeping module, and allocations refused."""
 
     classes: tuple[ClassMemory, ...]
@@ -185,7 +185,7 @@ class TimelinePeak:
 
 @dataclass(frozen=True)
 class MemoryTimeline:
-    """``meta["memory_timeline"]``: net bytes allocated since the window began over time (CPU, and the
+    """``meta.memory_timeline``: net bytes allocated since the window began over time (CPU, and the
     device when it recorded memory), sampled so that no local maximum is hidden, and its peak."""
 
     t_us: tuple[float, ...]
@@ -231,43 +231,17 @@ class MemoryTimeline:
         )
 
 
-def memory_meta_to_json(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """``meta`` with its memory records in their JSON form (what a saved profile holds)."""
-    out = dict(meta)
-    for key in ("memory", "memory_timeline"):
-        if isinstance(out.get(key), MemoryReport | MemoryTimeline):
-            out[key] = out[key].to_json()
-    return out
-
-
-def memory_meta_from_json(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """``meta`` as loaded, with its memory records typed (schema v1's forms read too)."""
-    out = dict(meta)
-    if isinstance(out.get("memory"), Mapping):
-        out["memory"] = MemoryReport.from_json(out["memory"])
-    if isinstance(out.get("memory_timeline"), Mapping):
-        out["memory_timeline"] = MemoryTimeline.from_json(out["memory_timeline"])
-    return out
-
-
-def memory_report_of(meta: Mapping[str, Any]) -> MemoryReport | None:
-    """The profile's :class:`MemoryReport`, or None without memory."""
-    found = meta.get("memory")
-    return found if isinstance(found, MemoryReport) else None
-
-
-def block_relative_peaks(meta: Mapping[str, Any]) -> dict[bool, int]:
+def block_relative_peaks(report: MemoryReport | None) -> dict[bool, int]:
     """The block's relative peak per device class (True: the device's): its absolute peak less what
     was live before it; the figures of ``Profile.totals``."""
-    report = memory_report_of(meta)
     if report is None:
         return {}
     return {c.device: c.absolute_peak_bytes - c.baseline_bytes for c in report.classes}
 
 
-def relative_totals(totals: Metrics, meta: Mapping[str, Any]) -> Metrics:
+def relative_totals(totals: Metrics, report: MemoryReport | None) -> Metrics:
     """Totals saved by 0.2, whose peaks were the block's absolute ones, with relative peaks."""
-    peaks = block_relative_peaks(meta)
+    peaks = block_relative_peaks(report)
     return replace(
         totals,
         cpu_relative_peak_bytes=peaks.get(False, 0),

@@ -1,19 +1,17 @@
 """What was live at the peak of memory, as users read it: :meth:`Profile.memory_at_peak`.
 
 The figures are built once, when the profile is (``attribution/memory/report.py``), and kept in
-``meta["memory"]`` (a :class:`~layerscope.model.memory.MemoryReport`), so a saved profile answers
+``meta.memory`` (a :class:`~layerscope.model.memory.MemoryReport`), so a saved profile answers
 the same.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from layerscope.errors import LayerscopeError
-from layerscope.model.memory import BEFORE_BLOCK, UNPAIRED, MemoryRow, memory_report_of
+from layerscope.model.memory import BEFORE_BLOCK, UNPAIRED, MemoryReport, MemoryRow
 
 __all__ = ["BEFORE_BLOCK", "UNPAIRED", "MemoryAtPeak", "MemoryRow", "memory_at_peak"]
 
@@ -58,10 +56,9 @@ class MemoryAtPeak:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def memory_at_peak(meta: Mapping[str, Any], device: str | bool | None = None) -> MemoryAtPeak:
-    """The :class:`MemoryAtPeak` of ``meta["memory"]``; ``device`` None picks the accelerator's when
+def memory_at_peak(report: MemoryReport | None, device: str | bool | None = None) -> MemoryAtPeak:
+    """The :class:`MemoryAtPeak` of a profile's memory report; ``device`` None picks the accelerator's when
     it recorded memory, else the CPU's; ``"cpu"``/False and ``"device"``/``"cuda"``/True choose."""
-    report = memory_report_of(meta)
     if report is None or not report.classes:
         raise LayerscopeError("this profile has no memory figures (profile with memory=True)")
     if device is None:

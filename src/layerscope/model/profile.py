@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from layerscope.model.display import NotebookDisplay
+from layerscope.model.meta import SCHEMA_VERSION, ProfileMeta
+from layerscope.model.meta_json import as_profile_meta
 from layerscope.model.metrics import ZERO, Metrics, renamed
 from layerscope.model.tables import LineTable, TypeTable
 
@@ -17,8 +19,6 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from layerscope.model.memory_view import MemoryAtPeak
-
-SCHEMA_VERSION = 1
 
 
 class Phase(str, Enum):
@@ -218,7 +218,7 @@ class Profile(NotebookDisplay):
     ``totals`` holds the independently computed whole-run totals that ``validate`` reconciles against.
     """
 
-    meta: dict[str, Any]
+    meta: ProfileMeta
     root: ModuleNode
     op_rows: tuple[OpStats, ...]
     unattributed: tuple[UnattributedEntry, ...]
@@ -227,6 +227,7 @@ class Profile(NotebookDisplay):
     _index: dict[str, ModuleNode] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "meta", as_profile_meta(self.meta))
         index = {node.path: node for node in self.root.walk()}
         object.__setattr__(self, "_index", index)
 
@@ -255,7 +256,7 @@ class Profile(NotebookDisplay):
     @property
     def has_memory(self) -> bool:
         """True when memory events were captured."""
-        return bool(self.meta.get("options", {}).get("memory")) or self.totals.cpu_alloc_bytes > 0
+        return self.meta.memory_recorded or self.totals.cpu_alloc_bytes > 0
 
     # ----- analysis -----------------------------------------------------------------------------
     def ops(
@@ -304,7 +305,7 @@ class Profile(NotebookDisplay):
         it recorded memory, else the CPU's."""
         from layerscope.model.memory_view import memory_at_peak
 
-        return memory_at_peak(self.meta, device)
+        return memory_at_peak(self.meta.memory, device)
 
     def validate(self) -> None:
         """Raise :class:`layerscope.errors.ValidationError` if any invariant is broken."""

@@ -17,10 +17,11 @@ from typing import Any, BinaryIO
 import orjson
 
 from layerscope.errors import TraceFormatError
-from layerscope.model.memory import memory_meta_from_json, memory_meta_to_json, relative_totals
+from layerscope.model.memory import relative_totals
+from layerscope.model.meta import SCHEMA_VERSION
+from layerscope.model.meta_json import meta_from_json, meta_to_json
 from layerscope.model.metrics import FIELD_NAMES, RENAMED_FIELDS, Metrics
 from layerscope.model.profile import (
-    SCHEMA_VERSION,
     ModuleNode,
     OpStats,
     Phase,
@@ -30,6 +31,8 @@ from layerscope.model.profile import (
 )
 
 FORMAT_TAG = "layerscope.profile"
+#: The schema versions a saved profile may have: 1 (a flat meta dict) and 2 (typed records).
+READABLE_VERSIONS = (1, SCHEMA_VERSION)
 
 
 class StringTable:
@@ -77,7 +80,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "format": FORMAT_TAG,
         "schema_version": SCHEMA_VERSION,
         "metric_fields": list(FIELD_NAMES),
-        "meta": memory_meta_to_json(profile.meta),
+        "meta": meta_to_json(profile.meta),
         "totals": profile.totals.to_list(),
         "root": _node_to_dict(profile.root),
         "unattributed": [
@@ -130,10 +133,10 @@ def profile_from_dict(data: Any) -> Profile:
     if not isinstance(data, dict) or data.get("format") != FORMAT_TAG:
         raise TraceFormatError("not a layerscope profile (no 'format: layerscope.profile' field)")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise TraceFormatError(
             f"profile schema version {version!r} is not supported "
-            f"(this layerscope reads version {SCHEMA_VERSION})"
+            f"(this layerscope reads versions {', '.join(map(str, READABLE_VERSIONS))})"
         )
     saved_fields = data.get("metric_fields")
     old_names = isinstance(saved_fields, list) and any(f in RENAMED_FIELDS for f in saved_fields)
@@ -173,7 +176,7 @@ def profile_from_dict(data: Any) -> Profile:
                 strict=True,
             )
         )
-        meta = memory_meta_from_json(data["meta"])
+        meta = meta_from_json(data["meta"], version)
         totals = Metrics.from_list(data["totals"])
         return Profile(
             meta=meta,
@@ -184,7 +187,7 @@ def profile_from_dict(data: Any) -> Profile:
                 for label, phase, calls, m in data["unattributed"]
             ),
             # 0.2 kept the block's absolute peaks in the totals; they are relative now
-            totals=relative_totals(totals, meta) if old_names else totals,
+            totals=relative_totals(totals, meta.memory) if old_names else totals,
             steps=tuple(
                 StepStats(
                     step=s["step"],

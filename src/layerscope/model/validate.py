@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from layerscope.errors import ValidationError
-from layerscope.model.memory import UNPAIRED, memory_report_of
+from layerscope.model.memory import UNPAIRED
 from layerscope.model.metrics import ADDITIVE_PAIRS, PEAK_FIELDS, Metrics
 from layerscope.model.profile import ModuleNode, Profile
 
@@ -34,7 +34,7 @@ def validate_profile(profile: Profile) -> None:
     7. memory: the run's absolute peak is at least what was live before it; where events carry
        addresses, the allocations and baseline storages live at the peak add up to it; no step's
        peak above the run's;
-    8. FLOPs by dtype (``meta["flops_by_dtype"]``): no negative class, and the classes add up to the
+    8. FLOPs by dtype (``meta.flops_by_dtype``): no negative class, and the classes add up to the
        run's FLOPs; in a mixed run each module's classes add up to its FLOPs.
     """
     errors: list[str] = []
@@ -157,7 +157,7 @@ def _check_steps(profile: Profile, errors: list[str]) -> None:
 
 
 def _check_memory(profile: Profile, errors: list[str]) -> None:
-    report = memory_report_of(profile.meta)
+    report = profile.meta.memory
     for figures in report.classes if report is not None else ():
         what = "device" if figures.device else "CPU"
         peak, baseline = figures.absolute_peak_bytes, figures.baseline_bytes
@@ -173,17 +173,18 @@ def _check_memory(profile: Profile, errors: list[str]) -> None:
 
 
 def _check_flops_by_dtype(profile: Profile, errors: list[str]) -> None:
-    by_dtype = profile.meta.get("flops_by_dtype")
-    if not isinstance(by_dtype, dict):
+    found = profile.meta.flops_by_dtype
+    if found is None:
         return
+    by_dtype = found.run
     if any(flops < 0 for flops in by_dtype.values()):
         errors.append(f"flops_by_dtype has a negative class: {by_dtype!r}")
     if sum(by_dtype.values()) != profile.totals.flops:
         errors.append(
             f"flops_by_dtype adds up to {sum(by_dtype.values())}, the run's FLOPs are {profile.totals.flops}"
         )
-    per_module = profile.meta.get("flops_by_dtype_per_module")
-    if not isinstance(per_module, dict):
+    per_module = found.per_module
+    if not per_module:
         return
     for node in profile.root.walk():
         mix = per_module.get(node.path, {})

@@ -12,6 +12,7 @@ from layerscope.analysis.advice import Advice
 from layerscope.analysis.device import CopyStats, DeviceReport, KernelStats, SyncPoint
 from layerscope.analysis.streams import IdleTime, StreamStats
 from layerscope.analysis.verdict import StepVerdict
+from layerscope.model.meta import DeviceSummary
 from layerscope.render.table_fit import Column, FittedTable, wants_ascii
 from layerscope.units import fmt_bytes, fmt_share, fmt_time_us
 
@@ -139,6 +140,35 @@ def kind_columns(whole_us: float) -> tuple[Column[tuple[str, float]], ...]:
         Column("kind", "Kind", lambda kv: kv[0], "left"),
         Column("time", "Time", lambda kv: fmt_time_us(kv[1])),
         Column("share", "Share", lambda kv: fmt_share(kv[1], whole_us), style="bold"),
+    )
+
+
+def device_summary_section(summary: DeviceSummary, ascii_only: bool | None = None) -> RenderableType:
+    """What a saved profile keeps of its device report: busy/idle, launches, time by kernel kind (the
+    kernels, syncs and streams tables need the trace)."""
+    if ascii_only is None:
+        ascii_only = wants_ascii()
+    idle = max(0.0, summary.window_us - summary.busy_us)
+    kinds = sorted(summary.by_kind.items(), key=lambda kv: -kv[1])
+    busy = max(sum(summary.by_kind.values()), summary.busy_us)
+    return Group(
+        Text(
+            f"Device: busy {fmt_time_us(summary.busy_us)} of {fmt_time_us(summary.window_us)} "
+            f"({100 * summary.utilisation:.1f}%), idle {fmt_time_us(idle)}; "
+            f"{summary.launches} kernel launches, {summary.tiny_kernels} under 10 µs, "
+            f"{summary.launch_bound} shorter than their launch call",
+            style="bold",
+        ),
+        FittedTable(kind_columns(busy), [kinds], ascii_only=ascii_only),
+        Text(
+            idle_line(
+                IdleTime(summary.idle.host_wait_us, summary.idle.kernel_wait_us, summary.idle.other_us),
+                summary.comm_compute_overlap,
+            )
+        ),
+        Text(
+            "(a saved profile keeps the device summary: analyze the trace for kernels and syncs)", style="dim"
+        ),
     )
 
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.text import Text
 
 from layerscope.analysis.frames import achieved_flops_per_s
 from layerscope.analysis.peaks import choose_peak, module_peak_rates
 from layerscope.analysis.steps import Spread, StepRow, module_spread
-from layerscope.model.memory import memory_report_of
+from layerscope.model.memory import MemoryReport
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import OpStats, Profile
 from layerscope.render.table_fit import Column
@@ -170,13 +169,12 @@ def tree_view(view: Profile, per_step: bool, peak_tflops: float | None) -> TreeV
         per_step=per_step,
         shapes=any(node.output_shapes for node in view.modules()),
         spread=module_spread(view),
-        saved=_saved_inclusive(view.meta),
+        saved=_saved_inclusive(view.meta.memory),
     )
 
 
-def _saved_inclusive(meta: dict[str, Any]) -> dict[str, int]:
+def _saved_inclusive(report: MemoryReport | None) -> dict[str, int]:
     """Saved-for-backward bytes per module path, each module's own plus its children's."""
-    report = memory_report_of(meta)
     own = report.saved if report is not None else {}
     out: dict[str, int] = {}
     for path, figures in own.items():

@@ -18,7 +18,6 @@ from rich.text import Text
 
 from layerscope.analysis.steps import StepRow
 from layerscope.analysis.transform import fold_depth, prune_min_share
-from layerscope.model.memory import memory_report_of
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import ModuleNode, OpStats, Phase, Profile
 from layerscope.model.sort_keys import TREE_SORT_KEYS, check_sort_key, metric_sort_value
@@ -126,7 +125,7 @@ def _block_memory(view: Profile, v: TreeView, total: TreeRow) -> TreeRow:
     net = view.totals.net_bytes / v.steps if v.per_step else view.totals.net_bytes
     fwd = replace(total.fwd, net_bytes=round(net))
     both = total.both
-    report = memory_report_of(view.meta)
+    report = view.meta.memory
     if report is not None:  # the column's figure, though absolute here (the total row is the block's)
         peaks = {c.device: c.absolute_peak_bytes for c in report.classes}
         both = replace(
@@ -204,18 +203,18 @@ def _merge_unattributed(profile: Profile) -> list[tuple[str, Metrics, Metrics, i
 def _title(profile: Profile, per_step: bool = False) -> str:
     meta = profile.meta
     parts = []
-    if meta.get("model"):
-        parts.append(str(meta["model"]))
+    if meta.model:
+        parts.append(meta.model)
     steps = len(profile.steps)
-    if meta.get("wall_us"):
+    if meta.wall_us:
         over = f" for {steps} steps" if steps > 1 else ""
-        parts.append(f"wall {fmt_time_us(float(meta['wall_us']))}{over}")
+        parts.append(f"wall {fmt_time_us(meta.wall_us)}{over}")
     parts.append(f"CPU {fmt_time_us(profile.totals.cpu_us) or '0'}")
     if profile.has_device_time:
         parts.append(f"device {fmt_time_us(profile.totals.device_us)}")
     if profile.totals.flops:
         parts.append(f"{fmt_si(profile.totals.flops)}FLOPs")
-    report = memory_report_of(meta)
+    report = meta.memory
     watched = report.main_class() if report is not None else None
     if watched is not None:
         where = "device" if watched.device else "CPU"

@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 
 from layerscope.analysis.report import ReportData, build_report
-from layerscope.model.memory import MemoryTimeline
+from layerscope.model.meta import Environment, ProfileMeta
+from layerscope.model.meta_json import to_json
 from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import ModuleNode, Profile
 from layerscope.model.serialize import StringTable
@@ -80,20 +81,7 @@ def page_data(report: ReportData) -> dict[str, Any]:
     totals = profile.totals
     return {
         "fields": list(FIELD_NAMES),
-        "meta": {
-            key: meta.get(key)
-            for key in (
-                "model",
-                "torch_version",
-                "layerscope_version",
-                "created_at",
-                "devices",
-                "options",
-                "wall_us",
-                "source",
-                "trace_file",
-            )
-        },
+        "meta": _page_meta(meta),
         "totals": {
             "cpu_us": totals.cpu_us,
             "device_us": totals.device_us,
@@ -137,10 +125,24 @@ def page_data(report: ReportData) -> dict[str, Any]:
             ]
             for r in report.steps
         ],
-        "memory": timeline.to_json()
-        if isinstance(timeline := meta.get("memory_timeline"), MemoryTimeline)
-        else None,
+        "memory": meta.memory_timeline.to_json() if meta.memory_timeline is not None else None,
         "strings": table.strings,
+    }
+
+
+def _page_meta(meta: ProfileMeta) -> dict[str, Any]:
+    """What the page's header line shows: model, versions, devices, options, wall time."""
+    env = meta.environment or Environment()
+    return {
+        "model": meta.model,
+        "torch_version": env.torch_version or None,
+        "layerscope_version": env.layerscope_version or None,
+        "created_at": env.created_at or None,
+        "devices": [{"name": name} for name in meta.device_names],
+        "options": to_json(meta.capture.options) if meta.capture else {"memory": meta.memory_recorded},
+        "wall_us": meta.wall_us,
+        "source": meta.source,
+        "trace_file": meta.trace_file,
     }
 
 
@@ -204,8 +206,8 @@ def draw_report(report: ReportData) -> str:
         else ""
     )
     source_group = '<option value="source">name and source location</option>' if has_stacks else ""
-    summary = profile.meta.get("device")
-    device = device_section_html(summary) if isinstance(summary, dict) else ""
+    summary = profile.meta.device
+    device = device_section_html(summary) if summary is not None else ""
     data = page_data(report)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
@@ -236,7 +238,7 @@ def draw_report(report: ReportData) -> str:
 <table id="memtable"><thead><tr><th class="l">Module (forward)</th><th>Allocated</th>
 <th title="allocated minus freed inside the module: what it leaves alive (activations kept for
 backward); negative when it frees more than it allocates">Net alloc</th><th>Peak</th></tr></thead>
-<tbody></tbody></table>{memory_peak_html(profile.meta)}</section>
+<tbody></tbody></table>{memory_peak_html(profile.meta.memory)}</section>
 {device}
 <section id="steps"><h2>Steps</h2><table><thead><tr><th>Step</th><th>Wall</th><th>CPU</th><th>Device</th>
 <th>Forward</th><th>Backward</th><th class="l">Note</th></tr></thead><tbody></tbody></table></section>

@@ -5,9 +5,9 @@ keeping module. Static markup, every value escaped."""
 from __future__ import annotations
 
 import html
-from typing import Any
 
 from layerscope.errors import LayerscopeError
+from layerscope.model.memory import MemoryReport
 from layerscope.model.memory_view import memory_at_peak
 from layerscope.render.html_tables import static_table
 from layerscope.units import fmt_bytes, fmt_share
@@ -24,10 +24,10 @@ _COLOURS = {
 }
 
 
-def memory_peak_html(meta: dict[str, Any], rows: int = 20) -> str:
+def memory_peak_html(report: MemoryReport | None, rows: int = 20) -> str:
     """The panel, or an empty string when the profile has no memory figures."""
     try:
-        at_peak = memory_at_peak(meta)
+        at_peak = memory_at_peak(report)
     except LayerscopeError:
         return ""
     where = at_peak.where

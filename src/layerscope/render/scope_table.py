@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -17,7 +16,7 @@ from layerscope.render.table_fit import Column, wants_ascii
 
 @dataclass(frozen=True)
 class ScopeRow:
-    """One module's scope as saved in ``meta["scope_plan"]`` (``capture/scope_plan.py`` writes it)."""
+    """One module's scope as saved in ``meta.capture.scope_plan`` (``capture/scope_plan.py`` writes it)."""
 
     path: str
     type_name: str
@@ -28,22 +27,17 @@ class ScopeRow:
 
 def scope_rows(profile: Profile) -> list[ScopeRow]:
     """Each module's scope, in model order; a :class:`UsageError` when the profile has no plan."""
-    plan: Any = profile.meta.get("scope_plan")
-    if not isinstance(plan, dict) or not isinstance(plan.get("reasons"), list):
+    capture = profile.meta.capture
+    if capture is None or not capture.scope_plan.reasons:
         raise UsageError(
             "this profile has no scope plan: only live captures keep one "
             "(not traces, nor profiles saved before layerscope 0.2)"
         )
-    reasons = plan["reasons"]
+    reasons = capture.scope_plan.reasons
     return [
-        ScopeRow(str(path), str(type_name), *_reason(reasons, k))
-        for path, type_name, k in plan.get("modules", [])
+        ScopeRow(path, type_name, reasons[k].mechanism, reasons[k].clock, reasons[k].reason)
+        for path, type_name, k in capture.scope_plan.modules
     ]
-
-
-def _reason(reasons: list[Any], k: int) -> tuple[str, str | None, str]:
-    mechanism, clock, reason = reasons[k]
-    return str(mechanism), clock if clock is None else str(clock), str(reason)
 
 
 SCOPE_COLUMNS: tuple[Column[ScopeRow], ...] = (
@@ -66,5 +60,6 @@ def scope_table(profile: Profile, ascii_only: bool | None = None) -> RenderableT
         table.add_column(column.title, overflow="fold", no_wrap=column.key != "reason")
     for row in scope_rows(profile):
         table.add_row(*(column.cell(row) for column in SCOPE_COLUMNS))
-    title = Text(f"module scopes: {profile.meta.get('module_scopes', '?')}", style="bold")
+    kinds = profile.meta.capture.scope_plan.kinds if profile.meta.capture is not None else "?"
+    title = Text(f"module scopes: {kinds}", style="bold")
     return Group(title, table)

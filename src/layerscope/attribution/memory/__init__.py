@@ -5,9 +5,9 @@
 * ``windows.py``: the windows whose relative peaks become each bucket's peak.
 * ``story.py``: events of one device class paired into allocations by address, named after the
   memory watch's snapshots, with the baseline (what was live before the block).
-* ``report.py``: the :class:`~layerscope.model.memory.MemoryReport` (``meta["memory"]``): absolute
+* ``report.py``: the :class:`~layerscope.model.memory.MemoryReport` (``meta.memory``): absolute
   peaks, live at the peak, per-step figures, saved for backward, out of memory.
-* ``timeline.py``: the :class:`~layerscope.model.memory.MemoryTimeline` (``meta["memory_timeline"]``).
+* ``timeline.py``: the :class:`~layerscope.model.memory.MemoryTimeline` (``meta.memory_timeline``).
 
 The records live in the model layer (``model/memory.py``), so that loading and rendering a saved
 profile never imports attribution.

@@ -1,4 +1,4 @@
-"""The ``meta["memory"]`` report (:class:`MemoryReport`): per device class the absolute peak of live
+"""The ``meta.memory`` report (:class:`MemoryReport`): per device class the absolute peak of live
 memory and what was live at it by category and module (``story.py`` pairs the events and names
 them), per-step figures,
 tensors saved for backward per module that keeps them, and allocations refused (out of memory)."""
@@ -26,7 +26,7 @@ from layerscope.model.profile import StepStats
 def memory_classes(
     stories: list[MemoryStory], windows: list[tuple[int, int, int]]
 ) -> tuple[ClassMemory, ...]:
-    """The ``meta["memory"]`` figures: per device class the baseline, the peak and what was live at
+    """The ``meta.memory`` figures: per device class the baseline, the peak and what was live at
     it; per step the absolute peak, bytes allocated and the net change."""
     classes = []
     for story in stories:
@@ -134,7 +134,7 @@ def build_memory_report(
     swept: Sweep,
     parent: np.ndarray,
 ) -> MemoryReport:
-    """``meta["memory"]``: baseline, peak and live-at-peak per device class, per-step peaks, and
+    """``meta.memory``: baseline, peak and live-at-peak per device class, per-step peaks, and
     tensors saved for backward per keeping module (the last only with the watch's snapshots)."""
     snaps = snapshots or []
     ts = table.array("span_ts")

@@ -1,4 +1,4 @@
-"""The memory timeline (``meta["memory_timeline"]``, the HTML report's plot): net bytes allocated since
+"""The memory timeline (``meta.memory_timeline``, the HTML report's plot): net bytes allocated since
 the window began, CPU and device, sampled so that the plot never hides a peak."""
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ captured live are linked to their launching op, module and phase, and the totals
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.autograd import DeviceType
@@ -13,6 +15,7 @@ from torch.autograd import DeviceType
 import layerscope as ls
 from layerscope.attribution.compiled import LABEL_COMPILING
 from layerscope.events.names import MODULE_RANGE_PREFIX, PROFILER_STEP_PREFIX
+from layerscope.loading import analyze
 from tests.fixtures.models import tiny_resnet
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -187,3 +190,15 @@ def test_device_baseline_counts_every_tensor_alive_at_entry() -> None:
     assert at_peak.absolute_peak_bytes == torch.cuda.max_memory_allocated()  # the freed 16 MiB not counted
     other = sum(r.bytes for r in at_peak.rows if r.module == BEFORE_BLOCK and r.category == "other")
     assert other >= 40 * mib
+
+
+def test_live_device_summary_matches_the_exported_traces(tmp_path: Path) -> None:
+    """A live capture keeps the device summary (``meta.device``) its exported trace gives when
+    analysed: the same function computes both, from the same kernels."""
+    prof, p = capture(False)
+    live = p.meta.device
+    assert live is not None and live.launches > 0 and live.streams
+    analysed = analyze(prof.export_chrome_trace(tmp_path / "trace.json")).profile.meta.device
+    assert analysed is not None
+    assert (live.launches, len(live.streams)) == (analysed.launches, len(analysed.streams))
+    assert live.busy_us == pytest.approx(analysed.busy_us, rel=0.02)

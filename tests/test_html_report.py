@@ -164,7 +164,8 @@ def test_page_loads_without_errors_and_shows_names_as_text(browser_page: Any) ->
     assert browser_page.evaluate("document.querySelectorAll('img').length") == 0
     steps = browser_page.evaluate("document.querySelectorAll('#steps tbody tr').length")
     assert steps == 2
-    assert browser_page.evaluate("document.querySelectorAll('#memplot svg polyline').length") == 1
+    # memory over time, stacked by category (one polygon per category that held any memory)
+    assert browser_page.evaluate("document.querySelectorAll('#memchart polygon').length") >= 2
 
 
 def test_tree_rows_expand_and_collapse(browser_page: Any) -> None:
@@ -367,7 +368,7 @@ def test_device_section_of_a_gpu_trace_in_the_browser(browser: Any, tmp_path: Pa
 def test_the_memory_peak_panel_draws_a_bar_per_live_row(browser_page: Any, profile: ls.Profile) -> None:
     rows = len(profile.memory_at_peak().rows)
     drawn = browser_page.evaluate(
-        """[...document.querySelectorAll('#memorypeak .peakrow')].map(
+        """[...document.querySelectorAll('#memory .peakrow')].map(
             row => row.children[1].firstElementChild.getBoundingClientRect().width)"""
     )
     assert len(drawn) == min(rows, 20) > 0

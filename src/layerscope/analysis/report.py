@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from layerscope.analysis.first_screen import FirstScreen, first_screen
 from layerscope.analysis.lines import line_table
 from layerscope.analysis.stacks import op_user_stacks, stack_values
 from layerscope.analysis.steps import StepRow, step_rows
@@ -33,13 +34,15 @@ class Flame:
 class ReportData:
     """Everything the report shows beyond the profile's own records: ``user_stacks`` (per op row,
     the user's frames, innermost first), ``lines`` (the line table by location; None without
-    stacks), ``steps`` (the step table with outliers), ``flames`` (every flame graph's weights)."""
+    stacks), ``steps`` (the step table with outliers), ``flames`` (every flame graph's weights),
+    ``first_screen`` (the summary that answers first)."""
 
     profile: Profile
     user_stacks: tuple[tuple[str, ...], ...]
     lines: LineTable | None
     steps: list[StepRow]
     flames: tuple[Flame, ...]
+    first_screen: FirstScreen
 
 
 def build_report(profile: Profile) -> ReportData:
@@ -56,7 +59,8 @@ def build_report(profile: Profile) -> ReportData:
         if has_stacks:  # the same weights over the ops' Python call stacks
             weights = stack_values(profile, metric, frames_of="source", user_stacks=stacks)
             flames.append(Flame(metric, "source", weights))
-    return ReportData(profile, stacks, lines, step_rows(profile.steps), tuple(flames))
+    steps = step_rows(profile.steps)
+    return ReportData(profile, stacks, lines, steps, tuple(flames), first_screen(profile, steps))
 
 
 __all__ = ["FLAME_METRICS", "Flame", "ReportData", "build_report"]

@@ -48,6 +48,49 @@ class StepMemory:
 
 
 @dataclass(frozen=True)
+class MemoryOverTime:
+    """Absolute memory of one device class over time, stacked by category (what was live before the
+    block included), sampled so that no peak is hidden: at each point ``t_us`` (since the recording
+    began), the live bytes of each of ``categories`` (they add up to the live total), and the phase
+    and module whose work ran the event there ("" outside every module)."""
+
+    t_us: tuple[float, ...]
+    categories: tuple[str, ...]
+    bytes_by_category: tuple[tuple[int, ...], ...]
+    phases: tuple[str, ...]
+    modules: tuple[str, ...]
+
+    def totals(self) -> list[int]:
+        """The live total at each point."""
+        return [sum(column) for column in zip(*self.bytes_by_category, strict=True)]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form: one list per category, modules as indices into ``module_names``."""
+        names = list(dict.fromkeys(self.modules))
+        index = {name: k for k, name in enumerate(names)}
+        return {
+            "t_us": list(self.t_us),
+            "categories": list(self.categories),
+            "bytes_by_category": [list(series) for series in self.bytes_by_category],
+            "phases": list(self.phases),
+            "module_names": names,
+            "modules": [index[m] for m in self.modules],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MemoryOverTime:
+        """Inverse of :meth:`to_json`."""
+        names = [str(n) for n in data["module_names"]]
+        return cls(
+            t_us=tuple(float(t) for t in data["t_us"]),
+            categories=tuple(str(c) for c in data["categories"]),
+            bytes_by_category=tuple(tuple(int(b) for b in s) for s in data["bytes_by_category"]),
+            phases=tuple(str(p) for p in data["phases"]),
+            modules=tuple(names[int(k)] for k in data["modules"]),
+        )
+
+
+@dataclass(frozen=True)
 class ClassMemory:
     """One device class (CPU, or the accelerator): baseline, absolute peak and what was live at it."""
 
@@ -63,10 +106,13 @@ class ClassMemory:
     steps: tuple[StepMemory, ...] = ()
     baseline_seen_bytes: int | None = None
     baseline_allocator_bytes: int | None = None
+    #: Live memory over time by category (None: a profile saved before 0.2, or no addresses).
+    over_time: MemoryOverTime | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form (names as the glossary's)."""
-        return {
+        over_time = {"over_time": self.over_time.to_json()} if self.over_time is not None else {}
+        return over_time | {
             "device": self.device,
             "addressed": self.addressed,
             "baseline_bytes": self.baseline_bytes,
@@ -95,6 +141,7 @@ class ClassMemory:
             steps=tuple(StepMemory(int(n), int(p), int(a), int(t)) for n, p, a, t in data.get("steps") or []),
             baseline_seen_bytes=_int_or_none(data.get("baseline_seen_bytes")),
             baseline_allocator_bytes=_int_or_none(data.get("baseline_allocator_bytes")),
+            over_time=MemoryOverTime.from_json(data["over_time"]) if data.get("over_time") else None,
         )
 
 

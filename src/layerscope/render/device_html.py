@@ -51,7 +51,7 @@ def device_section_html(device: DeviceSummary) -> str:
             for c in device.copies
         ]
         parts.append("<h3>Memory copies</h3>")
-        parts.append(static_table(["Copy", "Count", "Bytes", "Time", "GB/s"], copies))
+        parts.append(static_table(["Copy", "Count", "Bytes", "Time", "GB/s"], copies, styled=False))
     if device.steps:
         steps = [
             [
@@ -77,7 +77,7 @@ def device_section_html(device: DeviceSummary) -> str:
             "Verdict",
         ]
         parts.append("<h3>Steps: what bounds each (device idle time, no stream busy)</h3>")
-        parts.append(static_table(headers, steps))
+        parts.append(static_table(headers, steps, styled=False))
     return '<section id="device"><h2>Device</h2>' + "".join(parts) + "</section>"
 
 
@@ -112,4 +112,5 @@ def _streams_table(streams_data: Sequence[Mapping[str, Any]]) -> str:
             "Queue full",
         ],
         streams,
+        styled=False,
     )

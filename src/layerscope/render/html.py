@@ -19,9 +19,12 @@ from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import ModuleNode, Profile
 from layerscope.model.serialize import StringTable
 from layerscope.render.device_html import device_section_html
+from layerscope.render.first_screen import first_screen_html
 from layerscope.render.flamegraph import stacks_svg
+from layerscope.render.memory_chart import memory_chart_svg
 from layerscope.render.memory_html import memory_peak_html
 from layerscope.render.source_view import source_data, source_section_html
+from layerscope.render.steps_chart import steps_chart_svg
 from layerscope.units import fmt_shapes
 
 #: How the flame graphs' metrics (analysis/report.py's ``FLAME_METRICS``) are named on the page.
@@ -130,6 +133,30 @@ def page_data(report: ReportData) -> dict[str, Any]:
     }
 
 
+def options_text(meta: ProfileMeta) -> str:
+    """The capture options in words: what was recorded (``CPU and CUDA; memory, shapes, FLOPs``)."""
+    if meta.capture is None:
+        return f"from a trace{' with memory events' if meta.memory_recorded else ''}"
+    options = meta.capture.options
+    recorded = " and ".join(a.upper() if a in ("cpu", "cuda") else a for a in options.activities)
+    flags = [
+        name
+        for name, on in (
+            ("memory", options.memory),
+            ("shapes", options.shapes),
+            ("FLOPs", options.flops),
+            ("stacks", options.with_stack),
+            ("call lines", options.lines),
+            ("NVTX", options.nvtx),
+            ("all threads", options.all_threads),
+        )
+        if on
+    ]
+    scope = [f"depth {options.depth}"] if options.depth is not None else []
+    scope += [f"paths {', '.join(options.paths)}"] if options.paths else []
+    return "; ".join(part for part in (f"recorded {recorded}", ", ".join(flags), ", ".join(scope)) if part)
+
+
 def _page_meta(meta: ProfileMeta) -> dict[str, Any]:
     """What the page's header line shows: model, versions, devices, options, wall time."""
     env = meta.environment or Environment()
@@ -140,6 +167,7 @@ def _page_meta(meta: ProfileMeta) -> dict[str, Any]:
         "created_at": env.created_at or None,
         "devices": [{"name": name} for name in meta.device_names],
         "options": to_json(meta.capture.options) if meta.capture else {"memory": meta.memory_recorded},
+        "options_text": options_text(meta),
         "wall_us": meta.wall_us,
         "source": meta.source,
         "trace_file": meta.trace_file,
@@ -194,6 +222,19 @@ def _flames(report: ReportData) -> tuple[str, str]:
     return "".join(options.values()), "".join(flames)
 
 
+def _memory_over_time(profile: Profile) -> str:
+    """The memory chart (absolute, by category) with what was live at the peak beside it; a
+    profile saved before 0.2 has no chart by category: the script draws its net timeline."""
+    report = profile.meta.memory
+    main = report.main_class() if report is not None else None
+    chart = memory_chart_svg(main.over_time, main.device) if main is not None and main.over_time else ""
+    if not chart:
+        return f'<div id="memplot"></div>{memory_peak_html(report)}'
+    beside, _, below = memory_peak_html(report, split=True).partition("<!--detail-->")
+    row = f'<div class="memchart">{chart}</div><div class="mempeak">{beside}</div>'
+    return f'<div class="memrow">{row}</div>{below}'
+
+
 def draw_report(report: ReportData) -> str:
     """The whole page of a report's data as one string (nothing computed here, only drawn)."""
     profile = report.profile
@@ -216,8 +257,7 @@ def draw_report(report: ReportData) -> str:
 <body>
 <header><h1 id="title">layerscope</h1><div class="sub" id="sub"></div></header>
 <main>
-<section id="summary"><h2>Summary</h2><div class="cards" id="cards"></div>
-<p class="muted">Hottest modules:</p><ol id="hot"></ol></section>
+{first_screen_html(report.first_screen)}
 <section id="modules"><h2>Modules</h2>{_totals_note(profile)}
 <div class="controls"><span id="phase"><button data-phase="forward">forward</button>
 <button data-phase="backward">backward</button><button data-phase="both" class="on">both</button></span>
@@ -234,13 +274,15 @@ def draw_report(report: ReportData) -> str:
 <span class="muted" id="opcount"></span></div>
 <div class="scroll"><table id="ops"><thead><tr></tr></thead><tbody></tbody></table></div></section>
 {source_section_html(data["source"])}
-<section id="memory"><h2>Memory</h2><div id="memplot"></div>
+<section id="memory"><h2>Memory</h2>{_memory_over_time(profile)}
+<h3>Allocated per module (forward)</h3>
 <table id="memtable"><thead><tr><th class="l">Module (forward)</th><th>Allocated</th>
 <th title="allocated minus freed inside the module: what it leaves alive (activations kept for
 backward); negative when it frees more than it allocates">Net alloc</th><th>Peak</th></tr></thead>
-<tbody></tbody></table>{memory_peak_html(profile.meta.memory)}</section>
+<tbody></tbody></table></section>
 {device}
-<section id="steps"><h2>Steps</h2><table><thead><tr><th>Step</th><th>Wall</th><th>CPU</th><th>Device</th>
+<section id="steps"><h2>Steps</h2>{steps_chart_svg(report.steps)}
+<table><thead><tr><th>Step</th><th>Wall</th><th>CPU</th><th>Device</th>
 <th>Forward</th><th>Backward</th><th class="l">Note</th></tr></thead><tbody></tbody></table></section>
 </main>
 <script type="application/json" id="data">{_embedded_json(data)}</script>

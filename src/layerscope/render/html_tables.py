@@ -23,16 +23,23 @@ _CELL = "padding:2px 8px;border-bottom:1px solid #e4e4e4;text-align:{align}"
 _VALUE_CELL = _CELL + ";white-space:nowrap"
 
 
-def static_table(headers: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
-    """A table with inline styles and every cell escaped; the first ``text_columns`` left-aligned."""
+def static_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1, styled: bool = True
+) -> str:
+    """A table with every cell escaped; the first ``text_columns`` left-aligned. ``styled``: inline
+    styles (a notebook cell has no stylesheet); without, the page's own table style applies."""
 
     def cell(tag: str, k: int, value: str) -> str:
+        if not styled:
+            left = ' class="l"' if k < text_columns else ""
+            return f"<{tag}{left}>{html.escape(value)}</{tag}>"
         style = _CELL.format(align="left") if k < text_columns else _VALUE_CELL.format(align="right")
         return f'<{tag} style="{style}">{html.escape(value)}</{tag}>'
 
     head = "".join(cell("th", k, h) for k, h in enumerate(headers))
     body = "".join("<tr>" + "".join(cell("td", k, v) for k, v in enumerate(r)) + "</tr>" for r in rows)
-    return f'<table style="{_STYLE}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    table_style = f' style="{_STYLE}"' if styled else ""
+    return f"<table{table_style}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def ops_html(rows: Sequence[OpStats], limit: int = 50) -> str:

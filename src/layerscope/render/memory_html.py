@@ -13,7 +13,7 @@ from layerscope.render.html_tables import static_table
 from layerscope.units import fmt_bytes, fmt_share
 
 #: Bar colours per category (the same order as the console's categories).
-_COLOURS = {
+CATEGORY_COLOURS = {
     "parameter": "#4e79a7",
     "gradient": "#f28e2b",
     "optimizer_state": "#e15759",
@@ -24,8 +24,10 @@ _COLOURS = {
 }
 
 
-def memory_peak_html(report: MemoryReport | None, rows: int = 20) -> str:
-    """The panel, or an empty string when the profile has no memory figures."""
+def memory_peak_html(report: MemoryReport | None, rows: int = 20, split: bool = False) -> str:
+    """The panel, or an empty string when the profile has no memory figures. ``split``: the head
+    and the category table, then ``<!--detail-->``, then the rest (for a page that sets the first
+    part beside its chart)."""
     try:
         at_peak = memory_at_peak(report)
     except LayerscopeError:
@@ -40,7 +42,7 @@ def memory_peak_html(report: MemoryReport | None, rows: int = 20) -> str:
     lines = []
     for row in at_peak.rows[:rows]:
         width = max(1.0, 100.0 * row.bytes / largest)
-        colour = _COLOURS.get(row.category, "#bab0ac")
+        colour = CATEGORY_COLOURS.get(row.category, "#bab0ac")
         label = html.escape(f"{row.category} · {row.module} {row.phase}".strip())
         lines.append(
             '<div class="peakrow" style="display:flex;gap:8px;align-items:center;margin:2px 0">'
@@ -57,7 +59,8 @@ def memory_peak_html(report: MemoryReport | None, rows: int = 20) -> str:
     parts = [
         '<div id="memorypeak"><h3>Live at the peak</h3>',
         f"<p>{html.escape(head)}</p>",
-        static_table(["Category", "Bytes", "Share"], categories),
+        static_table(["Category", "Bytes", "Share"], categories, styled=False),
+        "</div><!--detail--><div class=\"peakdetail\">" if split else "",
         '<p class="muted">By category and the module whose work allocated it:</p>',
         *lines,
     ]
@@ -72,6 +75,6 @@ def memory_peak_html(report: MemoryReport | None, rows: int = 20) -> str:
             for path, figures in sorted(at_peak.saved.items(), key=lambda kv: -sum(kv[1].values()))
         ]
         parts.append("<h3>Saved for backward, by keeping module</h3>")
-        parts.append(static_table(["Module", "Activation", "Parameter", "Input"], saved))
+        parts.append(static_table(["Module", "Activation", "Parameter", "Input"], saved, styled=False))
     parts.append("</div>")
     return "\n".join(parts)

@@ -13,6 +13,7 @@ import numpy as np
 
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
+from layerscope.attribution.memory.over_time import memory_over_time
 from layerscope.attribution.memory.story import MemoryStory, placement_of
 from layerscope.attribution.memory.sums import innermost_spans
 from layerscope.attribution.nesting import Sweep
@@ -24,10 +25,11 @@ from layerscope.model.profile import StepStats
 
 
 def memory_classes(
-    stories: list[MemoryStory], windows: list[tuple[int, int, int]]
+    stories: list[MemoryStory], windows: list[tuple[int, int, int]], start_ns: int | None
 ) -> tuple[ClassMemory, ...]:
     """The ``meta.memory`` figures: per device class the baseline, the peak and what was live at
-    it; per step the absolute peak, bytes allocated and the net change."""
+    it; per step the absolute peak, bytes allocated and the net change; memory over time by
+    category (times since ``start_ns``)."""
     classes = []
     for story in stories:
         peak, k = story.peak()
@@ -49,6 +51,9 @@ def memory_classes(
                     MemoryRow(c, m, p, b) for (c, m, p), b in sorted(rows.items(), key=lambda kv: -kv[1]) if b
                 ),
                 steps=_step_figures(story, windows),
+                over_time=memory_over_time(story, start_ns if start_ns is not None else int(story.ts[0]))
+                if story.ts.size
+                else None,
             )
         )
     return tuple(classes)
@@ -163,7 +168,7 @@ def build_memory_report(
     }
     start_ns = int(ts[order].min()) if order.size else int(min(table.mem_ts)) if table.mem_ts else None
     return MemoryReport(
-        classes=memory_classes(stories, windows),
+        classes=memory_classes(stories, windows, start_ns),
         saved=saved_by_module(snaps, keeper_of, parameter_addrs),
         watched=bool(snaps),
         start_ns=start_ns,

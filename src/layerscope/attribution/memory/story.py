@@ -40,8 +40,8 @@ class Placement:
 
 #: Category codes, in priority order: when one storage is seen as several (a parameter saved for
 #: backward), the lowest code wins. Allocations start as temporary or other.
-_CODES = ("parameter", "gradient", "optimizer_state", "input", "activation", "temporary", "other")
-_CODE = {name: code for code, name in enumerate(_CODES)}
+CATEGORIES = ("parameter", "gradient", "optimizer_state", "input", "activation", "temporary", "other")
+_CODE = {name: code for code, name in enumerate(CATEGORIES)}
 _KEY = [("addr", np.int64), ("t", np.int64)]
 
 
@@ -168,7 +168,7 @@ class MemoryStory:
             codes = self.code[live][first]
             for g in range(groups.size):
                 where = self.place(int(owner[first[g]]))
-                rows.append((_CODES[int(codes[g])], where.module, where.phase, int(sums[g])))
+                rows.append((CATEGORIES[int(codes[g])], where.module, where.phase, int(sums[g])))
         t = int(self.ts[k]) if k >= 0 else -1
         for addr, (nbytes, category) in self.baseline.entries.items():
             if self.baseline.freed_at.get(addr, _NEVER) > t:

@@ -35,16 +35,12 @@
   document.getElementById("sub").textContent = [
     "torch " + (D.meta.torch_version || "?"), "layerscope " + (D.meta.layerscope_version || "?"),
     D.meta.created_at || "", D.meta.devices && D.meta.devices.length ? D.meta.devices.map(function (d) { return d.name; }).join(", ") : "CPU",
-    "options: " + JSON.stringify(D.meta.options || {})].filter(Boolean).join(" \u00b7 ");
+    D.meta.options_text || ""].filter(Boolean).join(" \u00b7 ");
   var cards = document.getElementById("cards");
   var achieved = D.totals.flops ? D.totals.flops / ((D.totals.device_us || D.totals.cpu_us) / 1e6) : 0;
+  // the step time and the absolute memory peak lead (drawn with the page); these follow them
   [["CPU time", time(D.totals.cpu_us)], ["Device time", time(D.totals.device_us)],
-   // both relative peaks (the glossary's: the most added on top of what was live at the start):
-   // the plot's (the recorded window's net allocations) and the block's (what was live before it excluded)
-   ["Relative peak (window)", D.memory && D.memory.peak ? bytes(D.memory.peak.relative_peak_bytes) : ""],
-   ["Relative peak (block)", bytes(Math.max(D.totals.cpu_relative_peak_bytes, D.totals.device_relative_peak_bytes))],
-   ["FLOPs", si(D.totals.flops)], ["Achieved", achieved ? si(achieved) + "FLOP/s" : ""],
-   ["Wall", time(D.meta.wall_us)]].forEach(function (c) {
+   ["FLOPs", si(D.totals.flops)], ["Achieved", achieved ? si(achieved) + "FLOP/s" : ""]].forEach(function (c) {
     if (!c[1]) return;
     var card = el("div", "card"); card.appendChild(el("div", "v", c[1])); card.appendChild(el("div", "k", c[0]));
     cards.appendChild(card);
@@ -277,7 +273,9 @@
 
   // ----- memory -------------------------------------------------------------------------------
   var mem = D.memory, plot = document.getElementById("memplot");
-  if (mem && mem.t_us.length) {
+  if (!plot) {
+    // the chart by category is drawn with the page
+  } else if (mem && mem.t_us.length) {
     var NS = "http://www.w3.org/2000/svg", W = 1100, H = 220, P = 70;
     var ys = mem.device_net_bytes.length ? mem.device_net_bytes : mem.cpu_net_bytes;
     var tmax = Math.max.apply(null, mem.t_us) || 1, ymax = Math.max.apply(null, ys) || 1, ymin = Math.min(0, Math.min.apply(null, ys));

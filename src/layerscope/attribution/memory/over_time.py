@@ -1,0 +1,71 @@
+"""Absolute memory over time, stacked by category (:class:`~layerscope.model.memory.MemoryOverTime`,
+the HTML report's memory chart): the story's allocations, each in its category from its allocation to
+its free, on top of what was live before the block (each storage in its category until it is freed).
+
+The categories add up to the story's running total at every event, so the chart's peak is the
+report's absolute peak and its stack there is the live-at-peak breakdown by category.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from layerscope.attribution.memory.story import CATEGORIES, MemoryStory
+from layerscope.model.memory import MemoryOverTime
+
+_OTHER = CATEGORIES.index("other")
+
+
+def category_deltas(story: MemoryStory) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes live per category before the first event, change per category at each event): the
+    latter's cumulative sum on top of the former is the live bytes by category after each event."""
+    n, codes = story.ts.size, len(CATEGORIES)
+    code_of = {name: k for k, name in enumerate(CATEGORIES)}
+    initial = np.zeros(codes, dtype=np.int64)
+    for nbytes, category in story.baseline.entries.values():
+        initial[code_of[category]] += nbytes
+    initial[_OTHER] += story.baseline.unknown
+    delta = np.zeros((codes, n), dtype=np.int64)
+    freed = story.free_at[story.alloc]
+    paired = freed >= 0
+    np.add.at(delta, (story.code, story.alloc), story.nbytes[story.alloc])
+    np.add.at(delta, (story.code[paired], freed[paired]), story.nbytes[freed[paired]])
+    covered = np.zeros(n, dtype=bool)
+    covered[story.alloc] = True
+    covered[freed[paired]] = True
+    for k in np.flatnonzero(~covered).tolist():  # frees of memory from before the block; unaddressed events
+        entry = story.baseline.entries.get(int(story.addr[k])) if story.nbytes[k] < 0 else None
+        delta[code_of[entry[1]] if entry is not None else _OTHER, k] += int(story.nbytes[k])
+    for addr in story.baseline.silent:  # storages from before the block whose reuse freed them
+        k = int(np.searchsorted(story.ts, story.baseline.freed_at[addr], side="left"))
+        if k < n:
+            nbytes, category = story.baseline.entries[addr]
+            delta[code_of[category], k] -= nbytes
+    return initial, delta
+
+
+def memory_over_time(story: MemoryStory, start_ns: int, points: int = 800) -> MemoryOverTime | None:
+    """The story's live memory by category, sampled to at most ``points`` points that keep each
+    slice's highest total (and the peak); None without events."""
+    n = story.ts.size
+    if not n:
+        return None
+    initial, delta = category_deltas(story)
+    live = initial[:, None] + np.cumsum(delta, axis=1)
+    total = story.running
+    edges = np.linspace(0, n, num=min(points, n) + 1).astype(np.int64)
+    keep = sorted(
+        {int(lo + np.argmax(total[lo:hi])) for lo, hi in itertools.pairwise(edges) if hi > lo}
+        | {0, n - 1, int(np.argmax(total))}
+    )
+    used = [c for c in range(len(CATEGORIES)) if live[c].any()]
+    where = [story.place(int(story.owner[k])) if story.owner[k] >= 0 else None for k in keep]
+    return MemoryOverTime(
+        t_us=tuple(round((int(story.ts[k]) - start_ns) / 1000.0, 3) for k in keep),
+        categories=tuple(CATEGORIES[c] for c in used),
+        bytes_by_category=tuple(tuple(int(live[c, k]) for k in keep) for c in used),
+        phases=tuple(w.phase if w is not None else "" for w in where),
+        modules=tuple(w.module if w is not None else "" for w in where),
+    )

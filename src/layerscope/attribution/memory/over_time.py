@@ -55,7 +55,7 @@ def memory_over_time(story: MemoryStory, start_ns: int, points: int = 800) -> Me
     initial, delta = category_deltas(story)
     live = initial[:, None] + np.cumsum(delta, axis=1)
     total = story.running
-    edges = np.linspace(0, n, num=min(points, n) + 1).astype(np.int64)
+    edges = np.linspace(0, n, num=min(points - 2, n) + 1).astype(np.int64)  # and the first and last
     keep = sorted(
         {int(lo + np.argmax(total[lo:hi])) for lo, hi in itertools.pairwise(edges) if hi > lo}
         | {0, n - 1, int(np.argmax(total))}

@@ -2,6 +2,7 @@
 layerscope takes to write it, and how long headless Chromium takes to load and render it.
 
     python benchmarks/report.py --steps 50
+    python benchmarks/report.py --modules 1000 --steps 5   # a 1,000-module model
 
 Needs Debian's ``chromium`` and the ``playwright`` package (``pip install -e '.[test]'``) for the
 render time; without them only the size and the write time are reported.
@@ -25,12 +26,25 @@ from layerscope.render.html import html_report
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 
 
-def profile_training(steps: int, batch: int, size: int) -> ls.Profile:
-    """``steps`` SGD steps of resnet18 on random images, every step recorded."""
+def deep_model(modules: int) -> torch.nn.Module:
+    """About ``modules`` modules: the root, blocks of ten (Linear, ReLU) pairs, a head."""
+    pairs = max((modules - 2) * 10 // 21, 1)  # each block of ten pairs is 21 modules
+
+    def block(n: int) -> torch.nn.Sequential:
+        return torch.nn.Sequential(*[m for _ in range(n) for m in (torch.nn.Linear(32, 32), torch.nn.ReLU())])
+
+    blocks = [block(min(10, pairs - first)) for first in range(0, pairs, 10)]
+    return torch.nn.Sequential(*blocks, torch.nn.Linear(32, 10))
+
+
+def profile_training(steps: int, batch: int, size: int, modules: int | None = None) -> ls.Profile:
+    """``steps`` SGD steps of resnet18 on random images (or of a ``modules``-module MLP on random
+    vectors), every step recorded."""
     torch.manual_seed(0)
-    model = resnet18(num_classes=10)
+    model = resnet18(num_classes=10) if modules is None else deep_model(modules)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    images, labels = torch.randn(batch, 3, size, size), torch.randint(0, 10, (batch,))
+    shape = (batch, 3, size, size) if modules is None else (batch, 32)
+    images, labels = torch.randn(*shape), torch.randint(0, 10, (batch,))
     with ls.profile(model, memory=True, schedule=ls.schedule(active=steps, repeat=1)) as prof:
         for _ in range(steps):
             opt.zero_grad()
@@ -69,8 +83,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=64, help="image side in pixels")
     parser.add_argument("--runs", type=int, default=5, help="page loads to time")
+    parser.add_argument("--modules", type=int, default=None, help="an MLP of about N modules instead")
     args = parser.parse_args()
-    profile = profile_training(args.steps, args.batch, args.size)
+    profile = profile_training(args.steps, args.batch, args.size, args.modules)
     start = time.perf_counter()
     page = html_report(profile)
     write_s = time.perf_counter() - start

@@ -93,13 +93,18 @@ def stacks_svg(
         kind = _kind(node.name, depth, leaf)
         share = 100.0 * node.value / total
         label = escape(node.name)
+        fitted = _fit(node.name, width)  # no <text> when nothing fits: the script adds one on zoom
         frames.append(
             f'<g class="f" data-x="{x / WIDTH:.6f}" data-w="{width / WIDTH:.6f}" data-d="{depth}" '
             f'data-v="{node.value:.3f}"><title>{label} — {node.value:,.1f} {unit} ({share:.2f}%)</title>'
             f'<rect x="{x:.2f}" y="{TOP + depth * ROW}" width="{max(width - 0.5, 0.5):.2f}" '
             f'height="{ROW - 1}" fill="{_colour(node.name, kind)}" rx="2"/>'
-            f'<text x="{x + 3:.2f}" y="{TOP + depth * ROW + FONT}">{escape(_fit(node.name, width))}</text>'
-            "</g>"
+            + (
+                f'<text x="{x + 3:.2f}" y="{TOP + depth * ROW + FONT}">{escape(fitted)}</text>'
+                if fitted
+                else ""
+            )
+            + "</g>"
         )
         cursor = x
         for child in sorted(node.children.values(), key=lambda c: -c.value):

@@ -57,9 +57,23 @@ def _module_data(
         "source": [sid(n.source) for n in nodes],
         "out": [sid(fmt_shapes(n.output_shapes) or None) for n in nodes],
         "in": [sid(fmt_shapes(n.input_shapes) or None) for n in nodes],
-        "fwd": [n.forward.to_list() for n in nodes],
-        "bwd": [n.backward.to_list() for n in nodes],
+        "fwd": [compact(n.forward.to_list()) for n in nodes],
+        "bwd": [compact(n.backward.to_list()) for n in nodes],
     }
+
+
+def compact(values: list[Any]) -> list[Any]:
+    """Figures as the page needs them: whole numbers without a fraction, the rest to 3 decimals
+    (ns in µs), so that a big profile's page stays small."""
+    return [v if isinstance(v, int) else int(v) if v.is_integer() else round(v, 3) for v in values]
+
+
+def without_trailing_zeros(values: list[Any]) -> list[Any]:
+    """An op row's figures less its trailing zeros (most rows have no device or memory figures)."""
+    end = len(values)
+    while end and values[end - 1] == 0:
+        end -= 1
+    return values[:end]
 
 
 def report_data(profile: Profile) -> dict[str, Any]:
@@ -95,12 +109,12 @@ def page_data(report: ReportData) -> dict[str, Any]:
         "modules": _module_data(nodes, parent, sid),
         "ops": {
             "name": [sid(r.name) for r in rows],
-            "phase": [r.phase.value if r.phase else "" for r in rows],
+            "phase": [sid(r.phase.value) if r.phase else -1 for r in rows],
             "module": [sid(r.module) for r in rows],
             "shapes": [sid(r.input_shapes) for r in rows],
             "scope": [sid(r.scope) for r in rows],
             "calls": [r.calls for r in rows],
-            "m": [r.metrics.to_list() for r in rows],
+            "m": [without_trailing_zeros(compact(r.metrics.to_list())) for r in rows],
             # source locations (with_stack): the user's 5 innermost frames, one per line
             **(
                 {

@@ -27,9 +27,9 @@ def _areas(over: MemoryOverTime, xs: list[float], scale: float) -> list[str]:
     shapes = []
     for category, series in zip(over.categories, over.bytes_by_category, strict=True):
         top = [b + s for b, s in zip(below, series, strict=True)]
-        upper = " ".join(f"{x:.1f},{HEIGHT - v * scale:.1f}" for x, v in zip(xs, top, strict=True))
+        upper = " ".join(f"{x:.1f},{HEIGHT - v * scale:.0f}" for x, v in zip(xs, top, strict=True))
         lower = " ".join(
-            f"{x:.1f},{HEIGHT - v * scale:.1f}" for x, v in zip(reversed(xs), reversed(below), strict=True)
+            f"{x:.1f},{HEIGHT - v * scale:.0f}" for x, v in zip(reversed(xs), reversed(below), strict=True)
         )
         colour = CATEGORY_COLOURS.get(category, "#bab0ac")
         shapes.append(

@@ -60,7 +60,7 @@ def memory_peak_html(report: MemoryReport | None, rows: int = 20, split: bool = 
         '<div id="memorypeak"><h3>Live at the peak</h3>',
         f"<p>{html.escape(head)}</p>",
         static_table(["Category", "Bytes", "Share"], categories, styled=False),
-        "</div><!--detail--><div class=\"peakdetail\">" if split else "",
+        '</div><!--detail--><div class="peakdetail">' if split else "",
         '<p class="muted">By category and the module whose work allocated it:</p>',
         *lines,
     ]

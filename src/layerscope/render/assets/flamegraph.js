@@ -6,8 +6,18 @@
   var frames = Array.prototype.slice.call(svg.querySelectorAll("g.f"));
   var details = svg.querySelector(".details");
   function name(g) { return g.querySelector("title").textContent.split(" \u2014 ")[0]; }
+  // frames too narrow for a label are written without a <text>: made here when zoom widens them
+  function textOf(g) {
+    var t = g.querySelector("text");
+    if (!t) {
+      t = document.createElementNS("http://www.w3.org/2000/svg", "text");
+      t.setAttribute("y", (parseFloat(g.querySelector("rect").getAttribute("y")) + parseFloat(svg.getAttribute("font-size"))).toString());
+      g.appendChild(t);
+    }
+    return t;
+  }
   function label(g, w) {
-    var t = g.querySelector("text"), n = Math.floor((w - 6) / CH), s = name(g);
+    var t = textOf(g), n = Math.floor((w - 6) / CH), s = name(g);
     t.textContent = n < 3 ? "" : (s.length <= n ? s : s.slice(0, n - 1) + "\u2026");
   }
   function zoom(x0, w0, d0) {
@@ -15,7 +25,7 @@
       var x = parseFloat(g.dataset.x), w = parseFloat(g.dataset.w), d = parseInt(g.dataset.d, 10);
       var inside = x >= x0 - 1e-9 && x + w <= x0 + w0 + 1e-9;
       var above = d < d0 && x <= x0 + 1e-9 && x + w >= x0 + w0 - 1e-9;
-      var r = g.querySelector("rect"), t = g.querySelector("text");
+      var r = g.querySelector("rect"), t = textOf(g);
       if (!inside && !above) { g.style.display = "none"; return; }
       g.style.display = "";
       var nx = above ? 0 : (x - x0) / w0 * W, nw = above ? W : w / w0 * W;

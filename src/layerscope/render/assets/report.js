@@ -183,10 +183,10 @@
       var key = name + (group === "shapes" ? "\u0000" + str(O.shapes[r]) : group === "module" ? "\u0000" + module :
                         group === "source" ? "\u0000" + source : "");
       var row = rows[key];
-      if (!row) { row = rows[key] = {name: name, phase: O.phase[r], module: group === "module" ? module : "", shapes: group === "shapes" ? str(O.shapes[r]) : "", source: group === "source" ? source : "", calls: 0, m: new Array(F.length).fill(0)}; keys.push(key); }
-      if (row.phase !== O.phase[r]) row.phase = "";
+      if (!row) { row = rows[key] = {name: name, phase: str(O.phase[r]), module: group === "module" ? module : "", shapes: group === "shapes" ? str(O.shapes[r]) : "", source: group === "source" ? source : "", calls: 0, m: new Array(F.length).fill(0)}; keys.push(key); }
+      if (row.phase !== str(O.phase[r])) row.phase = "";
       row.calls += O.calls[r];
-      for (var f = 0; f < F.length; f++) row.m[f] += O.m[r][f];
+      for (var f = 0; f < O.m[r].length; f++) row.m[f] += O.m[r][f];  // trailing zeros left out
     }
     var list = keys.map(function (k) { return rows[k]; });
     function get(x, key) { return key in FI ? (key === "cpu_alloc_bytes" ? x.m[FI.cpu_alloc_bytes] + x.m[FI.device_alloc_bytes] : x.m[FI[key]]) : x[key]; }

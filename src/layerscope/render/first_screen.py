@@ -29,6 +29,8 @@ def _step_card(screen: FirstScreen) -> str:
     found = screen.step_time
     if found is None:
         return _card(fmt_time_us(screen.wall_us) or "0", "Wall time (no steps recorded)")
+    if found.steps == 1:
+        return _card(fmt_time_us(found.median_us), "Step time (one step recorded)")
     spread = f"{fmt_time_us(found.min_us)} – {fmt_time_us(found.max_us)} over {found.steps} steps"
     if found.outliers:
         spread += f", {found.outliers} slow"

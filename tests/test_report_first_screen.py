@@ -152,3 +152,23 @@ def test_the_slow_step_is_marked_in_the_step_chart(page: Any, trained: ls.Profil
 def test_the_header_says_the_options_in_words(page: Any) -> None:
     header = page.inner_text("#sub")
     assert "{" not in header and "recorded CPU; memory, shapes, FLOPs" in header
+
+
+def test_the_keyboard_reaches_and_works_the_tree(page: Any) -> None:
+    """Tab order follows the page: the phase buttons and the filter before the tree's headers and
+    toggles; Enter on a toggle collapses its subtree and keeps the focus on it."""
+    page.focus("#treefilter")
+    reached = []
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        reached.append(page.evaluate("document.activeElement.className || document.activeElement.tagName"))
+        if reached[-1] == "tog":
+            break
+    assert reached[-1] == "tog" and "TH" in reached  # the sortable headers come first
+    rows = "document.querySelectorAll('#tree tbody tr').length"
+    before = page.evaluate(rows)
+    page.keyboard.press("Enter")
+    assert page.evaluate(rows) == 1 < before
+    assert page.evaluate("document.activeElement.getAttribute('aria-expanded')") == "false"
+    page.keyboard.press(" ")
+    assert page.evaluate(rows) == before

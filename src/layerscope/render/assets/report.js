@@ -10,6 +10,14 @@
     if (text !== undefined && text !== null) e.textContent = String(text);  // text only, never HTML
     return e;
   }
+  // keyboard: Tab reaches what a click does (tree toggles, sortable headers), Enter or Space acts
+  function activates(node, act, label) {
+    node.tabIndex = 0; node.setAttribute("role", "button");
+    if (label) node.setAttribute("aria-label", label);
+    node.addEventListener("keydown", function (e) {
+      if (e.key === "Enter" || e.key === " ") { e.preventDefault(); act(); }
+    });
+  }
   function time(us) {
     if (!us) return "";
     var a = Math.abs(us);
@@ -90,12 +98,13 @@
     if (c[1] === "flops_per_s") th.title = "achieved FLOP/s: FLOPs over device time when there is any, else CPU time";
     if (c[1] === "net_bytes") th.title = "allocated minus freed inside the module: what it leaves " +
       "alive (activations kept for backward); negative when it frees more than it allocates";
-    if (c[1]) th.addEventListener("click", function () {
+    function sortTree() {
       if (sortKey === c[1]) sortAsc = !sortAsc; else { sortKey = c[1]; sortAsc = false; }
       Array.prototype.forEach.call(thead.children, function (h) { h.classList.remove("sorted", "asc"); });
       th.classList.add("sorted"); if (sortAsc) th.classList.add("asc");
       renderTree();
-    });
+    }
+    if (c[1]) { th.addEventListener("click", sortTree); activates(th, sortTree, "sort by " + c[0]); }
     thead.appendChild(th);
   });
   var filter = "";
@@ -114,7 +123,13 @@
       var name = el("td", "l");
       name.style.paddingLeft = (8 + 16 * depth[i]) + "px";
       var tog = el("span", "tog", children[i].length ? (open[i] || filter ? "\u25be" : "\u25b8") : "");
-      if (children[i].length) tog.addEventListener("click", function () { open[i] = !open[i]; renderTree(); });
+      if (children[i].length) {
+        var toggle = function () { open[i] = !open[i]; renderTree(); };
+        tog.addEventListener("click", toggle);
+        activates(tog, function () { toggle(); var again = tbody.querySelector("tr[data-path='" + CSS.escape(str(M.path[i])) + "'] .tog"); if (again) again.focus(); },
+          (open[i] ? "collapse " : "expand ") + (str(M.path[i]) || "(root)"));
+        tog.setAttribute("aria-expanded", open[i] || filter ? "true" : "false");
+      }
       name.appendChild(tog);
       name.appendChild(el("span", null, i === 0 ? (str(M.path[i]) || "(root)") : str(M.path[i]).split(".").pop()));
       tr.appendChild(name);
@@ -171,7 +186,8 @@
   var ohead = document.querySelector("#ops thead tr"), obody = document.querySelector("#ops tbody");
   OCOLS.forEach(function (c, k) {
     var th = el("th", k < textCols ? "l" : "", c[0]);
-    th.addEventListener("click", function () { if (opSort === c[1]) opAsc = !opAsc; else { opSort = c[1]; opAsc = false; } renderOps(); });
+    var sortOps = function () { if (opSort === c[1]) opAsc = !opAsc; else { opSort = c[1]; opAsc = false; } renderOps(); };
+    th.addEventListener("click", sortOps); activates(th, sortOps, "sort ops by " + c[0]);
     ohead.appendChild(th);
   });
   function renderOps() {

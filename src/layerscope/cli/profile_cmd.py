@@ -87,7 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ".csv, .svg, .collapsed, .parquet), or a folder (profile.json.gz in it)",
         html_help="also write the HTML report, beside -o (or profile.html here)",
     )
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (use with -o)")
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print nothing, the profiler's own notices included (use with -o); errors still print",
+    )
     add_view_options(parser)
 
 
@@ -205,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     written = write_outputs(profile, requested_outputs(args, "profile"))
     if not args.quiet:
         print_profile(profile, args)
-    report_written(written)
+    report_written(written, quiet=args.quiet)
     return 0
 
 

@@ -361,7 +361,7 @@ def _report(session: Any, written: list[Path], args: argparse.Namespace, outcome
         by = args.by if _has_main_table(profile, args.by) else "module"
         for table in main_tables(profile, args, by=by):
             console.print(table)
-    for path in written:
+    for path in [] if args.quiet else written:
         print(f"layerscope: saved {path}", file=stream)
 
 

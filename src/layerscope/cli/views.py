@@ -249,9 +249,9 @@ def scheduler_of(args: argparse.Namespace) -> str | None:
     return address
 
 
-def report_written(paths: list[Path] | list[str]) -> None:
-    """One ``layerscope: saved PATH`` line on stderr per file a command wrote."""
-    for path in paths:
+def report_written(paths: list[Path] | list[str], quiet: bool = False) -> None:
+    """One ``layerscope: saved PATH`` line on stderr per file a command wrote (none with ``-q``)."""
+    for path in [] if quiet else paths:
         print(f"layerscope: saved {path}", file=sys.stderr)
 
 

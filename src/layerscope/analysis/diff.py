@@ -11,6 +11,10 @@ from layerscope.model.profile import Profile
 
 #: Metrics a diff can compare (the inclusive names; ops use their ``self_`` counterpart).
 DIFF_METRICS = tuple(total for _, total in ADDITIVE_PAIRS)
+#: A change is beyond noise when it is more than this share of the row's baseline...
+NOISE_SHARE_OF_ROW = 0.05
+#: ...and more than this share of the baseline's total (small rows jitter by large percentages).
+NOISE_SHARE_OF_TOTAL = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,15 @@ class ProfileDiff(NotebookDisplay):
     total_b: float
     modules: tuple[DiffRow, ...]
     ops: tuple[DiffRow, ...]
+    #: module paths in tree order: b's modules as b nests them, then those only in a, as a does
+    tree_order: tuple[str, ...] = ()
+
+    def beyond_noise(self, row: DiffRow) -> bool:
+        """Whether ``row``'s change is more than noise: over :data:`NOISE_SHARE_OF_ROW` of its
+        baseline (any change of a new or vanished row) and over :data:`NOISE_SHARE_OF_TOTAL` of the
+        baseline's total."""
+        of_row = row.a is None or row.b is None or abs(row.delta) > NOISE_SHARE_OF_ROW * abs(row.a)
+        return of_row and abs(row.delta) > NOISE_SHARE_OF_TOTAL * abs(self.total_a)
 
     @property
     def total_delta(self) -> float:
@@ -101,8 +114,10 @@ def diff(a: Profile, b: Profile, metric: str = "cpu_us") -> ProfileDiff:
             values[key] = values.get(key, 0.0) + float(getattr(row.metrics, self_metric)) * scale
         return values
 
-    modules = _rows("module", module_values(a, scale_a), module_values(b, scale_b))
+    # every module stays (the HTML page draws both trees whole); ops that did not change go
+    modules = _rows("module", module_values(a, scale_a), module_values(b, scale_b), keep_unchanged=True)
     ops = _rows("op", op_values(a, scale_a), op_values(b, scale_b))
+    order = tuple(dict.fromkeys([*(n.path for n in b.modules()), *(n.path for n in a.modules())]))
     return ProfileDiff(
         metric,
         per_step,
@@ -110,12 +125,15 @@ def diff(a: Profile, b: Profile, metric: str = "cpu_us") -> ProfileDiff:
         float(getattr(b.totals, metric)) * scale_b,
         modules,
         ops,
+        order,
     )
 
 
-def _rows(kind: str, a: dict[str, float], b: dict[str, float]) -> tuple[DiffRow, ...]:
+def _rows(
+    kind: str, a: dict[str, float], b: dict[str, float], keep_unchanged: bool = False
+) -> tuple[DiffRow, ...]:
     keys = list(dict.fromkeys([*a, *b]))
     rows = [DiffRow(kind, k, a.get(k), b.get(k)) for k in keys]
-    rows = [r for r in rows if r.delta != 0 or r.status != "changed"]
+    rows = [r for r in rows if keep_unchanged or r.delta != 0 or r.status != "changed"]
     rows.sort(key=lambda r: -abs(r.delta))
     return tuple(rows)

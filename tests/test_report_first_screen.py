@@ -172,3 +172,16 @@ def test_the_keyboard_reaches_and_works_the_tree(page: Any) -> None:
     assert page.evaluate("document.activeElement.getAttribute('aria-expanded')") == "false"
     page.keyboard.press(" ")
     assert page.evaluate(rows) == before
+
+
+def test_choosing_a_step_shows_its_modules(page: Any, trained: ls.Profile) -> None:
+    """Clicking (or Enter on) a step's bar lists that step's heaviest modules with their times."""
+    step = trained.steps[SLOW_STEP]
+    page.click(f"#stepchart g[data-step='{step.step}']")
+    assert page.inner_text("#steptree h3") == f"Step {step.step}: its heaviest modules"
+    rows = page.eval_on_selector_all("#steptree tbody tr", "rs => rs.map(r => r.children[0].textContent)")
+    heaviest = max((p for p in step.modules if p), key=lambda p: sum(step.modules[p]))
+    assert heaviest in rows and HOSTILE in rows and len(rows) == len([p for p in step.modules if p])
+    page.focus(f"#stepchart g[data-step='{trained.steps[0].step}']")
+    page.keyboard.press("Enter")
+    assert page.inner_text("#steptree h3").startswith(f"Step {trained.steps[0].step}:")

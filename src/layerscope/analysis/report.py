@@ -16,6 +16,9 @@ from layerscope.analysis.steps import StepRow, step_rows
 from layerscope.model.profile import Profile
 from layerscope.model.tables import LineTable
 
+#: Modules a step's tree shows (its heaviest, forward + backward, in tree order).
+STEP_TREE_MODULES = 12
+
 #: The metrics the report has a flame graph for (each only when the profile has any of it).
 FLAME_METRICS = ("cpu_us", "device_us", "cpu_alloc_bytes", "flops")
 
@@ -43,6 +46,8 @@ class ReportData:
     steps: list[StepRow]
     flames: tuple[Flame, ...]
     first_screen: FirstScreen
+    #: step -> its heaviest modules in tree order: (path, forward µs, backward µs), inclusive
+    step_trees: dict[int, list[tuple[str, float, float]]]
 
 
 def build_report(profile: Profile) -> ReportData:
@@ -60,7 +65,20 @@ def build_report(profile: Profile) -> ReportData:
             weights = stack_values(profile, metric, frames_of="source", user_stacks=stacks)
             flames.append(Flame(metric, "source", weights))
     steps = step_rows(profile.steps)
-    return ReportData(profile, stacks, lines, steps, tuple(flames), first_screen(profile, steps))
+    trees = step_trees(profile)
+    return ReportData(profile, stacks, lines, steps, tuple(flames), first_screen(profile, steps), trees)
+
+
+def step_trees(profile: Profile) -> dict[int, list[tuple[str, float, float]]]:
+    """Each step's heaviest modules (below the root), in the tree's order, with their forward and
+    backward time in that step."""
+    order = {node.path: k for k, node in enumerate(profile.modules())}
+    trees = {}
+    for step in profile.steps:
+        found = [(p, f, b) for p, (f, b) in step.modules.items() if p and p in order]
+        heaviest = sorted(found, key=lambda m: -(m[1] + m[2]))[:STEP_TREE_MODULES]
+        trees[step.step] = sorted(heaviest, key=lambda m: order[m[0]])
+    return trees
 
 
 __all__ = ["FLAME_METRICS", "Flame", "ReportData", "build_report"]

@@ -142,6 +142,11 @@ def page_data(report: ReportData) -> dict[str, Any]:
             ]
             for r in report.steps
         ],
+        # a step's tree when its bar is chosen: [module path id, forward µs, backward µs]
+        "step_trees": {
+            str(step): [[sid(path), round(f, 3), round(b, 3)] for path, f, b in modules]
+            for step, modules in report.step_trees.items()
+        },
         "memory": meta.memory_timeline.to_json() if meta.memory_timeline is not None else None,
         "strings": table.strings,
     }
@@ -296,6 +301,8 @@ backward); negative when it frees more than it allocates">Net alloc</th><th>Peak
 <tbody></tbody></table></section>
 {device}
 <section id="steps"><h2>Steps</h2>{steps_chart_svg(report.steps)}
+<div id="steptree" class="muted">Click a step's bar (or Tab to it and press Enter) to see its heaviest
+modules.</div>
 <table><thead><tr><th>Step</th><th>Wall</th><th>CPU</th><th>Device</th>
 <th>Forward</th><th>Backward</th><th class="l">Note</th></tr></thead><tbody></tbody></table></section>
 </main>

@@ -30,7 +30,8 @@ def _bar(row: StepRow, x: float, width: float, scale: float) -> str:
     if row.outlier:
         note += f"; slow: {row.cause or 'cause unknown'}"
     outlier = ' class="outlier"' if row.outlier else ""
-    return f'<g data-step="{row.step}"{outlier}><title>{escape(note)}</title>{"".join(parts)}</g>'
+    label = f'tabindex="0" role="button" aria-label="{escape(note)}"'
+    return f'<g data-step="{row.step}"{outlier} {label}><title>{escape(note)}</title>{"".join(parts)}</g>'
 
 
 def steps_chart_svg(rows: list[StepRow]) -> str:

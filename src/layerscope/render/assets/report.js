@@ -345,7 +345,29 @@
   });
 
   // ----- steps --------------------------------------------------------------------------------
-  var steps = document.getElementById("steps");
+  var steps = document.getElementById("steps"), stepTree = document.getElementById("steptree");
+  function showStep(g) {
+    var step = g.dataset.step, mods = D.step_trees[step] || [];
+    document.querySelectorAll("#stepchart g.chosen").forEach(function (x) { x.classList.remove("chosen"); });
+    g.classList.add("chosen");
+    stepTree.textContent = ""; stepTree.className = "";
+    stepTree.appendChild(el("h3", null, "Step " + step + ": its heaviest modules"));
+    var table = el("table"), head = el("tr");
+    ["Module", "Forward", "Backward"].forEach(function (h, k) { head.appendChild(el("th", k ? null : "l", h)); });
+    table.appendChild(el("thead")).appendChild(head);
+    var body = el("tbody");
+    mods.forEach(function (m) {
+      var tr = el("tr"), path = str(m[0]), name = el("td", "l", path);
+      name.style.paddingLeft = (8 + 16 * (path.split(".").length - 1)) + "px";
+      tr.appendChild(name); tr.appendChild(el("td", null, time(m[1]))); tr.appendChild(el("td", null, time(m[2])));
+      body.appendChild(tr);
+    });
+    table.appendChild(body); stepTree.appendChild(table);
+  }
+  document.querySelectorAll("#stepchart g[data-step]").forEach(function (g) {
+    g.addEventListener("click", function () { showStep(g); });
+    g.addEventListener("keydown", function (e) { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); showStep(g); } });
+  });
   if (D.steps.length > 1) {
     var sbody = steps.querySelector("tbody");
     D.steps.forEach(function (s) {

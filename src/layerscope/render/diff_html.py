@@ -37,6 +37,13 @@ def _row_class(d: ProfileDiff, row: DiffRow) -> str:
     return "slower" if row.delta > 0 else "faster"
 
 
+def _figures(a: str, b: str, delta: str, percent: str, status: str) -> str:
+    """A row's cells after its name: A, B, the change, its percent, new/vanished."""
+    figures = "".join(f"<td>{escape(v)}</td>" for v in (a, b))
+    change = "".join(f'<td class="d">{escape(v)}</td>' for v in (delta, percent))
+    return f'{figures}{change}<td class="k">{escape(status)}</td>'
+
+
 def _tree_rows(d: ProfileDiff) -> str:
     fmt = value_formatter(d.metric)
     by_path = {r.key: r for r in d.modules}
@@ -50,12 +57,10 @@ def _tree_rows(d: ProfileDiff) -> str:
         name = key if not path else path.rsplit(".", 1)[-1]
         label = f'<span class="{status}">{escape(name)}</span>' if status else escape(name)
         title = f' title="{escape(path)}"' if path else ""
+        name_cell = f'<td class="k" style="padding-left:{8 + 16 * depth}px"{title}>{label}</td>'
         lines.append(
-            f'<tr class="{_row_class(d, row)}" data-path="{escape(path)}">'
-            f'<td class="k" style="padding-left:{8 + 16 * depth}px"{title}>{label}</td>'
-            f"<td>{escape(a)}</td><td>{escape(b)}</td>"
-            f'<td class="d">{escape(delta)}</td><td class="d">{escape(percent)}</td>'
-            f'<td class="k">{escape(status)}</td></tr>'
+            f'<tr class="{_row_class(d, row)}" data-path="{escape(path)}">{name_cell}'
+            f"{_figures(a, b, delta, percent, status)}</tr>"
         )
     return "".join(lines)
 
@@ -65,10 +70,9 @@ def _op_rows(d: ProfileDiff, top: int) -> str:
     out = []
     for row in d.ops[:top]:
         key, a, b, delta, percent, status = row_cells(row, fmt)
+        name_cell = f'<td class="k">{escape(key)}</td>'
         out.append(
-            f'<tr class="{_row_class(d, row)}"><td class="k">{escape(key)}</td><td>{escape(a)}</td>'
-            f'<td>{escape(b)}</td><td class="d">{escape(delta)}</td><td class="d">{escape(percent)}</td>'
-            f'<td class="k">{escape(status)}</td></tr>'
+            f'<tr class="{_row_class(d, row)}">{name_cell}{_figures(a, b, delta, percent, status)}</tr>'
         )
     return "".join(out)
 

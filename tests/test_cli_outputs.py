@@ -14,7 +14,7 @@ from tests.test_cli import FACTORY
 from tests.test_outputs import _saved_lines
 from tests.test_run import write_script
 
-MLP = [f"{FACTORY}:small_mlp", "--input", "4x8", "-q"]
+MLP = [f"{FACTORY}:small_mlp", "--input", "4x8"]  # not -q: the saved lines and warnings are checked
 
 
 def _deprecation_lines(err: str) -> list[str]:

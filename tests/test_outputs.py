@@ -25,7 +25,7 @@ def _saved_lines(err: str) -> list[str]:
 def test_run_to_a_json_file_writes_that_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = write_script(tmp_path)
     target = tmp_path / "out" / "run.json"
-    assert main(["run", "--steps", "3", "-o", str(target), "-q", "--html", str(script), "4"]) == 0
+    assert main(["run", "--steps", "3", "-o", str(target), "--html", str(script), "4"]) == 0
     assert target.is_file() and (tmp_path / "out" / "run.html").is_file()
     assert sorted(p.name for p in target.parent.iterdir()) == ["run.html", "run.json"]
     assert _saved_lines(capsys.readouterr().err) == [str(target), str(target.with_name("run.html"))]

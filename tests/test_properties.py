@@ -137,3 +137,16 @@ def test_save_load_round_trip(tmp_path: Path, table: EventTable, name: str) -> N
     profile = build_profile(table, None, ProfileMeta(extra={"note": "round trip"}))
     path = profile.save(tmp_path / name)
     assert ls.load(path) == profile
+
+
+def test_a_zero_length_module_rerun_in_backward_validates() -> None:
+    """Found by hypothesis (run on torch 2.14.1): a module range of zero length that starts where a
+    backward node does counts as recomputed, with no backward time; zero time is right there."""
+    table = EventTable()
+    table.add_span("ls::Net", EventKind.CPU_OP, 2, 0, 0, ext=1)
+    table.add_span(
+        "autograd::engine::evaluate_function: MmBackward0", EventKind.CPU_OP, 2, 0, 1, fwd_tid=2, ext=2
+    )
+    profile = build_profile(table, None)
+    profile.validate()
+    assert profile.root.forward.cpu_us == 0

@@ -178,5 +178,6 @@ def test_validate_catches_impossible_recompute_counts() -> None:
 
     with pytest.raises(ValidationError, match="negative calls"):
         with_first_child(recompute_calls=-1).validate()
-    with pytest.raises(ValidationError, match="recomputed with no backward time"):
-        with_first_child(recompute_calls=1).validate()
+    # a recomputation with no backward time is not an error: a zero-length call (a clock tick
+    # shorter than the module) reruns in no time (tests/test_properties.py has the case)
+    with_first_child(recompute_calls=1).validate()

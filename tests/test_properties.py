@@ -140,8 +140,9 @@ def test_save_load_round_trip(tmp_path: Path, table: EventTable, name: str) -> N
 
 
 def test_a_zero_length_module_rerun_in_backward_validates() -> None:
-    """Found by hypothesis (run on torch 2.14.1): a module range of zero length that starts where a
-    backward node does counts as recomputed, with no backward time; zero time is right there."""
+    """Found by hypothesis: a module range of zero length that starts where a backward node does
+    counts as recomputed, with no backward time; zero time is right there (validate used to refuse
+    a recomputed module without backward time)."""
     table = EventTable()
     table.add_span("ls::Net", EventKind.CPU_OP, 2, 0, 0, ext=1)
     table.add_span(
@@ -150,3 +151,13 @@ def test_a_zero_length_module_rerun_in_backward_validates() -> None:
     profile = build_profile(table, None)
     profile.validate()
     assert profile.root.forward.cpu_us == 0
+    # also when the module's other calls take time (the second case hypothesis found)
+    busy = EventTable()
+    for tid, ts, dur in ((1, 0, 0), (1, 1, 1), (2, 0, 0), (2, 1, 0)):
+        busy.add_span("ls::Net", EventKind.CPU_OP, tid, ts, dur, ext=len(busy.span_ts) + 1)
+    busy.add_span(
+        "autograd::engine::evaluate_function: MmBackward0", EventKind.CPU_OP, 2, 1, 1, fwd_tid=2, ext=5
+    )
+    recomputed = build_profile(busy, None)
+    recomputed.validate()
+    assert recomputed.root.recompute_calls >= 1 and recomputed.root.forward.cpu_us > 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
 import warnings
@@ -22,6 +21,7 @@ from layerscope.cli import (
     views,
 )
 from layerscope.cli.outputs import legacy_argv
+from layerscope.cli.quiet import quiet_warnings
 from layerscope.cli.run_argv import split_run_command_line
 from layerscope.errors import LayerscopeError, LayerscopeWarning
 
@@ -94,17 +94,6 @@ def _our_warnings_on_one_line() -> None:
     warnings.showwarning = show
 
 
-#: Kineto (torch's profiler library) logs below this level are not printed: its ``USDT:
-#: profiler_start``/``profiler_stop`` notices are level 5. Read when torch first starts a profiler.
-QUIET_KINETO_LOG_LEVEL = "6"
-
-
-def be_quiet() -> None:
-    """``-q``: the profiler underneath prints nothing either (unless the user set its log level);
-    torch reads the level once, when the process first profiles."""
-    os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO_LOG_LEVEL)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (2 for bad input, 1 for other failures)."""
     parser = build_parser()
@@ -120,14 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     verbose = bool(args.verbose or getattr(args, "verbose_sub", False))
-    quiet = bool(getattr(args, "quiet", False))
-    if quiet:
-        be_quiet()
     try:
         with warnings.catch_warnings():
             _our_warnings_on_one_line()
-            if quiet:
-                warnings.simplefilter("ignore")
+            if getattr(args, "quiet", False):
+                quiet_warnings(getattr(COMMANDS[args.command], "RUNS_USER_SCRIPT", False))
             return int(args.run(args))
     except LayerscopeError as exc:
         if verbose:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.cli.outputs import add_output_options, requested_outputs
+from layerscope.cli.quiet import ProfilerNotices
 from layerscope.cli.views import (
     add_recording_options,
     add_view_options,
@@ -195,13 +196,14 @@ def run(args: argparse.Namespace) -> int:
     from layerscope.capture.compile_watch import CompileWatch
 
     # A compiled model compiles in the warm-up: watched, so that the profile places its kernels.
-    with CompileWatch():
+    with CompileWatch(), ProfilerNotices(args.quiet) as notices:
         for _ in range(args.warmup):
             step()
             model.zero_grad(set_to_none=True)
         with ls.profile(
             model, memory=args.memory, with_stack=args.with_stack, lines=args.lines, nvtx=args.nvtx
         ) as prof:
+            notices.read()  # torch prepared its trace as the block began
             for k in range(args.steps):
                 step()
                 if k < args.steps - 1:

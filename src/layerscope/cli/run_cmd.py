@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from layerscope.cli.outputs import DeprecatedAlias, deprecated
+from layerscope.cli.quiet import ProfilerNotices
 from layerscope.cli.views import (
     add_recording_options,
     add_view_options,
@@ -37,6 +38,8 @@ examples:
 
 
 HELP = "profile an unmodified Python script or module"
+#: ``-q`` leaves the script's own warnings alone (they are its output, not ours).
+RUNS_USER_SCRIPT = True
 DESCRIPTION = (
     "Run a script (or -m module) under layerscope. Steps end at every optimizer.step(); "
     "choose which steps to record with --steps or --wait/--warmup/--active/--repeat/--skip-first "
@@ -178,11 +181,14 @@ class _Steps:
     """Ends a step at every ``optimizer.step()`` and, once a finite schedule's last cycle is saved,
     stops the session: nothing of layerscope's stays in the script, which goes on unprofiled."""
 
-    def __init__(self, session: Any, progress: _Progress, cycles: int | None) -> None:
+    def __init__(
+        self, session: Any, progress: _Progress, cycles: int | None, notices: ProfilerNotices
+    ) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.session = session
         self.progress = progress
+        self.notices = notices
         self.cycles = cycles  # how many cycles the schedule records (None: until the script ends)
         self.finished = False
         self.closing = False
@@ -232,6 +238,7 @@ class _Steps:
         phase = action_label(action)
         if action != ProfilerAction.NONE:
             phase = f"{phase} (cycle {len(session.cycles) + 1})"
+            self.notices.read()  # torch has prepared a trace: kineto read its log level
         saved = len(session.cycles)
         self.progress.update(f"layerscope: step {session.step_count} · {phase} · {saved} saved", saved)
 
@@ -272,27 +279,29 @@ def run(args: argparse.Namespace) -> int:
         on_trace_ready=saver,
     )
     repeat = schedule_args["repeat"] if schedule_args is not None else 0
-    session.start()
-    # From the script's first line: a model compiled before the recorded steps still gets its modules.
-    watch = ls.watch_compiles()
-    steps = _Steps(session, progress, repeat if repeat > 0 else None)
-    steps.show()
-    exit_code, outcome = 0, ""
-    try:
-        with _quiet_global_hook_warning():
-            exit_code = _run_target(args.module, target_argv)
-    except SystemExit as exc:
-        exit_code = _exit_code(exc)
-    except KeyboardInterrupt:
-        exit_code, outcome = 130, "interrupted"
-    except BaseException:
-        # The script's own error, reported the way Python would.
-        progress.done()
-        traceback.print_exc()
-        exit_code, outcome = 1, "the script raised"
-    finally:
-        steps.close()
-        watch.stop()
+    # -q: kineto's log level, set until torch first prepares a trace (the step it records or warms up)
+    with ProfilerNotices(args.quiet) as notices:
+        session.start()
+        # From the script's first line: a model compiled before the recorded steps still gets its modules.
+        watch = ls.watch_compiles()
+        steps = _Steps(session, progress, repeat if repeat > 0 else None, notices)
+        steps.show()
+        exit_code, outcome = 0, ""
+        try:
+            with _quiet_global_hook_warning():
+                exit_code = _run_target(args.module, target_argv)
+        except SystemExit as exc:
+            exit_code = _exit_code(exc)
+        except KeyboardInterrupt:
+            exit_code, outcome = 130, "interrupted"
+        except BaseException:
+            # The script's own error, reported the way Python would.
+            progress.done()
+            traceback.print_exc()
+            exit_code, outcome = 1, "the script raised"
+        finally:
+            steps.close()
+            watch.stop()
     progress.done()
     if file_saver is not None:
         file_saver.finish()

@@ -74,7 +74,7 @@ def test_new_modules_and_hostile_names_stay_text_in_chromium(browser: Any, tmp_p
         hostile(torch.randn(4, 8)).sum().backward()
     a_file, b_file = prof_a.profile.save(tmp_path / "a.json"), prof_b.profile.save(tmp_path / "b.json")
     out = tmp_path / "diff.html"
-    assert main(["diff", str(a_file), str(b_file), "-o", str(out)]) == 0
+    assert main(["diff", str(a_file), str(b_file), "-o", str(out), "--fail-over", "1000"]) == 0
     page = _open(browser, out, "#difftree tbody tr")
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url) if not r.url.startswith("file:") else None)
@@ -86,5 +86,5 @@ def test_new_modules_and_hostile_names_stay_text_in_chromium(browser: Any, tmp_p
     assert HOSTILE in names and "body" in names  # only in B: shown, and as text
     assert page.evaluate("document.querySelectorAll('img').length") == 0
     assert page.problems == [] and requests == []
-    assert page.inner_text("#verdict").startswith("cpu_us:")
+    assert page.inner_text("#verdict").startswith("PASS — B against A, limit +1000%: cpu_us:")
     page.close()

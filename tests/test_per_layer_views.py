@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import layerscope as ls
-from layerscope.analysis import peaks
+from layerscope.analysis import device_specs
+from layerscope.analysis.device_specs import DeviceSpec
 from layerscope.analysis.frames import achieved_flops_per_s
 from layerscope.analysis.peaks import choose_peak, known_peaks, mixed_peak
 from layerscope.model.meta import DeviceInfo, Environment, FlopsByDtype, ProfileMeta
@@ -130,7 +131,8 @@ def test_each_module_has_its_own_dtype_mix(mixed: ls.Profile, monkeypatch: pytes
     assert "each module against its own mix" in view.peak_note
     # The console rows use the module's peak: on a made-up device slow enough for CPU rates to show,
     # the bf16 layer at 1 MFLOP/s peak, the fp32 ones at 10.
-    monkeypatch.setattr(peaks, "PEAK_TFLOPS", [("Slowpoke", {"fp32": 1e-5, "bf16": 1e-6})])
+    slowpoke = DeviceSpec("slowpoke", "Slowpoke", ("Slowpoke",), 1, 1.0, {"fp32": 1e-5, "bf16": 1e-6})
+    monkeypatch.setattr(device_specs, "SPECS", (slowpoke,))
     slow = _on_device(mixed, "Slowpoke 1")
     text = render_to_text(tree_table(slow, ascii_only=True), width=250)
     for path, peak in (("low", 1e6), ("a", 1e7)):

@@ -19,22 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from layerscope.analysis.device_specs import spec_for_device_name
 from layerscope.model.meta import Environment, ProfileMeta
-
-#: (name substring, {dtype class: dense TFLOP/s}), most specific first.
-PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H200", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.5, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0}),
-    ("H100 PCIe", {"fp64": 51.0, "fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0}),
-    ("H100", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.5, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0}),
-    ("A100", {"fp64": 19.5, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
-    ("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05, "fp8": 733.0}),
-    ("L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.5}),
-    ("A10G", {"fp32": 31.2, "tf32": 35.0, "bf16": 70.0, "fp16": 70.0}),
-    ("V100", {"fp64": 7.8, "fp32": 15.7, "bf16": 15.7, "fp16": 125.0}),
-    ("T4", {"fp32": 8.1, "bf16": 8.1, "fp16": 65.0}),
-    ("MI300X", {"fp64": 163.4, "fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9}),
-    ("MI250X", {"fp64": 95.7, "fp32": 95.7, "bf16": 383.0, "fp16": 383.0}),
-)
 
 #: The dtype class whose peak stands in where the profile says nothing about dtypes.
 DEFAULT_CLASS = "bf16"
@@ -50,11 +36,9 @@ class PeakChoice:
 
 
 def known_peaks(device_name: str) -> dict[str, float] | None:
-    """The table's peaks (TFLOP/s by dtype class) for a device name, or None."""
-    for key, peaks in PEAK_TFLOPS:
-        if key.lower() in device_name.lower():
-            return peaks
-    return None
+    """The spec table's peaks (dense TFLOP/s by dtype class) for a device name, or None."""
+    spec = spec_for_device_name(device_name)
+    return dict(spec.peak_tflops) if spec is not None else None
 
 
 def known_peak_tflops(device_name: str, dtype: str = DEFAULT_CLASS) -> float | None:

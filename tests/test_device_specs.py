@@ -40,7 +40,7 @@ def test_every_spec_is_whole_and_keys_are_unique() -> None:
         assert all(spec.peak_tflops.get(c, 1e9) >= spec.peak_tflops.get("fp32", 0) for c in ("bf16", "fp16"))
     h100 = device_spec("h100-sxm")
     assert h100.bandwidth_bytes_per_s == 3.35e12 and h100.memory_bytes == 80 * 10**9
-    # the same H100 compute at twice the memory bandwidth... nearly: the H200
+    # the H200: the H100 SXM's compute with more, faster memory
     assert device_spec("h200").peak_tflops == h100.peak_tflops
     assert device_spec("h200").bandwidth_bytes_per_s > h100.bandwidth_bytes_per_s
 

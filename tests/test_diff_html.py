@@ -36,10 +36,10 @@ def test_the_page_holds_both_trees_and_the_gate(tmp_path: Path) -> None:
     assert 'id="verdict" data-gate="pass"' in page and "PASS" in page
     d = ls.diff(ls.load(a_file), ls.load(b_file))
     fmt = value_formatter(d.metric)
-    by_key = {r.key: r for r in d.modules}
-    for path in d.tree_order:
+    for row in d.tree:
+        path = row.key
         shown = _cells(page, path)
-        _, a, b, delta, percent, _ = row_cells(by_key[path], fmt)
+        _, a, b, delta, percent, _ = row_cells(row, fmt)
         assert shown[2:6] == [a, b, delta, percent], path
     assert _cells(page, "fc")[0] == "slower"  # 20 µs on 40: beyond noise
     assert "aten::gelu" in page and ">new<" in page
@@ -88,3 +88,19 @@ def test_new_modules_and_hostile_names_stay_text_in_chromium(browser: Any, tmp_p
     assert page.problems == [] and requests == []
     assert page.inner_text("#verdict").startswith("PASS — B against A, limit +1000%: cpu_us:")
     page.close()
+
+
+def test_modules_only_in_a_sit_under_their_parent() -> None:
+    """The page's tree is one tree: a module B lost is drawn among its parent's children, not last."""
+
+    def profiled(model: nn.Module) -> ls.Profile:
+        with ls.profile(model) as prof:
+            model(torch.randn(2, 4))
+        return prof.profile
+
+    a = profiled(nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), nn.Linear(4, 2)))
+    b = profiled(nn.Sequential(nn.Sequential(nn.Linear(4, 4)), nn.Linear(4, 2)))
+    d = ls.diff(a, b)
+    assert [r.key for r in d.tree] == ["", "0", "0.0", "0.1", "1"]
+    assert {r.key: r.status for r in d.tree}["0.1"] == "vanished"
+    assert all(r.delta != 0 or r.status != "changed" for r in d.modules)  # modules: changes only

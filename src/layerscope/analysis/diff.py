@@ -59,8 +59,9 @@ class ProfileDiff(NotebookDisplay):
     total_b: float
     modules: tuple[DiffRow, ...]
     ops: tuple[DiffRow, ...]
-    #: module paths in tree order: b's modules as b nests them, then those only in a, as a does
-    tree_order: tuple[str, ...] = ()
+    #: every module of either profile, unchanged ones too, in tree order: b's as b nests them, each
+    #: module only in a placed after b's children of its parent (the HTML page draws it)
+    tree: tuple[DiffRow, ...] = ()
 
     def beyond_noise(self, row: DiffRow) -> bool:
         """Whether ``row``'s change is more than noise: over :data:`NOISE_SHARE_OF_ROW` of its
@@ -114,10 +115,10 @@ def diff(a: Profile, b: Profile, metric: str = "cpu_us") -> ProfileDiff:
             values[key] = values.get(key, 0.0) + float(getattr(row.metrics, self_metric)) * scale
         return values
 
-    # every module stays (the HTML page draws both trees whole); ops that did not change go
-    modules = _rows("module", module_values(a, scale_a), module_values(b, scale_b), keep_unchanged=True)
+    values_a, values_b = module_values(a, scale_a), module_values(b, scale_b)
+    modules = _rows("module", values_a, values_b)
     ops = _rows("op", op_values(a, scale_a), op_values(b, scale_b))
-    order = tuple(dict.fromkeys([*(n.path for n in b.modules()), *(n.path for n in a.modules())]))
+    tree = tuple(DiffRow("module", p, values_a.get(p), values_b.get(p)) for p in tree_order(a, b))
     return ProfileDiff(
         metric,
         per_step,
@@ -125,15 +126,29 @@ def diff(a: Profile, b: Profile, metric: str = "cpu_us") -> ProfileDiff:
         float(getattr(b.totals, metric)) * scale_b,
         modules,
         ops,
-        order,
+        tree,
     )
 
 
-def _rows(
-    kind: str, a: dict[str, float], b: dict[str, float], keep_unchanged: bool = False
-) -> tuple[DiffRow, ...]:
+def tree_order(a: Profile, b: Profile) -> list[str]:
+    """Every module path of ``a`` and ``b`` in one tree's order: siblings as ``b`` orders them, then
+    those only ``a`` has, as ``a`` orders them."""
+    rank: dict[str, int] = {}
+    for offset, profile in ((len(list(a.modules())) + 1, a), (0, b)):  # b's ranks win
+        for node in profile.modules():
+            for k, child in enumerate(node.children):
+                rank[child.path] = offset + k
+
+    def key(path: str) -> tuple[int, ...]:
+        parts = path.split(".") if path else []
+        return tuple(rank.get(".".join(parts[: i + 1]), 0) for i in range(len(parts)))
+
+    return sorted(dict.fromkeys([*(n.path for n in b.modules()), *(n.path for n in a.modules())]), key=key)
+
+
+def _rows(kind: str, a: dict[str, float], b: dict[str, float]) -> tuple[DiffRow, ...]:
     keys = list(dict.fromkeys([*a, *b]))
     rows = [DiffRow(kind, k, a.get(k), b.get(k)) for k in keys]
-    rows = [r for r in rows if keep_unchanged or r.delta != 0 or r.status != "changed"]
+    rows = [r for r in rows if r.delta != 0 or r.status != "changed"]
     rows.sort(key=lambda r: -abs(r.delta))
     return tuple(rows)

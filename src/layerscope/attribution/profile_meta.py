@@ -55,7 +55,26 @@ def trace_info(table_meta: Mapping[str, Any]) -> TraceInfo:
         rows = found.pop(key, [])
         found[key] = tuple(r for r in rows if isinstance(r, dict)) if isinstance(rows, list) else ()
     found["schema_version"] = kept.get("schema_version")
-    return TraceInfo(**found, other={k: v for k, v in kept.items() if k not in names})
+    # a field whose value is not of its type (another tool's header) stays, untyped, in ``other``
+    odd = {k for k, v in found.items() if not _fits(k, v)}
+    other = {k: v for k, v in kept.items() if k not in names or k in odd}
+    return TraceInfo(**{k: v for k, v in found.items() if k not in odd}, other=other)
+
+
+def _fits(key: str, value: Any) -> bool:
+    """Whether a trace's value has the type its TraceInfo field needs."""
+    if value is None:
+        return key in ("schema_version", "distributed")
+    kinds: dict[str, Any] = {
+        "schema_version": (int, str),
+        "distributed": dict,
+        "skipped_events": int,
+        "truncated": bool,
+        "lost_bytes": int,
+        "device_properties": tuple,
+        "communication": tuple,
+    }
+    return isinstance(value, kinds.get(key, dict)) and not (isinstance(value, bool) and key != "truncated")
 
 
 def _is_json_scalar_tree(value: Any) -> bool:

@@ -81,6 +81,12 @@ class MemoryOverTime:
     def from_json(cls, data: Mapping[str, Any]) -> MemoryOverTime:
         """Inverse of :meth:`to_json`."""
         names = [str(n) for n in data["module_names"]]
+        points = len(data["t_us"])
+        columns = [*data["bytes_by_category"], data["phases"], data["modules"]]
+        if any(len(column) != points for column in columns) or len(data["categories"]) != len(
+            data["bytes_by_category"]
+        ):
+            raise ValueError("memory over time: its series differ in length")
         return cls(
             t_us=tuple(float(t) for t in data["t_us"]),
             categories=tuple(str(c) for c in data["categories"]),

@@ -40,7 +40,8 @@ _TYPED_JSON = (MemoryReport, MemoryTimeline)  # records with their own to_json/f
 def meta_to_json(meta: ProfileMeta) -> dict[str, Any]:
     """The v2 JSON form: each record by field name (the file's top level holds the version)."""
     out = to_json(meta)
-    return {k: v for k, v in out.items() if v is not None}
+    extra = out.pop("extra")  # keys a newer file held go back where they were: the top level
+    return {**extra, **{k: v for k, v in out.items() if v is not None}}
 
 
 def meta_from_json(data: Any, version: int) -> ProfileMeta:
@@ -74,11 +75,17 @@ def to_json(value: Any) -> Any:
 
 def record_from_json(cls: type[R], data: Any) -> R:
     """``cls`` (a record of :mod:`layerscope.model.meta`) from its JSON form; keys it lacks are
-    left out, fields missing take their defaults."""
+    left out, fields missing take their defaults, as do fields that cannot be None but are null
+    (a field without a default then fails: a TypeError)."""
     if not isinstance(data, Mapping):
         raise TypeError(f"{cls.__name__} is not an object")
     hints = _hints(typing.cast(type, cls))
-    return cls(**{k: _from_json(hints[k], v) for k, v in data.items() if k in hints})
+    given = {k: v for k, v in data.items() if k in hints and (v is not None or _takes_none(hints[k]))}
+    return cls(**{k: _from_json(hints[k], v) for k, v in given.items()})
+
+
+def _takes_none(tp: Any) -> bool:
+    return tp is Any or type(None) in get_args(tp)
 
 
 @cache

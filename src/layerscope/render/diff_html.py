@@ -46,12 +46,9 @@ def _figures(a: str, b: str, delta: str, percent: str, status: str) -> str:
 
 def _tree_rows(d: ProfileDiff) -> str:
     fmt = value_formatter(d.metric)
-    by_path = {r.key: r for r in d.modules}
     lines = []
-    for path in d.tree_order or tuple(by_path):
-        row = by_path.get(path)
-        if row is None:
-            continue
+    for row in d.tree or d.modules:
+        path = row.key
         key, a, b, delta, percent, status = row_cells(row, fmt)
         depth = 0 if not path else path.count(".") + 1
         name = key if not path else path.rsplit(".", 1)[-1]

@@ -77,7 +77,7 @@ def _hover(over: MemoryOverTime, xs: list[float], totals: list[int]) -> list[str
 
 def memory_chart_svg(over: MemoryOverTime, device: bool) -> str:
     """The chart and its legend (empty when the record has no points)."""
-    if not over.t_us:
+    if not over.t_us or not over.categories:
         return ""
     totals = over.totals()
     peak_k = max(range(len(totals)), key=lambda k: totals[k])

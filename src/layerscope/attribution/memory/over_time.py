@@ -47,25 +47,30 @@ def category_deltas(story: MemoryStory) -> tuple[np.ndarray, np.ndarray]:
 
 
 def memory_over_time(story: MemoryStory, start_ns: int, points: int = 800) -> MemoryOverTime | None:
-    """The story's live memory by category, sampled to at most ``points`` points that keep each
-    slice's highest total (and the peak); None without events."""
+    """The story's live memory by category, sampled to at most ``points`` points: the start (what
+    was live before the first event: the peak when nothing later exceeds it, as ``story.peak()``
+    says), then each slice's highest total, the last event and the peak; None without events."""
     n = story.ts.size
     if not n:
         return None
     initial, delta = category_deltas(story)
     live = initial[:, None] + np.cumsum(delta, axis=1)
     total = story.running
-    edges = np.linspace(0, n, num=min(points - 2, n) + 1).astype(np.int64)  # and the first and last
+    edges = np.linspace(0, n, num=min(points - 3, n) + 1).astype(np.int64)  # and the start, last, peak
     keep = sorted(
         {int(lo + np.argmax(total[lo:hi])) for lo, hi in itertools.pairwise(edges) if hi > lo}
         | {0, n - 1, int(np.argmax(total))}
     )
-    used = [c for c in range(len(CATEGORIES)) if live[c].any()]
+    used = [c for c in range(len(CATEGORIES)) if initial[c] or live[c].any()]
     where = [story.place(int(story.owner[k])) if story.owner[k] >= 0 else None for k in keep]
+    start = min(start_ns, int(story.ts[0]))
     return MemoryOverTime(
-        t_us=tuple(round((int(story.ts[k]) - start_ns) / 1000.0, 3) for k in keep),
+        t_us=(
+            round((start - start_ns) / 1000.0, 3),
+            *(round((int(story.ts[k]) - start_ns) / 1000.0, 3) for k in keep),
+        ),
         categories=tuple(CATEGORIES[c] for c in used),
-        bytes_by_category=tuple(tuple(int(live[c, k]) for k in keep) for c in used),
-        phases=tuple(w.phase if w is not None else "" for w in where),
-        modules=tuple(w.module if w is not None else "" for w in where),
+        bytes_by_category=tuple((int(initial[c]), *(int(live[c, k]) for k in keep)) for c in used),
+        phases=("", *(w.phase if w is not None else "" for w in where)),
+        modules=("", *(w.module if w is not None else "" for w in where)),
     )

@@ -277,7 +277,12 @@ class ProfileMeta:
             return self.environment.distributed
         info = self.trace.distributed
         if isinstance(info, Mapping) and isinstance(info.get("rank"), int):
-            return DistributedInfo(int(info["rank"]), int(info.get("world_size", 1)), info.get("backend"))
+            size, backend = info.get("world_size"), info.get("backend")
+            return DistributedInfo(
+                int(info["rank"]),
+                size if isinstance(size, int) else 1,
+                backend if isinstance(backend, str) else None,
+            )
         return None
 
     # ----- the v1 dict form, for one release ------------------------------------------------------

@@ -20,7 +20,6 @@ from layerscope.model import meta as records
 from layerscope.model.memory import MemoryReport, MemoryTimeline
 from layerscope.model.meta import (
     LIVE,
-    SCHEMA_VERSION,
     TRACE,
     BlockError,
     CaptureInfo,
@@ -193,7 +192,7 @@ def _trace_v1(trace: Any) -> dict[str, Any] | None:
 
 def meta_to_v1(meta: ProfileMeta) -> dict[str, Any]:
     """The v1 flat form of ``meta`` (memory records kept typed, as 0.2 read them)."""
-    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "source": meta.source, "model": meta.model}
+    out: dict[str, Any] = {"schema_version": 1, "source": meta.source, "model": meta.model}
     if meta.environment is not None:
         out.update(_flat(meta.environment))
     if meta.capture is not None:

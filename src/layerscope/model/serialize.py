@@ -133,7 +133,7 @@ def profile_from_dict(data: Any) -> Profile:
     if not isinstance(data, dict) or data.get("format") != FORMAT_TAG:
         raise TraceFormatError("not a layerscope profile (no 'format: layerscope.profile' field)")
     version = data.get("schema_version")
-    if version not in READABLE_VERSIONS:
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise TraceFormatError(
             f"profile schema version {version!r} is not supported "
             f"(this layerscope reads versions {', '.join(map(str, READABLE_VERSIONS))})"

@@ -24,32 +24,20 @@ from layerscope.model.meta import SCHEMA_VERSION, ProfileMeta
 from layerscope.model.meta_json import meta_to_v1
 from layerscope.model.serialize import profile_from_dict, profile_to_dict
 from tests.fixtures.models import TinyMLP
+from tests.test_memory_records import _raw, live  # noqa: F401  (live: a memory capture with steps)
 
 V1 = Path(__file__).parent / "fixtures" / "schema_v1"
 GPU_TRACE = Path(__file__).parent / "fixtures" / "gpu" / "host_bound.json.gz"
 RECORDS = {f.name for f in dataclasses.fields(ProfileMeta)}
 
 
-@pytest.fixture(scope="module")
-def live() -> ls.Profile:
-    model = TinyMLP()
-    with ls.profile(model, memory=True, schedule=ls.schedule(wait=0, warmup=1, active=2)) as prof:
-        for _ in range(3):
-            model(torch.randn(4, 8)).sum().backward()
-            prof.step()
-    profile = prof.profile
-    profile.validate()
-    return profile
-
-
 def _raw_v1(name: str) -> dict[str, Any]:
-    with gzip.open(V1 / name) as f:
-        data: dict[str, Any] = json.loads(f.read())
+    data = _raw(name)
     assert data["schema_version"] == 1
     return data
 
 
-def test_v2_saves_each_record_under_its_own_key_and_reads_it_back(live: ls.Profile) -> None:
+def test_v2_saves_each_record_under_its_own_key_and_reads_it_back(live: ls.Profile) -> None:  # noqa: F811
     data = json.loads(json.dumps(profile_to_dict(live)))
     assert data["schema_version"] == SCHEMA_VERSION == 2
     assert set(data["meta"]) <= RECORDS
@@ -91,7 +79,7 @@ def test_v1_files_load_into_the_records(name: str, tmp_path: Path) -> None:
     assert again == profile
 
 
-def test_the_v1_dict_form_still_reads_with_a_warning(live: ls.Profile) -> None:
+def test_the_v1_dict_form_still_reads_with_a_warning(live: ls.Profile) -> None:  # noqa: F811
     meta = live.meta
     with pytest.warns(DeprecationWarning, match="ProfileMeta"):
         assert meta["model"] == "TinyMLP"
@@ -104,7 +92,7 @@ def test_the_v1_dict_form_still_reads_with_a_warning(live: ls.Profile) -> None:
     assert built.meta.model == "Net" and built.meta.wall_us == 5.0
 
 
-def test_unknown_keys_are_kept_and_bad_records_are_refused(live: ls.Profile) -> None:
+def test_unknown_keys_are_kept_and_bad_records_are_refused(live: ls.Profile) -> None:  # noqa: F811
     data = json.loads(json.dumps(profile_to_dict(live)))
     data["meta"]["from_a_newer_release"] = {"x": 1}
     kept = profile_from_dict(data)

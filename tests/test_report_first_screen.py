@@ -185,3 +185,29 @@ def test_choosing_a_step_shows_its_modules(page: Any, trained: ls.Profile) -> No
     page.focus(f"#stepchart g[data-step='{trained.steps[0].step}']")
     page.keyboard.press("Enter")
     assert page.inner_text("#steptree h3").startswith(f"Step {trained.steps[0].step}:")
+
+
+def test_validate_catches_an_impossible_memory_chart(trained: ls.Profile) -> None:
+    """Memory over time must peak at the report's absolute peak and, with addresses, never hold a
+    category below zero: validate() says so when either breaks."""
+    from dataclasses import replace
+
+    report = trained.meta.memory
+    assert report is not None
+    main_class = report.main_class()
+    assert main_class is not None and main_class.over_time is not None and main_class.addressed
+    over = main_class.over_time
+
+    def with_series(series: tuple[tuple[int, ...], ...]) -> ls.Profile:
+        broken = replace(main_class, over_time=replace(over, bytes_by_category=series))
+        classes = tuple(broken if c is main_class else c for c in report.classes)
+        return replace(trained, meta=replace(trained.meta, memory=replace(report, classes=classes)))
+
+    higher = tuple(tuple(b + 1 for b in s) if k == 0 else s for k, s in enumerate(over.bytes_by_category))
+    with pytest.raises(ls.ValidationError, match="memory over time peaks at"):
+        with_series(higher).validate()
+    shifted = [list(s) for s in over.bytes_by_category]
+    shifted[0][0] -= 10**12  # one category far below zero at the start; the peak stays the peak
+    shifted[1][0] += 10**12
+    with pytest.raises(ls.ValidationError, match="category below zero"):
+        with_series(tuple(tuple(s) for s in shifted)).validate()

@@ -33,7 +33,8 @@ def validate_profile(profile: Profile) -> None:
        than the whole run;
     7. memory: the run's absolute peak is at least what was live before it; where events carry
        addresses, the allocations and baseline storages live at the peak add up to it; no step's
-       peak above the run's;
+       peak above the run's; memory over time peaks at the peak, and (with addresses) no category
+       goes below zero;
     8. FLOPs by dtype (``meta.flops_by_dtype``): no negative class, and the classes add up to the
        run's FLOPs; in a mixed run each module's classes add up to its FLOPs.
     """
@@ -163,6 +164,15 @@ def _check_memory(profile: Profile, errors: list[str]) -> None:
         live = sum(row.bytes for row in figures.rows if row.module != UNPAIRED or not figures.addressed)
         if live != peak:  # with addresses, every live byte is an allocation or a baseline storage
             errors.append(f"{what} memory live at the peak adds up to {live}, not the peak's {peak}")
+        over = figures.over_time
+        if over is not None and over.t_us and max(over.totals()) != peak:
+            errors.append(f"{what} memory over time peaks at {max(over.totals())}, not the peak's {peak}")
+        if (
+            over is not None
+            and figures.addressed
+            and any(min(s, default=0) < 0 for s in over.bytes_by_category)
+        ):
+            errors.append(f"{what} memory over time holds a category below zero")
         for step in figures.steps:
             if step.absolute_peak_bytes > peak:
                 step_peak = step.absolute_peak_bytes

@@ -35,9 +35,19 @@ def category_deltas(story: MemoryStory) -> tuple[np.ndarray, np.ndarray]:
     covered = np.zeros(n, dtype=bool)
     covered[story.alloc] = True
     covered[freed[paired]] = True
-    for k in np.flatnonzero(~covered).tolist():  # frees of memory from before the block; unaddressed events
-        entry = story.baseline.entries.get(int(story.addr[k])) if story.nbytes[k] < 0 else None
-        delta[code_of[entry[1]] if entry is not None else _OTHER, k] += int(story.nbytes[k])
+    # The rest: frees of memory from before the block (from a known storage's category, else other)
+    # and every event of a trace without addresses (other); no Python per event.
+    rest = np.flatnonzero(~covered)
+    code = np.full(rest.size, _OTHER, dtype=np.int64)
+    known = story.baseline.entries
+    if known and rest.size:
+        addrs = np.fromiter(known, dtype=np.int64, count=len(known))
+        known_codes = np.array([code_of[category] for _, category in known.values()], dtype=np.int64)
+        order = np.argsort(addrs)
+        pos = np.minimum(np.searchsorted(addrs[order], story.addr[rest]), addrs.size - 1)
+        hit = (addrs[order][pos] == story.addr[rest]) & (story.nbytes[rest] < 0)
+        code[hit] = known_codes[order][pos[hit]]
+    np.add.at(delta, (code, rest), story.nbytes[rest])
     for addr in story.baseline.silent:  # storages from before the block whose reuse freed them
         k = int(np.searchsorted(story.ts, story.baseline.freed_at[addr], side="left"))
         if k < n:

@@ -161,3 +161,15 @@ def test_a_zero_length_module_rerun_in_backward_validates() -> None:
     recomputed = build_profile(busy, None)
     recomputed.validate()
     assert recomputed.root.recompute_calls >= 1 and recomputed.root.forward.cpu_us > 0
+
+
+def test_memory_that_is_never_live_validates() -> None:
+    """Found by hypothesis: one memory event of 0 bytes and nothing else: memory over time has no
+    category, and its totals are zeros (validate compared them with the peak)."""
+    table = EventTable()
+    table.add_memory(1, 0, 0, on_device=False)
+    profile = build_profile(table, None)
+    profile.validate()
+    report = profile.meta.memory
+    assert report is not None and report.classes[0].over_time is not None
+    assert report.classes[0].over_time.totals() == [0] * len(report.classes[0].over_time.t_us)

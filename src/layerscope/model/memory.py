@@ -62,6 +62,8 @@ class MemoryOverTime:
 
     def totals(self) -> list[int]:
         """The live total at each point."""
+        if not self.bytes_by_category:  # nothing was ever live
+            return [0] * len(self.t_us)
         return [sum(column) for column in zip(*self.bytes_by_category, strict=True)]
 
     def to_json(self) -> dict[str, Any]:

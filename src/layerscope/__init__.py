@@ -21,6 +21,7 @@ from layerscope.version import __version__
 
 if TYPE_CHECKING:
     from layerscope.capture.compile_watch import watch_compiles
+    from layerscope.capture.flight_recorder import FlightRecorder, flight_recorder
     from layerscope.capture.schedule import schedule
     from layerscope.capture.session import CompileInfoWarning, Cycle, profile
 
@@ -57,6 +58,8 @@ def __getattr__(name: str) -> Any:
 
     if name in ("profile", "Cycle", "CompileInfoWarning"):
         return getattr(importlib.import_module("layerscope.capture.session"), name)
+    if name in ("flight_recorder", "FlightRecorder"):
+        return getattr(importlib.import_module("layerscope.capture.flight_recorder"), name)
     if name == "watch_compiles":
         return importlib.import_module("layerscope.capture.compile_watch").watch_compiles
     if name == "compile_info":
@@ -76,6 +79,7 @@ __all__ = [
     "CaptureError",
     "CompileInfoWarning",
     "Cycle",
+    "FlightRecorder",
     "LayerscopeError",
     "Phase",
     "Profile",
@@ -84,6 +88,7 @@ __all__ = [
     "ValidationError",
     "__version__",
     "diff",
+    "flight_recorder",
     "load",
     "merge",
     "print_summary",

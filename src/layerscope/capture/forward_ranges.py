@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
-
-from layerscope.capture.module_marks import ModuleMarks
 
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 _is_compiling = torch.compiler.is_compiling
@@ -34,6 +32,24 @@ _is_compiling = torch.compiler.is_compiling
 #: A module's first call: (module, the scoped forward, args, kwargs) -> output. It records shapes and
 #: runs the scoped forward, which opens the module's range (or marks) around the original.
 FirstCall = Callable[[nn.Module, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+
+#: Called after a marked call returns: (its positional arguments, its output). The flight recorder
+#: hooks the output's autograd node there.
+AfterCall = Callable[[tuple[Any, ...], Any], None]
+
+
+class MarkSink(Protocol):
+    """Where marks go: the native marks of a profile block (``ModuleMarks``) or the flight
+    recorder's clock."""
+
+    @property
+    def mark(self) -> Callable[[int], None]:
+        """The hot call: ``mark(code)`` opens a scope, ``mark(-code)`` closes it."""
+        ...
+
+    def code(self, name: str) -> int:
+        """The positive code of a scope's name."""
+        ...
 
 
 class ForwardRanges:
@@ -43,9 +59,12 @@ class ForwardRanges:
     instead of a profiler range; the spans they make carry the same names.
     """
 
-    def __init__(self, first_call: FirstCall, marks: ModuleMarks | None = None) -> None:
+    def __init__(
+        self, first_call: FirstCall, marks: MarkSink | None = None, after_call: AfterCall | None = None
+    ) -> None:
         self._first_call = first_call
         self._marks = marks
+        self._after_call = after_call
         self._seen: set[int] = set()  # modules whose first call already ran
         # owner class -> id(module) -> its range name, or its mark code when marks are on
         self._names: dict[type, dict[int, Any]] = {}
@@ -64,7 +83,9 @@ class ForwardRanges:
         names[id(module)] = self._marks.code(name) if self._marks is not None else name
 
     def _wrapper(self, original: Callable[..., Any], names: dict[int, Any]) -> Callable[..., Any]:
-        if self._marks is not None:
+        if self._marks is not None and self._after_call is not None:
+            forward = self._marks_after_wrapper(original, names, self._marks, self._after_call)
+        elif self._marks is not None:
             forward = self._marks_wrapper(original, names, self._marks)
         else:
             forward = self._range_wrapper(original, names)
@@ -97,7 +118,7 @@ class ForwardRanges:
         return forward
 
     def _marks_wrapper(
-        self, original: Callable[..., Any], codes: dict[int, int], marks: ModuleMarks
+        self, original: Callable[..., Any], codes: dict[int, int], marks: MarkSink
     ) -> Callable[..., Any]:
         seen, first_call, mark = self._seen, self._first_call, marks.mark
 
@@ -124,6 +145,28 @@ class ForwardRanges:
                 return original(self, *args, **kwargs)
             finally:
                 mark(-code)
+
+        return forward
+
+    def _marks_after_wrapper(
+        self, original: Callable[..., Any], codes: dict[int, int], marks: MarkSink, after: AfterCall
+    ) -> Callable[..., Any]:
+        """Marks, and ``after(args, output)`` when the call returns (not when it raises)."""
+        mark = marks.mark
+
+        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if _is_compiling():
+                return original(self, *args, **kwargs)
+            code = codes.get(id(self))
+            if code is None:  # an instance outside the recorded model, or a super() call
+                return original(self, *args, **kwargs)
+            mark(code)
+            try:
+                output = original(self, *args, **kwargs)
+            finally:
+                mark(-code)
+            after(args, output)
+            return output
 
         return forward
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import RenderableType
 
+from layerscope.analysis.flight import trigger_line
 from layerscope.analysis.ops import GROUP_KEYS
 from layerscope.analysis.steps import step_rows
 from layerscope.cli.outputs import deprecated
@@ -180,6 +181,9 @@ def main_tables(profile: Profile, args: argparse.Namespace, by: str | None = Non
         per_step=args.per_step,
         peak_tflops=args.peak_tflops,
     )
+    trigger = trigger_line(profile)
+    if trigger is not None:  # a flight recorder's dump: what happened first, then the steps
+        return [trigger, steps_table(step_rows(profile.steps), ascii_only=ascii_only), tree]
     if len(profile.steps) > 1:
         return [tree, steps_table(step_rows(profile.steps), ascii_only=ascii_only)]
     return [tree]

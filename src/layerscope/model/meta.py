@@ -13,6 +13,7 @@ record                 what it holds                                  written by
                                                                       (its ``note``: recording)
 :class:`FlopsByDtype`  the run's FLOPs per dtype class                ``attribution/attribute.py``
 :class:`DeviceSummary` the device report's figures                    ``analysis/device_summary.py``
+:class:`FlightInfo`    a flight recorder's dump: what triggered it    ``attribution/flight_profile.py``
 memory records         :mod:`layerscope.model.memory`                 ``attribution/memory/``
 =====================  =============================================  ===============================
 
@@ -34,6 +35,11 @@ SCHEMA_VERSION = 2
 
 LIVE = "live"
 TRACE = "trace"
+#: A flight recorder's dump (``ls.flight_recorder``): steps and module calls, no op events.
+FLIGHT = "flight"
+
+#: What makes a flight recorder write a dump (:attr:`FlightTrigger.reason`).
+TRIGGER_REASONS = ("signal", "slow_step", "exception", "oom", "manual", "memory")
 
 
 @dataclass(frozen=True)
@@ -230,10 +236,42 @@ class DeviceSummary:
 
 
 @dataclass(frozen=True)
+class FlightTrigger:
+    """What made a flight recorder dump: ``reason`` (one of :data:`TRIGGER_REASONS`), the step it
+    happened in, the module named (the one open when an exception passed, or the one holding most
+    of a slow step's extra time; None when none), and a one-line message (the exception's)."""
+
+    reason: str
+    step: int
+    module: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class FlightInfo:
+    """A flight recorder's dump: its trigger and the recorder's settings. ``median_step_us`` is the
+    rolling median step the slow-step trigger compared with (None before the warm-up ended);
+    ``detail_file`` the latest detailed profile (``detail_every``), saved beside the dump, and
+    ``detail_step`` its step (None without one); ``steps_seen`` how many steps the recorder saw in
+    all; ``ring_bytes`` what the kept records held."""
+
+    trigger: FlightTrigger
+    keep: int
+    steps_seen: int
+    slow: float | None = None
+    median_step_us: float | None = None
+    detail_every: int = 0
+    detail_file: str | None = None
+    detail_step: int | None = None
+    ring_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class ProfileMeta:
     """Everything a profile knows besides its numbers; each field one record with one owner.
 
-    ``source`` is ``live`` (a capture) or ``trace`` (built from a trace file, ``trace_file``);
+    ``source`` is ``live`` (a capture), ``trace`` (built from a trace file, ``trace_file``) or
+    ``flight`` (a flight recorder's dump, ``flight``);
     ``extra`` keeps keys
     a file held that this version does not know, so that saving again loses nothing.
     """
@@ -255,6 +293,7 @@ class ProfileMeta:
     call_lines: CallLinesInfo | None = None
     flops_by_dtype: FlopsByDtype | None = None
     device: DeviceSummary | None = None
+    flight: FlightInfo | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from layerscope.model.display import NotebookDisplay
-from layerscope.model.meta import SCHEMA_VERSION, ProfileMeta
+from layerscope.model.meta import SCHEMA_VERSION, FlightTrigger, ProfileMeta
 from layerscope.model.meta_json import as_profile_meta
 from layerscope.model.metrics import ZERO, Metrics, renamed
 from layerscope.model.tables import LineTable, TypeTable
@@ -247,6 +247,11 @@ class Profile(NotebookDisplay):
     def modules(self) -> Iterator[ModuleNode]:
         """All module nodes, parents before children, in tree order."""
         return self.root.walk()
+
+    @property
+    def trigger(self) -> FlightTrigger | None:
+        """What made a flight recorder write this profile (a dump); None for any other profile."""
+        return self.meta.flight.trigger if self.meta.flight is not None else None
 
     @property
     def has_device_time(self) -> bool:

@@ -1,0 +1,145 @@
+"""Writing a flight recorder's dumps off the step's thread: one writer thread, one file per dump.
+
+A dump is requested on the step's thread (or in a signal handler) with a snapshot of the ring; the
+writer thread turns it into a profile (``attribution/flight_profile.py``), names the slow step's
+module (``analysis/flight.py``) and saves it atomically (a temporary file renamed into place). A dump
+that fails is a warning: the recorder never raises into the program it watches.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from layerscope.analysis.flight import slow_step_culprit
+from layerscope.attribution.flight_profile import flight_profile
+from layerscope.errors import LayerscopeWarning
+from layerscope.events.flight_records import FlightModule, FlightStep
+from layerscope.model.meta import FlightInfo, ProfileMeta
+from layerscope.model.profile import Profile
+from layerscope.model.serialize import save_profile
+
+
+class FlightDumpWarning(LayerscopeWarning):
+    """A flight recorder's dump could not be written (the job goes on)."""
+
+
+@dataclass
+class DumpJob:
+    """One dump to write: the kept steps (oldest first) with their CUDA events (start, end) or
+    None, the modules, the trigger and settings, the profile meta, and where."""
+
+    path: Path
+    steps: list[FlightStep]
+    events: list[tuple[Any, Any] | None]
+    modules: list[FlightModule]
+    flight: FlightInfo
+    meta: ProfileMeta
+
+
+@dataclass
+class DetailJob:
+    """A detailed profile to save beside the dumps."""
+
+    path: Path
+    profile: Profile
+
+
+class DumpWriter:
+    """The writer thread (started with the first job) and the paths it wrote."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[DumpJob | DetailJob] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._pending = 0
+        self._done = threading.Condition()
+        self.written: list[Path] = []
+
+    def submit(self, job: DumpJob | DetailJob) -> None:
+        """Queue ``job``; never blocks."""
+        with self._done:
+            self._pending += 1
+        self._jobs.put(job)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="layerscope-flight-dumps", daemon=True)
+            self._thread.start()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued job is written (or ``timeout`` seconds); whether all were."""
+        with self._done:
+            return self._done.wait_for(lambda: self._pending == 0, timeout)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if isinstance(job, DumpJob):
+                    write_dump(job)
+                else:
+                    save_profile(job.profile, job.path)
+                self.written.append(job.path)
+            except Exception as exc:  # never into the program: a warning names the dump
+                warnings.warn(
+                    f"layerscope flight recorder: could not write {job.path}: {type(exc).__name__}: {exc}",
+                    FlightDumpWarning,
+                    stacklevel=1,
+                )
+            finally:
+                with self._done:
+                    self._pending -= 1
+                    self._done.notify_all()
+
+
+def write_dump(job: DumpJob) -> Path:
+    """Build the dump's profile and save it (atomically) at ``job.path``."""
+    steps = [_with_device_time(step, events) for step, events in zip(job.steps, job.events, strict=True)]
+    profile = flight_profile(steps, job.modules, job.flight, job.meta)
+    trigger = job.flight.trigger
+    if trigger.reason == "slow_step":
+        culprit = slow_step_culprit(profile, trigger.step)
+        if culprit is not None:
+            flight = replace(job.flight, trigger=replace(trigger, module=culprit.module))
+            profile = replace(profile, meta=replace(profile.meta, flight=flight))
+    profile.validate()
+    return save_profile(profile, job.path)
+
+
+def _with_device_time(step: FlightStep, events: tuple[Any, Any] | None) -> FlightStep:
+    """The step with the device time between its boundaries' CUDA events (waiting for the later
+    one: this runs on the writer thread)."""
+    if events is None or events[0] is None or events[1] is None:
+        return step
+    start, end = events
+    end.synchronize()
+    return replace(step, device_us=float(start.elapsed_time(end)) * 1000.0)
+
+
+def dump_path(folder: Path, step: int, reason: str, rank: int | None) -> Path:
+    """A new file in ``folder`` for a dump: ``flight-step<N>-<reason>[-rank<R>].json.gz``, with a
+    counter when that name is taken."""
+    rank_part = f"-rank{rank}" if rank is not None else ""
+    stem = f"flight-step{step:06d}-{reason}{rank_part}"
+    path = folder / f"{stem}.json.gz"
+    k = 1
+    while path.exists():
+        path = folder / f"{stem}-{k}.json.gz"
+        k += 1
+    return path
+
+
+def detail_path(folder: Path, step: int, rank: int | None) -> Path:
+    """Where the detailed profile of ``step`` is saved."""
+    rank_part = f"-rank{rank}" if rank is not None else ""
+    return folder / f"flight-detail-step{step:06d}{rank_part}.json.gz"
+
+
+def make_folder(folder: str | os.PathLike[str]) -> Path:
+    """``folder`` as a Path, created when missing."""
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,212 @@
+"""The flight recorder's light record: module calls' wall times, forward and backward, every step.
+
+Which modules and by what mechanism comes from the scope plan (``scope_plan.py``: a class wrapper
+where one is safe, instance hooks where a library looks at ``forward``, the ``module.compile()``d
+call), so the recorder takes the code paths a profile block takes. What runs per call is a mark
+(``time.perf_counter_ns()`` and a code appended to the step's list) at the forward's entry and exit
+and, when autograd records, one pre-hook on the autograd node that made the call's output: it runs
+when the call's backward starts (``attribution/flight_calls.py`` turns these into spans). The first
+of those in a backward pass queues an engine callback that marks the pass's end. Nothing is paired or
+converted while the job runs: :meth:`FlightClock.take_step` hands the lists over as two arrays.
+
+Node hooks left on a graph that outlives the recorder (``retain_graph``) do nothing: each knows the
+step it was made in and the clock's state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from layerscope.capture.forward_ranges import ForwardRanges
+from layerscope.capture.options import ModuleSelection
+from layerscope.capture.scope_plan import CLASS_WRAPPER, COMPILED_CALL, HOOKS, plan_scopes
+from layerscope.events.flight_records import (
+    PASS_END,
+    FlightModule,
+    Int64Array,
+    backward_rows,
+    forward_rows,
+)
+
+_now = time.perf_counter_ns
+_thread = threading.get_ident
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+
+
+class FlightClock:
+    """The current step's marks and backward events (appended by the hooks, taken each step)."""
+
+    def __init__(self) -> None:
+        self.forward: list[tuple[int, int, int]] = []
+        self.backward: list[tuple[int, int]] = []
+        self.serial = 0  # which step hooks made now belong to
+        self.active = False
+        self._pass_open = False
+        self._names: list[str] = []
+
+    # ----- MarkSink (forward_ranges.py) --------------------------------------------------------------
+    def code(self, name: str) -> int:
+        """The code of a module's scope name: its 1-based place in the recorder's module list."""
+        self._names.append(name)
+        return len(self._names)
+
+    def mark(self, code: int) -> None:
+        """A call of module ``code`` opens (``+code``) or closes (``-code``) on this thread."""
+        self.forward.append((_now(), code, _thread()))
+
+    # ----- backward ----------------------------------------------------------------------------------
+    def watch_output(self, args: tuple[Any, ...], output: Any) -> None:
+        """Hook the autograd node of a call's output that has just ended (its last mark): the
+        call's backward starts when that node runs. A call that made no node of its own (it returned
+        an input, or autograd is off) has no backward."""
+        if not _grad_enabled() or not self.active:
+            return
+        node = _output_node(output)
+        if node is None or any(isinstance(a, torch.Tensor) and a.grad_fn is node for a in args):
+            return
+        node.register_prehook(_BackwardStart(self, self.serial, len(self.forward) - 1))
+
+    def backward_started(self, serial: int, call: int) -> None:
+        """A hooked node is about to run (see :class:`_BackwardStart`)."""
+        if serial != self.serial or not self.active:
+            return
+        self.backward.append((_now(), call))
+        if not self._pass_open:
+            self._pass_open = True
+            _queue_callback(self._pass_ended)
+
+    def _pass_ended(self) -> None:
+        self._pass_open = False
+        if self.active:
+            self.backward.append((_now(), PASS_END))
+
+    # ----- steps -------------------------------------------------------------------------------------
+    def take_step(self) -> tuple[Int64Array, Int64Array]:
+        """The step's marks and backward events as arrays; the next step starts empty."""
+        forward, backward = self.forward, self.backward
+        self.forward, self.backward = [], []
+        self.serial += 1
+        return forward_rows(forward), backward_rows(backward)
+
+    def peek_step(self) -> tuple[Int64Array, Int64Array]:
+        """The running step's records so far, as arrays (the lists stay in place)."""
+        return forward_rows(list(self.forward)), backward_rows(list(self.backward))
+
+
+class _BackwardStart:
+    """A node pre-hook: tells the clock that call ``call`` of step ``serial`` starts its backward.
+    It returns None, so the node's gradients are left as they are."""
+
+    __slots__ = ("_call", "_clock", "_serial")
+
+    def __init__(self, clock: FlightClock, serial: int, call: int) -> None:
+        self._clock = clock
+        self._serial = serial
+        self._call = call
+
+    def __call__(self, grad_outputs: Any) -> None:
+        self._clock.backward_started(self._serial, self._call)
+
+
+def _output_node(output: Any) -> Any:
+    """The autograd node of the first tensor of ``output`` that has one (a tensor, or one level
+    into a tuple, list or dict: transformers' outputs put the hidden states first)."""
+    if isinstance(output, torch.Tensor):
+        return output.grad_fn
+    if isinstance(output, dict):
+        output = list(output.values())
+    for item in output if isinstance(output, list | tuple) else ():
+        if isinstance(item, torch.Tensor) and item.grad_fn is not None:
+            return item.grad_fn
+    return None
+
+
+class FlightScopes:
+    """Installs and removes the light record's scopes on a model (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, clock: FlightClock) -> None:
+        plan = plan_scopes(model, ModuleSelection(), "auto", "the flight recorder's clock")
+        self.clock = clock
+        self.modules: list[FlightModule] = []
+        self._codes: dict[int, int] = {}  # id(module) -> code, for hooked modules
+        self._handles: list[RemovableHandle] = []
+        self._compiled_calls: list[tuple[nn.Module, Any]] = []
+        self._forward = ForwardRanges(_no_first_call, clock, clock.watch_output)
+        self._plan = plan
+
+    def install(self) -> None:
+        """Install every scope (call :meth:`remove` in a ``finally``)."""
+        for planned in self._plan:
+            if not planned.in_catalog:
+                continue
+            scope, module = planned.scope, planned.module
+            name = f"{scope.path}:{scope.type_name}"
+            self.modules.append(FlightModule(scope.path, scope.type_name, *_params(planned.params_from)))
+            if scope.mechanism == CLASS_WRAPPER:
+                assert planned.owner is not None
+                self._forward.add(module, name, planned.owner)
+                continue
+            code = self.clock.code(name)
+            if scope.mechanism == HOOKS:
+                self._codes[id(module)] = code
+                self._handles.append(module.register_forward_pre_hook(self._pre))
+                self._handles.append(module.register_forward_hook(self._post, always_call=True))
+            elif scope.mechanism == COMPILED_CALL:
+                self._wrap_compiled_call(module, code)
+
+    def remove(self) -> None:
+        """Remove every hook and class wrapper."""
+        self._forward.remove()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        while self._compiled_calls:
+            module, compiled = self._compiled_calls.pop()
+            module._compiled_call_impl = compiled
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        if not _is_compiling():
+            self.clock.mark(self._codes[id(module)])
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not _is_compiling():
+            self.clock.mark(-self._codes[id(module)])
+            self.clock.watch_output(args, output)
+
+    def _wrap_compiled_call(self, module: nn.Module, code: int) -> None:
+        compiled: Callable[..., Any] = module._compiled_call_impl  # type: ignore[assignment]
+        clock = self.clock
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            clock.mark(code)
+            try:
+                output = compiled(*args, **kwargs)
+            finally:
+                clock.mark(-code)
+            clock.watch_output(args, output)
+            return output
+
+        module._compiled_call_impl = call
+        self._compiled_calls.append((module, compiled))
+
+
+def _no_first_call(
+    module: nn.Module, scoped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    return scoped(module, *args, **kwargs)
+
+
+def _params(module: nn.Module) -> tuple[int, int]:
+    """Own and total parameters (each shared tensor once)."""
+    own = sum(p.numel() for p in module.parameters(recurse=False))
+    total = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+    return own, total

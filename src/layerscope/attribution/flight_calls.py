@@ -12,6 +12,11 @@ end of the pass. Work between (the call's other nodes, its parameters' gradient 
 call's. A parent's span is widened to hold its children's (the hull), and where siblings' spans
 overlap (the engine interleaving branches) the parent's self time is clipped at zero and its total
 raised to its children's sum, so that self + children = total holds (``Profile.validate``).
+
+Recomputation: a call that starts inside a backward pass (activation checkpointing re-running a
+module) is backward work, as in a profile (``recompute_calls``): its forward and its own backward
+together are its backward span, and a recomputed call with no forward parent is placed under the
+innermost call whose backward span holds its start.
 """
 
 from __future__ import annotations
@@ -33,15 +38,23 @@ class StepCalls:
     forward_self_ns: list[int]
     backward_ns: list[int]  # inclusive backward time (0: no backward seen)
     backward_self_ns: list[int]
+    recompute: list[bool]  # started inside a backward pass: all its time is backward
 
 
 def step_calls(step: FlightStep) -> StepCalls:
     """Pair ``step``'s marks into calls and place their backward (see the module docstring)."""
     module, parent, enter_row, exit_row, start, end = _pair_forward(step)
     n = len(module)
-    forward_ns = [end[c] - start[c] for c in range(n)]
+    passes = _pass_windows(step)
+    recompute = [any(a <= start[c] <= b for a, b in passes) for c in range(n)]
+    forward_ns = [0 if recompute[c] else end[c] - start[c] for c in range(n)]
     forward_self = _self_times(forward_ns, parent)
     begin, finish = _backward_spans(step, enter_row, exit_row)
+    for c in range(n):
+        if recompute[c]:  # the re-run forward is part of its backward span
+            begin[c], finish[c] = min(begin.get(c, start[c]), start[c]), max(finish.get(c, end[c]), end[c])
+            if parent[c] < 0:
+                parent[c] = _innermost_holding(start[c], begin, finish, recompute)
     # Hull: a parent's backward holds its children's (children began after their parent: higher ids).
     for c in range(n - 1, -1, -1):
         p = parent[c]
@@ -50,7 +63,32 @@ def step_calls(step: FlightStep) -> StepCalls:
             finish[p] = max(finish.get(p, finish[c]), finish[c])
     backward_ns = [finish[c] - begin[c] if c in begin else 0 for c in range(n)]
     backward_ns, backward_self = _totals_holding_children(backward_ns, parent)
-    return StepCalls(module, parent, forward_ns, forward_self, backward_ns, backward_self)
+    return StepCalls(module, parent, forward_ns, forward_self, backward_ns, backward_self, recompute)
+
+
+def _pass_windows(step: FlightStep) -> list[tuple[int, int]]:
+    """Each backward pass's (first event, end) in ns; a pass still running ends with the step."""
+    windows: list[tuple[int, int]] = []
+    first: int | None = None
+    for t, call in step.backward.tolist():
+        if call == PASS_END:
+            if first is not None:
+                windows.append((first, t))
+            first = None
+        elif first is None:
+            first = t
+    if first is not None:
+        windows.append((first, step.end_ns))
+    return windows
+
+
+def _innermost_holding(at: int, begin: dict[int, int], finish: dict[int, int], recompute: list[bool]) -> int:
+    """The call (not itself recomputed) with the shortest backward span holding ``at``; -1: none."""
+    best, best_length = -1, None
+    for c, b in begin.items():
+        if not recompute[c] and b <= at <= finish[c] and (best_length is None or finish[c] - b < best_length):
+            best, best_length = c, finish[c] - b
+    return best
 
 
 def _pair_forward(
@@ -85,7 +123,8 @@ def _pair_forward(
         exit_at, parent_enter = closed[enter]
         ids_by_enter[enter] = len(module)
         module.append(rows[enter][1] - 1)
-        # a parent that never closed (still running) leaves its children top-level
+        while parent_enter >= 0 and parent_enter not in ids_by_enter:  # an ancestor that made no call
+            parent_enter = parent_row[parent_enter]
         parent.append(ids_by_enter.get(parent_enter, -1))
         enter_row.append(enter)
         exit_row.append(exit_at)
@@ -149,7 +188,8 @@ def _totals_holding_children(total: list[int], parent: list[int]) -> tuple[list[
 
 def module_sums(calls: StepCalls, n_modules: int) -> tuple[np.ndarray, np.ndarray]:
     """Per module, inclusive (forward, backward) ns summed over its calls: shape (n_modules, 2).
-    Also the calls per module. A module nested in itself counts its outer call only."""
+    Also the calls per module (recomputations included). A module nested in itself counts its outer
+    call only."""
     inclusive = np.zeros((n_modules, 2), dtype=np.int64)
     counts = np.zeros(n_modules, dtype=np.int64)
     for c, m in enumerate(calls.module):

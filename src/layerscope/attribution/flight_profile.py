@@ -90,12 +90,16 @@ def _tree(calls: Sequence[StepCalls], modules: Sequence[FlightModule]) -> Module
     n = len(modules)
     own = np.zeros((n, 2), dtype=np.int64)
     call_counts = [0] * n
+    recompute_counts = [0] * n
     first_call: dict[int, int] = {}
     for found in calls:
         for c, m in enumerate(found.module):
             own[m, 0] += found.forward_self_ns[c]
             own[m, 1] += found.backward_self_ns[c]
-            call_counts[m] += 1
+            if found.recompute[c]:
+                recompute_counts[m] += 1
+            else:
+                call_counts[m] += 1
             first_call.setdefault(m, len(first_call))
     catalog = [
         ModuleInfo(
@@ -111,4 +115,4 @@ def _tree(calls: Sequence[StepCalls], modules: Sequence[FlightModule]) -> Module
         (own_metrics({"cpu_us": float(fwd) / 1000.0}), own_metrics({"cpu_us": float(bwd) / 1000.0}))
         for fwd, bwd in own.tolist()
     ]
-    return assemble_tree(catalog, phases, call_counts, first_call)
+    return assemble_tree(catalog, phases, call_counts, first_call, recompute_counts)

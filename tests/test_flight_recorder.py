@@ -1,0 +1,420 @@
+"""The flight recorder (``ls.flight_recorder``): the ring, the triggers, the dumps as profiles, and the
+rule that recording never changes the program."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope as ls
+from layerscope.analysis.flight import slow_step_culprit, trigger_line
+from layerscope.attribution.flight_calls import step_calls
+from layerscope.capture.flight_dump import FlightDumpWarning
+from layerscope.events.flight_records import PASS_END, FlightStep, backward_rows, forward_rows
+from layerscope.model.profile import Profile
+
+
+class Sleepy(nn.Module):
+    """A linear layer whose forward (or backward) sleeps while ``delay`` is set."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.delay = 0.0
+        self.in_backward = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.delay and not self.in_backward:
+            time.sleep(self.delay)
+        y = self.linear(x)
+        return _SleepInBackward.apply(y, self.delay if self.in_backward else 0.0)
+
+
+class _SleepInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, delay: float) -> torch.Tensor:
+        ctx.delay = delay
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if ctx.delay:
+            time.sleep(ctx.delay)
+        return grad, None
+
+
+class Net(nn.Module):
+    """Four blocks, one of them :class:`Sleepy` (``blocks.2``)."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Linear(16, width)
+        self.blocks = nn.Sequential(
+            nn.Sequential(nn.Linear(width, width), nn.ReLU()),
+            nn.Sequential(nn.Linear(width, width), nn.Tanh()),
+            Sleepy(width),
+            nn.Sequential(nn.Linear(width, width), nn.ReLU()),
+        )
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+def train(model: nn.Module, steps: int, rec: Any = None, before: Any = None) -> list[torch.Tensor]:
+    """``steps`` SGD steps; ``before(i)`` runs before step ``i``; returns the losses."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    losses = []
+    for i in range(steps):
+        if before is not None:
+            before(i)
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+        if rec is not None:
+            rec.step()
+    return losses
+
+
+def loaded(path: Path) -> Profile:
+    profile = ls.load(path)
+    profile.validate()
+    return profile
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    return tmp_path / "flight"
+
+
+def test_the_ring_keeps_exactly_keep_steps_and_a_manual_dump_is_a_profile(out: Path) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    with ls.flight_recorder(model, keep=5, out=out, slow=None) as rec:
+        train(model, 12, rec)
+        assert [step.step for step in rec.ring] == [7, 8, 9, 10, 11]
+        path = rec.dump()
+    assert rec.dumps == [path] and path.name == "flight-step000012-manual.json.gz"
+    profile = loaded(path)
+    assert profile.trigger is not None and profile.trigger.reason == "manual" and profile.trigger.step == 12
+    assert profile.meta.source == "flight" and profile.meta.flight is not None
+    assert profile.meta.flight.keep == 5 and profile.meta.flight.steps_seen == 13
+    # the five kept steps and the one running when the dump was taken (nothing ran in it)
+    assert [s.step for s in profile.steps] == [7, 8, 9, 10, 11, 12]
+    paths = {node.path for node in profile.modules()}
+    assert paths == {path for path, _ in model.named_modules()}
+    for node in profile.modules():
+        assert node.calls == 5, node.path  # one call per kept step
+        if node.path.endswith("linear") or node.path in ("stem", "head"):
+            assert node.forward.self_cpu_us > 0 and node.backward.cpu_us > 0, node.path
+    step = profile.steps[0]
+    root_forward, root_backward = step.modules[""]
+    assert 0 < root_forward and 0 < root_backward
+    assert root_forward + root_backward + step.unattributed["outside modules"] == pytest.approx(step.cpu_us)
+    assert step.cpu_us == pytest.approx(step.wall_us)
+    assert trigger_line(profile) == "dump() at step 12"
+
+
+def test_a_slow_step_is_dumped_with_its_number_and_its_module_first(out: Path) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    sleepy = model.blocks[2]
+
+    def before(i: int) -> None:
+        sleepy.delay = 0.05 if i == 20 else 0.0
+
+    with ls.flight_recorder(model, keep=30, out=out, slow=3.0, warmup=5, after=2) as rec:
+        train(model, 30, rec, before)
+    slow = [p for p in rec.dumps if "slow_step" in p.name]
+    assert [p.name for p in slow] == ["flight-step000020-slow_step.json.gz"]
+    profile = loaded(slow[0])
+    assert profile.trigger is not None and profile.trigger.step == 20
+    assert profile.trigger.module == "blocks.2"
+    assert max(s.step for s in profile.steps) == 22  # the dump waited two more steps
+    culprit = slow_step_culprit(profile, 20)
+    assert culprit is not None and culprit.phase == "forward" and culprit.extra_us > 40_000
+    line = trigger_line(profile)
+    assert line is not None and line.startswith("slow step 20: ") and line.endswith("in blocks.2 (forward)")
+
+
+def test_a_slow_backward_names_the_module_and_the_phase(out: Path) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    sleepy = model.blocks[2]
+    sleepy.in_backward = True
+
+    def before(i: int) -> None:
+        sleepy.delay = 0.05 if i == 15 else 0.0
+
+    with ls.flight_recorder(model, keep=20, out=out, warmup=5, after=1) as rec:
+        train(model, 20, rec, before)
+    profile = loaded(next(p for p in rec.dumps if "slow_step" in p.name))
+    assert profile.trigger is not None and profile.trigger.module == "blocks.2"
+    culprit = slow_step_culprit(profile, 15)
+    assert culprit is not None and culprit.phase == "backward" and culprit.extra_us > 40_000
+    # the sleep is in blocks.2's own backward: not in its children's, nor in the block before it
+    slow_step = next(s for s in profile.steps if s.step == 15)
+    assert slow_step.modules["blocks.2"][1] > 50_000
+    assert slow_step.modules["blocks.2.linear"][1] < 25_000
+    assert slow_step.modules["blocks.1"][1] < 25_000
+
+
+class Exploding(nn.Module):
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self.error = error
+        self.armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        if self.armed:
+            raise self.error
+        return y
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [(ValueError("bad batch"), "exception"), (torch.OutOfMemoryError("CUDA out of memory. Tried"), "oom")],
+)
+def test_an_exception_is_dumped_naming_the_module_it_passed(out: Path, error: Exception, reason: str) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), Exploding(error))
+    x = torch.randn(2, 4)
+    with pytest.raises(type(error)), ls.flight_recorder(model, out=out) as rec:
+        for i in range(5):
+            model[1].armed = i == 3
+            model(x).sum().backward()
+            rec.step()
+    assert len(rec.dumps) == 1 and reason in rec.dumps[0].name
+    profile = loaded(rec.dumps[0])
+    assert profile.trigger is not None
+    assert (profile.trigger.reason, profile.trigger.step, profile.trigger.module) == (reason, 3, "1")
+    assert type(error).__name__ in profile.trigger.message
+    assert [s.step for s in profile.steps] == [0, 1, 2, 3]
+
+
+def test_an_exception_in_backward_names_the_module_whose_backward_ran(out: Path) -> None:
+    class FailingBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("broken gradient")
+
+    class Broken(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return FailingBackward.apply(x * 2)
+
+    model = nn.Sequential(nn.Linear(4, 4), Broken(), nn.Linear(4, 4))
+    with pytest.raises(RuntimeError, match="broken gradient"), ls.flight_recorder(model, out=out) as rec:
+        model(torch.randn(2, 4)).sum().backward()
+    profile = loaded(rec.dumps[0])
+    assert profile.trigger is not None and profile.trigger.module == "1"
+
+
+def test_a_signal_dumps_the_running_step_and_the_handler_is_restored(out: Path) -> None:
+    previous = signal.getsignal(signal.SIGUSR1)
+    model = Net()
+
+    def before(i: int) -> None:
+        if i == 4:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    with ls.flight_recorder(model, out=out) as rec:
+        train(model, 6, rec, before)
+    assert signal.getsignal(signal.SIGUSR1) is previous
+    (path,) = rec.dumps
+    assert "signal" in path.name
+    profile = loaded(path)
+    assert profile.trigger is not None and profile.trigger.reason == "signal" and profile.trigger.step == 4
+    assert [s.step for s in profile.steps] == [0, 1, 2, 3, 4]
+
+
+def test_a_signal_from_outside_is_dumped_within_a_second(tmp_path: Path) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import sys, time, torch, layerscope as ls\n"
+        "from torch import nn\n"
+        "model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())\n"
+        f"with ls.flight_recorder(model, out={str(tmp_path / 'out')!r}) as rec:\n"
+        "    print('ready', flush=True)\n"
+        "    while True:\n"
+        "        model(torch.randn(2, 8)).sum().backward()\n"
+        "        rec.step()\n"
+        "        if rec.dumps:\n"
+        "            print('dumped', flush=True)\n"
+        "            break\n"
+        "        time.sleep(0.01)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        sent = time.monotonic()
+        child.send_signal(signal.SIGUSR1)
+        assert child.stdout.readline().strip() == "dumped"
+        assert time.monotonic() - sent < 1.0
+    finally:
+        child.kill()
+        child.wait()
+    (path,) = (tmp_path / "out").iterdir()
+    assert loaded(path).trigger is not None
+
+
+def test_recording_leaves_outputs_grads_rng_and_the_classes_as_they_were(out: Path) -> None:
+    torch.manual_seed(0)
+    plain = Net()
+    recorded = Net()
+    recorded.load_state_dict(plain.state_dict())
+    linear_forward, sequential_forward = nn.Linear.forward, nn.Sequential.forward
+    torch.manual_seed(5)
+    plain_losses = train(plain, 4)
+    rng_plain = torch.get_rng_state()
+    torch.manual_seed(5)
+    with ls.flight_recorder(recorded, out=out) as rec:
+        recorded_losses = train(recorded, 4, rec)
+        assert nn.Linear.forward is not linear_forward  # the class wrappers were in place
+    assert torch.equal(torch.get_rng_state(), rng_plain)
+    assert all(torch.equal(a, b) for a, b in zip(plain_losses, recorded_losses, strict=True))
+    for a, b in zip(plain.parameters(), recorded.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert nn.Linear.forward is linear_forward and nn.Sequential.forward is sequential_forward
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in recorded.modules())
+    assert recorded.training
+
+
+def test_hooks_are_removed_when_the_loop_is_interrupted(out: Path) -> None:
+    model = Net()
+    linear_forward = nn.Linear.forward
+
+    def before(i: int) -> None:
+        if i == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), ls.flight_recorder(model, out=out) as rec:
+        train(model, 5, rec, before)
+    assert nn.Linear.forward is linear_forward
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    assert len(rec.dumps) == 1 and loaded(rec.dumps[0]).trigger is not None
+
+
+def test_gradient_checkpointing_still_recomputes_and_counts_as_backward(out: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    del transformers
+    from tests.test_program_unchanged import attention_calls, llama_step, tiny_llama
+
+    model = tiny_llama(False)
+    calls = attention_calls(model)
+    plain_loss, plain_grads = llama_step(model)
+    plain_calls = len(calls)
+    calls.clear()
+    with ls.flight_recorder(model, out=out) as rec:
+        loss, grads = llama_step(model)
+        rec.step()
+        path = rec.dump()
+    assert len(calls) == plain_calls
+    assert torch.equal(loss, plain_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
+    profile = loaded(path)
+    # transformers re-runs the layer's forward (not its __call__) in backward: its children's calls
+    # are the recomputations seen, as in a profile
+    attention = profile.find("model.layers.0.self_attn")
+    assert attention.calls == 1 and attention.recompute_calls == 1
+    assert attention.backward.cpu_us > attention.forward.cpu_us > 0
+
+
+def test_bad_options_are_one_line_errors() -> None:
+    model = nn.Linear(2, 2)
+    with pytest.raises(ls.UsageError, match="keep"):
+        ls.flight_recorder(model, keep=0)
+    with pytest.raises(ls.UsageError, match="slow"):
+        ls.flight_recorder(model, slow=0.5)
+    with pytest.raises(ls.UsageError, match="nn.Module"):
+        ls.flight_recorder("model")  # type: ignore[arg-type]
+
+
+def test_a_dump_that_cannot_be_written_is_a_warning(out: Path) -> None:
+    model = nn.Linear(2, 2)
+    with ls.flight_recorder(model, out=out) as rec:
+        model(torch.randn(1, 2)).sum().backward()
+        rec.step()
+        out.rmdir()
+        out.write_text("not a folder")  # (permissions would not stop root)
+        with pytest.warns(FlightDumpWarning, match="could not write"):
+            rec.dump()
+            rec.flush()
+    assert rec.dumps == []
+
+
+def test_show_leads_with_the_trigger_then_the_steps(out: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    model = Net()
+    with ls.flight_recorder(model, out=out, slow=None) as rec:
+        train(model, 3, rec)
+        path = rec.dump()
+    assert main(["show", str(path), "--ascii"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "dump() at step 3"
+    assert lines[1].replace("|", " ").split()[:3] == ["Step", "Wall", "CPU"]
+
+
+def _step(forward: list[tuple[int, int, int]], backward: list[tuple[int, int]], end: int) -> FlightStep:
+    return FlightStep(0, 0, end, forward_rows(forward), backward_rows(backward))
+
+
+def test_backward_spans_follow_the_engine_and_nest() -> None:
+    # forward: A(1) holds B(2) then C(3); D(4) after A. Rows: 0 A+, 1 B+, 2 B-, 3 C+, 4 C-, 5 A-, 6 D+, 7 D-
+    forward = [(0, 1, 0), (1, 2, 0), (3, -2, 0), (4, 3, 0), (6, -3, 0), (7, -1, 0), (8, 4, 0), (9, -4, 0)]
+    # backward: D starts (its exit row 7) at 20, A and C at 25 (A's output is C's), B at 30, end 40
+    backward = [(20, 7), (25, 5), (25, 4), (30, 2), (40, PASS_END)]
+    calls = step_calls(_step(forward, backward, 50))
+    assert calls.module == [0, 1, 2, 3]
+    assert calls.parent == [-1, 0, 0, -1]
+    assert calls.forward_ns == [7, 2, 2, 1]
+    assert calls.forward_self_ns == [3, 2, 2, 1]
+    # D: 20 -> 25 (A ended before D began); C: 25 -> 30 (B ended before C began); B: 30 -> 40
+    # (the pass's end); A: its own 25 -> 40, holding both
+    assert calls.backward_ns == [15, 10, 5, 5]
+    assert calls.backward_self_ns == [0, 10, 5, 5]
+    assert calls.recompute == [False] * 4
+
+
+def test_a_call_still_running_and_a_lost_mark_make_no_call() -> None:
+    forward = [(0, 1, 0), (1, 2, 0), (2, 3, 0), (3, -3, 0), (5, -1, 0), (6, 2, 0)]
+    calls = step_calls(_step(forward, [], 10))
+    assert calls.module == [0, 2]  # A, and C inside it; B lost its exit, the last B is running
+    assert calls.parent == [-1, 0]
+
+
+def test_a_forward_inside_a_backward_pass_is_a_recomputation() -> None:
+    # A(1) runs; in backward A's node starts at 20 and A is run again 21-24, its node starting at 26
+    forward = [(0, 1, 0), (5, -1, 0), (21, 1, 0), (24, -1, 0)]
+    backward = [(20, 1), (26, 3), (30, PASS_END)]
+    calls = step_calls(_step(forward, backward, 40))
+    assert calls.recompute == [False, True]
+    assert calls.parent == [-1, 0]
+    assert calls.forward_ns == [5, 0]
+    assert calls.backward_ns == [10, 9]  # the re-run (21-24) and its own backward (26-30)
+
+
+@pytest.fixture(autouse=True)
+def no_handler_left() -> Iterator[None]:
+    before = signal.getsignal(signal.SIGUSR1)
+    yield
+    assert signal.getsignal(signal.SIGUSR1) is before

@@ -122,7 +122,7 @@ def test_the_ring_keeps_exactly_keep_steps_and_a_manual_dump_is_a_profile(out: P
             assert node.forward.self_cpu_us > 0 and node.backward.cpu_us > 0, node.path
     step = profile.steps[0]
     root_forward, root_backward = step.modules[""]
-    assert 0 < root_forward and 0 < root_backward
+    assert root_forward > 0 and root_backward > 0
     assert root_forward + root_backward + step.unattributed["outside modules"] == pytest.approx(step.cpu_us)
     assert step.cpu_us == pytest.approx(step.wall_us)
     assert trigger_line(profile) == "dump() at step 12"
@@ -344,7 +344,7 @@ def test_bad_options_are_one_line_errors() -> None:
         ls.flight_recorder(model, keep=0)
     with pytest.raises(ls.UsageError, match="slow"):
         ls.flight_recorder(model, slow=0.5)
-    with pytest.raises(ls.UsageError, match="nn.Module"):
+    with pytest.raises(ls.UsageError, match=r"nn\.Module"):
         ls.flight_recorder("model")  # type: ignore[arg-type]
 
 

@@ -418,3 +418,65 @@ def no_handler_left() -> Iterator[None]:
     before = signal.getsignal(signal.SIGUSR1)
     yield
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+SCRIPT = """\
+import sys, time, torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(4, 8)
+for i in range(25):
+    model(x).sum().backward()
+    if i == 15:
+        time.sleep(0.05)
+    optimizer.step()
+    optimizer.zero_grad()
+if "--fail" in sys.argv:
+    raise ValueError("boom")
+"""
+
+
+def test_run_flight_recorder_dumps_a_whole_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "dumps"
+    code = main(["run", "--flight-recorder", "--keep", "10", "-o", str(out), str(script), "--fail"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "ValueError: boom" in err and "the script raised (exit code 1)" in err
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["flight-step000015-slow_step.json.gz", "flight-step000025-exception.json.gz"]
+    slow = loaded(out / names[0])
+    # every module the script called, under the synthetic root, named by class then by path
+    paths = {n.path for n in slow.modules()}
+    assert paths == {"", "Sequential", "Sequential.0", "Sequential.1", "Sequential.2"}
+    assert slow.find("Sequential.0").calls == 10 and slow.steps[-1].step == 18
+    assert slow.trigger is not None and slow.trigger.module is None  # the sleep is outside modules
+    failed = loaded(out / names[1])
+    assert failed.trigger is not None and failed.trigger.message == "ValueError: boom"
+
+
+def test_run_flight_options_need_the_flight_recorder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from layerscope.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert main(["run", "--keep", "5", str(script)]) != 0
+    assert "add --flight-recorder" in capsys.readouterr().err
+    assert main(["run", "--flight-recorder", "--steps", "3", str(script)]) != 0
+    assert "give no schedule" in capsys.readouterr().err
+
+
+def test_global_mode_names_an_exception_s_module(out: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), Exploding(ValueError("no")))
+    model[1].armed = True
+    with pytest.raises(ValueError), ls.flight_recorder(None, out=out) as rec:
+        model(torch.randn(2, 4))
+    profile = loaded(rec.dumps[0])
+    assert profile.trigger is not None and profile.trigger.module == "Sequential.1"

@@ -7,12 +7,17 @@ from torch import nn
 from layerscope.model.meta import BlockError
 
 
-def block_error(exc: BaseException, model: nn.Module | None) -> BlockError:
+def block_error(
+    exc: BaseException, model: nn.Module | None, paths: dict[int, str] | None = None
+) -> BlockError:
     """The exception's type and first line, and the innermost module of ``model`` whose ``forward``
     it passed through (from the traceback's finished frames; None when it passed through none).
-    Never raises: describing the user's exception must not replace it."""
+    Without a model, ``paths`` (``id(module)`` -> path) names the modules known. Never raises:
+    describing the user's exception must not replace it."""
     try:
-        return BlockError(type(exc).__name__, _first_line(exc), _module_of(exc, model))
+        if model is not None:
+            paths = {id(m): path for path, m in model.named_modules()}
+        return BlockError(type(exc).__name__, _first_line(exc), _module_of(exc, paths))
     except Exception:  # an exception whose str() fails, a module whose named_modules() does
         return BlockError(type(exc).__name__)
 
@@ -26,10 +31,9 @@ def _first_line(exc: BaseException) -> str:
     return lines[0][:300] if lines else ""
 
 
-def _module_of(exc: BaseException, model: nn.Module | None) -> str | None:
-    if model is None:
+def _module_of(exc: BaseException, paths: dict[int, str] | None) -> str | None:
+    if not paths:
         return None
-    paths = {id(m): path for path, m in model.named_modules()}
     module = None
     # The first frame is the user's, still running: its locals are never read (on Python < 3.13
     # reading f_locals of a running frame copies them into it, keeping them alive).

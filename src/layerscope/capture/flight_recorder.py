@@ -63,7 +63,7 @@ class FlightRecorder:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | None,
         keep: int = 100,
         detail_every: int = 0,
         out: str | os.PathLike[str] = "flight",
@@ -102,7 +102,8 @@ class FlightRecorder:
         self.out = make_folder(self.out)
         info = distributed_info()
         self._rank = info.rank if info is not None else None
-        self._meta = ProfileMeta(model=type(self.model).__name__, environment=environment())
+        name = type(self.model).__name__ if self.model is not None else None
+        self._meta = ProfileMeta(model=name, environment=environment())
         scopes = FlightScopes(self.model, self.clock)
         try:
             scopes.install()
@@ -163,6 +164,11 @@ class FlightRecorder:
     def dumps(self) -> list[Path]:
         """The dump files written so far (and detailed profiles)."""
         return list(self._writer.written)
+
+    @property
+    def steps_seen(self) -> int:
+        """The steps ended so far (``step()`` calls)."""
+        return self._step
 
     @property
     def ring_bytes(self) -> int:
@@ -226,20 +232,20 @@ class FlightRecorder:
 
     def _dump_exception(self, exc: BaseException) -> None:
         reason = "oom" if _is_out_of_memory(exc) else "exception"
-        error = block_error(exc, self.model)
-        module = error.module if error.module is not None else self._backward_module()
+        paths = self._scopes.module_paths() if self._scopes is not None else None
+        error = block_error(exc, self.model, paths)
+        module = error.module if error.module is not None else self._running_module()
         self._write(FlightTrigger(reason, self._step, module, f"{error.type}: {error.message}"), running=True)
 
-    def _backward_module(self) -> str | None:
-        """The module whose backward started last in the running step (an exception in backward)."""
-        backward = self.clock.backward
-        forward = self.clock.forward
-        if not backward or self._scopes is None:
+    def _running_module(self) -> str | None:
+        """The module whose backward started last in the running step (an exception in backward has
+        no module's ``forward`` in its traceback)."""
+        if self._scopes is None:
             return None
-        call = backward[-1][1]
-        if not 0 <= call < len(forward):
-            return None
-        return self._scopes.modules[abs(forward[call][1]) - 1].path
+        forward, backward = self.clock.forward, self.clock.backward
+        if backward and 0 <= backward[-1][1] < len(forward):
+            return self._scopes.modules[abs(forward[backward[-1][1]][1]) - 1].path
+        return None
 
     # ----- the detailed profile ----------------------------------------------------------------------
     def _start_detail(self) -> None:
@@ -280,7 +286,7 @@ class FlightRecorder:
 
 
 def flight_recorder(
-    model: nn.Module,
+    model: nn.Module | None,
     keep: int = 100,
     detail_every: int = 0,
     out: str | os.PathLike[str] = "flight",
@@ -291,7 +297,8 @@ def flight_recorder(
     after: int = 3,
 ) -> FlightRecorder:
     """A flight recorder for ``model``: use it as a context manager around the loop and call
-    ``step()`` at the end of each step (see :mod:`layerscope.capture.flight_recorder`).
+    ``step()`` at the end of each step (see :mod:`layerscope.capture.flight_recorder`). Without a
+    model (None), every module called is recorded (torch's global module hooks).
 
     ``keep``: steps kept; ``detail_every``: a full profile every N steps (0: never); ``out``: the
     dumps' folder; ``slow``: a step this many times the rolling median is dumped (None: never);
@@ -305,8 +312,10 @@ def flight_recorder(
 def _check_options(
     model: Any, keep: int, detail_every: int, slow: float | None, warmup: int, after: int
 ) -> None:
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"flight_recorder: model must be a torch.nn.Module, not {type(model).__name__}")
+    if model is not None and not isinstance(model, nn.Module):
+        raise UsageError(
+            f"flight_recorder: model must be a torch.nn.Module or None, not {type(model).__name__}"
+        )
     if not isinstance(keep, int) or keep < 1:
         raise UsageError(f"flight_recorder: keep must be a positive number of steps, not {keep!r}")
     if not isinstance(detail_every, int) or detail_every < 0:

@@ -9,6 +9,11 @@ when the call's backward starts (``attribution/flight_calls.py`` turns these int
 of those in a backward pass queues an engine callback that marks the pass's end. Nothing is paired or
 converted while the job runs: :meth:`FlightClock.take_step` hands the lists over as two arrays.
 
+Without a model (``layerscope run --flight-recorder``), torch's global module hooks name modules as
+they are first called, as a profile's global mode does: a module called with no recorded call open
+is a top-level module named by its class, its children by their attribute paths under it, all under
+a synthetic root.
+
 Node hooks left on a graph that outlives the recorder (``retain_graph``) do nothing: each knows the
 step it was made in and the clock's state.
 """
@@ -24,6 +29,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from layerscope.attribution.catalog import GLOBAL_ROOT_TYPE
+from layerscope.capture.compiled_modules import model_modules, unwrap_compiled
 from layerscope.capture.forward_ranges import ForwardRanges
 from layerscope.capture.options import ModuleSelection
 from layerscope.capture.scope_plan import CLASS_WRAPPER, COMPILED_CALL, HOOKS, plan_scopes
@@ -133,7 +140,7 @@ def _output_node(output: Any) -> Any:
 class FlightScopes:
     """Installs and removes the light record's scopes on a model (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, clock: FlightClock) -> None:
+    def __init__(self, model: nn.Module | None, clock: FlightClock) -> None:
         plan = plan_scopes(model, ModuleSelection(), "auto", "the flight recorder's clock")
         self.clock = clock
         self.modules: list[FlightModule] = []
@@ -142,26 +149,45 @@ class FlightScopes:
         self._compiled_calls: list[tuple[nn.Module, Any]] = []
         self._forward = ForwardRanges(_no_first_call, clock, clock.watch_output)
         self._plan = plan
+        self._open = threading.local()  # global mode: the codes of the calls open on this thread
+        self._lock = threading.Lock()
+        self._roots: set[str] = set()
 
     def install(self) -> None:
         """Install every scope (call :meth:`remove` in a ``finally``)."""
+        if self._plan.global_mode:
+            from torch.nn.modules import module as module_mod
+
+            self._add(FlightModule("", GLOBAL_ROOT_TYPE))
+            self._handles.append(module_mod.register_module_forward_pre_hook(self._global_pre))
+            self._handles.append(module_mod.register_module_forward_hook(self._global_post, always_call=True))
+            return
         for planned in self._plan:
             if not planned.in_catalog:
                 continue
             scope, module = planned.scope, planned.module
-            name = f"{scope.path}:{scope.type_name}"
-            self.modules.append(FlightModule(scope.path, scope.type_name, *_params(planned.params_from)))
             if scope.mechanism == CLASS_WRAPPER:
                 assert planned.owner is not None
-                self._forward.add(module, name, planned.owner)
+                self.modules.append(FlightModule(scope.path, scope.type_name, *_params(planned.params_from)))
+                self._forward.add(module, f"{scope.path}:{scope.type_name}", planned.owner)
                 continue
-            code = self.clock.code(name)
+            code = self._add(FlightModule(scope.path, scope.type_name, *_params(planned.params_from)))
             if scope.mechanism == HOOKS:
                 self._codes[id(module)] = code
                 self._handles.append(module.register_forward_pre_hook(self._pre))
                 self._handles.append(module.register_forward_hook(self._post, always_call=True))
             elif scope.mechanism == COMPILED_CALL:
                 self._wrap_compiled_call(module, code)
+
+    def module_paths(self) -> dict[int, str]:
+        """``id(module)`` -> path of every module met so far (the hooked ones, and in global mode
+        those named; class-wrapped ones are read from the model)."""
+        return {key: self.modules[code - 1].path for key, code in self._codes.items()}
+
+    def _add(self, module: FlightModule) -> int:
+        """List ``module`` and return its code."""
+        self.modules.append(module)
+        return self.clock.code(f"{module.path}:{module.type_name}")
 
     def remove(self) -> None:
         """Remove every hook and class wrapper."""
@@ -181,6 +207,59 @@ class FlightScopes:
         if not _is_compiling():
             self.clock.mark(-self._codes[id(module)])
             self.clock.watch_output(args, output)
+
+    # ----- global mode ---------------------------------------------------------------------------------
+    def _open_calls(self) -> list[int]:
+        found: list[int] | None = getattr(self._open, "codes", None)
+        if found is None:
+            found = self._open.codes = []
+        return found
+
+    def _global_pre(self, module: nn.Module, args: Any) -> None:
+        if _is_compiling():
+            return
+        code = self._codes.get(id(module))
+        if code is None:
+            with self._lock:
+                code = self._codes.get(id(module))
+                if code is None:
+                    code = self._name_new_module(module)
+        self._open_calls().append(code)
+        self.clock.mark(code)
+
+    def _global_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if _is_compiling():
+            return
+        code = self._codes.get(id(module))
+        open_calls = self._open_calls()
+        if code is None or code not in open_calls:
+            return  # called before the recorder started
+        while open_calls.pop() != code:  # a child whose post hook never ran
+            pass
+        self.clock.mark(-code)
+        self.clock.watch_output(args, output)
+
+    def _name_new_module(self, module: nn.Module) -> int:
+        """Name ``module`` and its children (see the module docstring); its code."""
+        open_calls = self._open_calls()
+        if open_calls:
+            parent = self.modules[open_calls[-1] - 1].path
+            base = f"{parent}.{type(unwrap_compiled(module)).__name__}"
+        else:
+            base = type(unwrap_compiled(module)).__name__
+        name, k = base, 1
+        while name in self._roots:
+            name, k = f"{base}_{k}", k + 1
+        self._roots.add(name)
+        for entry in model_modules(module):
+            if id(entry.scoped) in self._codes:
+                continue
+            path = f"{name}.{entry.path}" if entry.path else name
+            listed = FlightModule(path, type(entry.inner).__name__, *_params(entry.inner))
+            self._codes[id(entry.scoped)] = code = self._add(listed)
+            if entry.is_wrapper:  # the module it compiles, were it run eagerly, is the same row
+                self._codes[id(entry.inner)] = code
+        return self._codes[id(module)]
 
     def _wrap_compiled_call(self, module: nn.Module, code: int) -> None:
         compiled: Callable[..., Any] = module._compiled_call_impl  # type: ignore[assignment]

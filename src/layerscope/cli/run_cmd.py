@@ -9,17 +9,14 @@ saved even when the script raises or is interrupted, and the script's own exit c
 from __future__ import annotations
 
 import argparse
-import runpy
 import sys
-import traceback
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from layerscope.cli.flight_cmd import add_flight_options, check_flight_options, run_flight_recorder
 from layerscope.cli.outputs import DeprecatedAlias, deprecated
 from layerscope.cli.quiet import ProfilerNotices
+from layerscope.cli.script_runner import run_script
 from layerscope.cli.views import (
     add_recording_options,
     add_view_options,
@@ -34,7 +31,8 @@ examples:
   layerscope run --steps 3 train.py                   # warm up 1 step, record 3, then run on unprofiled
   layerscope run --wait 5 --warmup 1 --active 2 --repeat 3 --trace --html -o runs/ train.py
   layerscope run --steps 5 -o profile.json.gz -m mypkg.train
-  torchrun --nproc-per-node 2 -m layerscope run --steps 3 train_ddp.py"""
+  torchrun --nproc-per-node 2 -m layerscope run --steps 3 train_ddp.py
+  layerscope run --flight-recorder --keep 200 -o flight/ train.py  # dumps: slow step, error, SIGUSR1"""
 
 
 HELP = "profile an unmodified Python script or module"
@@ -100,11 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="output",
         action=DeprecatedAlias,
         old=("--output-dir",),
-        default="layerscope_runs",
+        default=None,
         metavar="PATH",
         help="a folder or a file: a folder gets each cycle's profile (default ./layerscope_runs); a file "
         "(its suffix names the format: .json, .json.gz, .html, .txt...) gets the one cycle, several as "
-        "NAME.c0.json, NAME.c1.json... beside it",
+        "NAME.c0.json, NAME.c1.json... beside it. With --flight-recorder: the dumps' folder (./flight)",
     )
     parser.add_argument(
         "--record-depth",
@@ -115,6 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", action="store_true", help="also save each cycle's Chrome trace")
     parser.add_argument("--html", action="store_true", help="also save each cycle's HTML report")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress line and no summary")
+    add_flight_options(parser)
     add_view_options(parser)
     parser.set_defaults(top=10)
 
@@ -133,18 +132,6 @@ def _schedule_arguments(args: argparse.Namespace) -> dict[str, int] | None:
     values = {"wait": 0, "warmup": 0, "active": 1, "repeat": 0, "skip_first": 0}
     values.update(given)
     return values
-
-
-@contextmanager
-def _script_environment(argv: list[str], path_entry: str) -> Any:
-    """sys.argv and sys.path[0] as ``python script.py`` would set them, restored afterwards."""
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = argv
-    sys.path.insert(0, path_entry)
-    try:
-        yield
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
 
 
 class _Progress:
@@ -243,19 +230,29 @@ class _Steps:
         self.progress.update(f"layerscope: step {session.step_count} · {phase} · {saved} saved", saved)
 
 
+def _target_argv(args: argparse.Namespace) -> list[str]:
+    """The script's (or module's) argv, checked."""
+    if args.module:
+        return [args.module, *args.target]
+    if args.target:
+        script = Path(args.target[0])
+        if not script.is_file():
+            raise UsageError(f"script {script} does not exist")
+        return list(args.target)
+    raise UsageError("give a script to run (layerscope run train.py [args]) or -m module")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the script under layerscope; returns the script's exit code."""
     check_view_options(args)
     schedule_args = _schedule_arguments(args)
-    if args.module:
-        target_argv = [args.module, *args.target]
-    elif args.target:
-        script = Path(args.target[0])
-        if not script.is_file():
-            raise UsageError(f"script {script} does not exist")
-        target_argv = list(args.target)
-    else:
-        raise UsageError("give a script to run (layerscope run train.py [args]) or -m module")
+    target_argv = _target_argv(args)
+    if args.flight_recorder:
+        if schedule_args is not None:
+            raise UsageError("--flight-recorder records every step: give no schedule (--steps, --active...)")
+        return run_flight_recorder(args, lambda: run_script(args.module, target_argv))
+    check_flight_options(args)
+    args.output = args.output if args.output is not None else "layerscope_runs"
     activities = [a.strip() for a in args.activities.split(",")] if args.activities else None
 
     import layerscope as ls
@@ -288,17 +285,8 @@ def run(args: argparse.Namespace) -> int:
         steps.show()
         exit_code, outcome = 0, ""
         try:
-            with _quiet_global_hook_warning():
-                exit_code = _run_target(args.module, target_argv)
-        except SystemExit as exc:
-            exit_code = _exit_code(exc)
-        except KeyboardInterrupt:
-            exit_code, outcome = 130, "interrupted"
-        except BaseException:
-            # The script's own error, reported the way Python would.
-            progress.done()
-            traceback.print_exc()
-            exit_code, outcome = 1, "the script raised"
+            end = run_script(args.module, target_argv, progress.done)
+            exit_code, outcome = end.code, end.outcome
         finally:
             steps.close()
             watch.stop()
@@ -318,37 +306,6 @@ def _record_depth(args: argparse.Namespace) -> int | None:
     if args.depth is not None:
         deprecated("run --depth N as the recorded depth", "--record-depth N (--depth only folds the view)")
     return None if args.depth is None else int(args.depth)
-
-
-@contextmanager
-def _quiet_global_hook_warning() -> Iterator[None]:
-    """Torch warns at every call of a ``torch.compile(module)`` wrapper while global module hooks
-    exist; those hooks are ours, and they handle the wrapper (named as the module it compiles)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks"
-        )
-        yield
-
-
-def _run_target(module: str | None, argv: list[str]) -> int:
-    if module:
-        with _script_environment(argv, ""):
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
-        script = Path(argv[0])
-        with _script_environment(argv, str(script.resolve().parent)):
-            runpy.run_path(str(script), run_name="__main__")
-    return 0
-
-
-def _exit_code(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)
-    return 1
 
 
 def _report(session: Any, written: list[Path], args: argparse.Namespace, outcome: str, code: int) -> None:

@@ -197,7 +197,7 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
         console.print(table)
     if args.by in ("line", "type"):
         return
-    if args.top:
+    if args.top and (profile.op_rows or profile.meta.flight is None):  # a dump has no ops
         if args.group_by == "stack" and not profile.has_stacks:
             print(
                 "note: this profile has no Python stacks (record it with --with-stack, or analyze a "

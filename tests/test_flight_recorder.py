@@ -480,3 +480,50 @@ def test_global_mode_names_an_exception_s_module(out: Path) -> None:
         model(torch.randn(2, 4))
     profile = loaded(rec.dumps[0])
     assert profile.trigger is not None and profile.trigger.module == "Sequential.1"
+
+
+def test_detail_every_saves_a_full_profile_beside_the_dumps(out: Path) -> None:
+    torch.manual_seed(0)
+    plain, recorded = Net(), Net()
+    recorded.load_state_dict(plain.state_dict())
+    plain_losses = train(plain, 12)
+    with ls.flight_recorder(recorded, out=out, detail_every=5, slow=None) as rec:
+        recorded_losses = train(recorded, 12, rec)
+        path = rec.dump()
+    assert all(torch.equal(a, b) for a, b in zip(plain_losses, recorded_losses, strict=True))
+    details = sorted(p.name for p in out.glob("flight-detail-*"))
+    assert details == ["flight-detail-step000005.json.gz", "flight-detail-step000010.json.gz"]
+    dump = loaded(path)
+    assert dump.meta.flight is not None and dump.meta.flight.detail_step == 10
+    assert dump.meta.flight.detail_file == str(out / details[-1])
+    detail = loaded(out / details[-1])
+    assert detail.op_rows and detail.totals.flops > 0 and detail.has_memory
+    assert detail.find("blocks.2.linear").calls == 1
+    # the light record went on through the detailed steps
+    assert all(step.modules["head"][0] > 0 for step in dump.steps if step.step < 12)
+
+
+def test_merge_lines_the_ranks_dumps_up_by_step(tmp_path: Path) -> None:
+    from layerscope.capture.flight_dump import dump_path
+    from layerscope.render.console import render_to_text
+    from layerscope.render.ranks import ranks_view
+
+    dumps = []
+    for rank in (0, 1):
+        torch.manual_seed(0)
+        model = Net()
+        sleepy = model.blocks[2]
+
+        def before(i: int, rank: int = rank, sleepy: Sleepy = sleepy) -> None:
+            sleepy.delay = 0.03 if (rank, i) == (1, 7) else 0.0
+
+        with ls.flight_recorder(model, out=tmp_path / f"rank{rank}", keep=6, slow=None) as rec:
+            train(model, 10, rec, before)
+            dumps.append(rec.dump())
+    merged = ls.merge([loaded(path) for path in dumps], ranks=[0, 1])
+    assert [s.step for s in merged.steps] == [4, 5, 6, 7, 8, 9, 10]
+    worst = max(merged.steps, key=lambda s: s.spread_us)
+    assert worst.step == 7 and worst.wall_us[1] is not None and worst.wall_us[1] > 30_000
+    text = render_to_text(ranks_view(merged, top=3, ascii_only=True), width=120)
+    assert "steps lined up across ranks: the 3 of 7 that differ most" in " ".join(text.split())
+    assert dump_path(tmp_path, 7, "signal", 3).name == "flight-step000007-signal-rank3.json.gz"

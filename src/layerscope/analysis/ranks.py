@@ -99,6 +99,21 @@ class Straggler:
         return self.step_us > 1.05 * self.median_step_us
 
 
+@dataclass(frozen=True, slots=True)
+class StepAcrossRanks:
+    """One step number across ranks: its wall time per rank (None where a rank did not keep it),
+    lined up by the step's number (flight recorder dumps of every rank, ``ProfilerStep#N``)."""
+
+    step: int
+    wall_us: tuple[float | None, ...]  # per rank, in ``RankMerge.ranks`` order
+
+    @property
+    def spread_us(self) -> float:
+        """The slowest rank's wall time minus the fastest's."""
+        present = [v for v in self.wall_us if v is not None]
+        return max(present) - min(present) if present else 0.0
+
+
 @dataclass(frozen=True)
 class RankMerge:
     """A distributed job, merged from one profile per rank."""
@@ -110,6 +125,8 @@ class RankMerge:
     straggler: Straggler | None
     gaps: tuple[str, ...]  # module paths missing on some ranks
     failed: tuple[tuple[str, str], ...] = ()  # (file, reason) of rank files that could not be loaded
+    #: the step numbers two or more ranks kept, in step order
+    steps: tuple[StepAcrossRanks, ...] = ()
 
     def slowest_rank(self, row: ModuleAcrossRanks) -> int | None:
         """The rank with the largest value for ``row``."""
@@ -160,7 +177,21 @@ def merge_profiles(profiles: Sequence[Profile], ranks: Sequence[int] | None = No
     straggler = _straggler(merged)
     if straggler is not None and late is not None:
         straggler = dataclasses.replace(straggler, late=late)
-    return RankMerge(rank_ids, metric, summaries, modules, straggler, gaps)
+    return RankMerge(rank_ids, metric, summaries, modules, straggler, gaps, steps=_steps_across(profiles))
+
+
+def _steps_across(profiles: Sequence[Profile]) -> tuple[StepAcrossRanks, ...]:
+    """Every step number that two or more ranks kept, with each rank's wall time."""
+    walls: dict[int, list[float | None]] = {}
+    for k, profile in enumerate(profiles):
+        for step in profile.steps:
+            if step.step >= 0:
+                walls.setdefault(step.step, [None] * len(profiles))[k] = step.wall_us
+    return tuple(
+        StepAcrossRanks(number, tuple(row))
+        for number, row in sorted(walls.items())
+        if sum(v is not None for v in row) >= 2
+    )
 
 
 def _collectives(profile: Profile) -> list[CollectiveKernel]:

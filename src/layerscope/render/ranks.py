@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from layerscope.analysis.ranks import ModuleAcrossRanks, RankMerge, RankSummary
+from layerscope.analysis.ranks import ModuleAcrossRanks, RankMerge, RankSummary, StepAcrossRanks
 from layerscope.render.table_fit import Column, FittedTable, wants_ascii
 from layerscope.units import fmt_time_us
 
@@ -88,6 +88,31 @@ def spread_columns(merged: RankMerge) -> tuple[Column[ModuleAcrossRanks], ...]:
     )
 
 
+def steps_across_table(merged: RankMerge, top: int, ascii_only: bool) -> RenderableType:
+    """The ``top`` step numbers whose wall time differs most across ranks, in step order."""
+    rows = sorted(sorted(merged.steps, key=lambda s: -s.spread_us)[:top], key=lambda s: s.step)
+
+    def wall(k: int) -> Column[StepAcrossRanks]:
+        return Column(
+            f"rank{k}",
+            f"Rank {merged.ranks[k]}",
+            lambda s: "" if s.wall_us[k] is None else fmt_time_us(s.wall_us[k] or 0.0),
+        )
+
+    def slowest(s: StepAcrossRanks) -> str:
+        pairs = [(v, r) for v, r in zip(s.wall_us, merged.ranks, strict=True) if v is not None]
+        return str(max(pairs)[1])
+
+    columns = (
+        Column("step", "Step", lambda s: str(s.step), justify="left"),
+        *(wall(k) for k in range(len(merged.ranks))),
+        Column("slowest", "Slowest", slowest),
+        Column("spread", "Spread", lambda s: fmt_time_us(s.spread_us)),
+    )
+    caption = f"steps lined up across ranks: the {len(rows)} of {len(merged.steps)} that differ most"
+    return FittedTable(columns, [rows], ascii_only=ascii_only, caption=caption)
+
+
 def ranks_view(merged: RankMerge, top: int = 10, ascii_only: bool | None = None) -> RenderableType:
     """The per-rank split, the modules with the largest spread across ranks, the straggler."""
     if ascii_only is None:
@@ -106,6 +131,8 @@ def ranks_view(merged: RankMerge, top: int = 10, ascii_only: bool | None = None)
                 + (" ..." if len(merged.gaps) > 10 else "")
             )
         )
+    if merged.steps:
+        parts.append(steps_across_table(merged, top, ascii_only))
     parts.append(Text(straggler_line(merged), style="bold"))
     late = late_line(merged)
     if late is not None:

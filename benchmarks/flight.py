@@ -1,12 +1,17 @@
-"""The flight recorder's cost: a training loop plain, with the light record, and with a detailed
-profile every N steps, in paired rounds; the ring's memory; the time from a signal to its dump.
+"""The flight recorder's cost: a training loop plain and with the light record, in paired rounds;
+what one detailed step (``detail_every``) adds; the ring's memory; the time from a signal to its dump.
 
 Each round runs the same loop (a GPT-style model with ~200 module calls per step, AdamW,
-cross-entropy) three ways back to back, in a shuffled order, each from the same process state
-(``gc.collect()`` first); the recorder is entered and left inside the timed region (end to end).
-Reported: the median of the per-round ratios against the plain loop.
+cross-entropy) plain and recorded back to back, in a shuffled order, each from the same process
+state (``gc.collect()`` first); the recorder is entered and left inside the timed region (end to
+end). Reported: the median of the per-round ratios against the plain loop (short rounds, many of
+them: a shared machine's bursts hit single rounds, the median drops them).
 
-    python benchmarks/flight.py [--rounds 5] [--steps 100] [--layers 20] [--batch 4] [--detail-every 100]
+A detailed step happens once per ``detail_every`` steps; its cost is measured on its own: a recorded
+run with ``detail_every=D`` against the light run of the same length, the difference per detailed
+step, then spread over ``--detail-every`` steps (100) to give that setting's overhead.
+
+    python benchmarks/flight.py [--rounds 21] [--steps 20] [--layers 20] [--batch 4] [--detail-every 100]
     python benchmarks/flight.py --device cuda     # steps end with a synchronize
 """
 
@@ -69,6 +74,17 @@ def timed_run(
     return time.perf_counter() - start
 
 
+def detail_cost(model: nn.Module, step: Callable[[], None], out: Path, rounds: int) -> float:
+    """Seconds one detailed step adds to a recorded loop (median over ``rounds`` paired runs of 10
+    steps: ``detail_every=5`` gives one detailed step, at step 5, against the light record)."""
+    extra = []
+    for _ in range(rounds):
+        light = timed_run(model, step, 10, {"slow": None}, out / "light")
+        detailed = timed_run(model, step, 10, {"slow": None, "detail_every": 5}, out / "detail")
+        extra.append(detailed - light)
+    return statistics.median(extra)
+
+
 def signal_latency(model: nn.Module, step: Callable[[], None], out: Path) -> float:
     """Seconds from SIGUSR1 (sent mid-loop) to its dump written."""
     with ls.flight_recorder(model, out=out, slow=None) as rec:
@@ -102,8 +118,8 @@ def ring_figures(model: nn.Module, step: Callable[[], None], out: Path, keep: in
 def main() -> None:
     """Run the rounds and print the figures (and a JSON line)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--detail-every", type=int, default=100)
@@ -112,11 +128,7 @@ def main() -> None:
     model, step = make_loop(args.layers, args.batch, args.device)
     for _ in range(3):
         step()
-    configs: dict[str, dict[str, Any] | None] = {
-        "plain": None,
-        "light": {"slow": None},
-        "detail": {"slow": None, "detail_every": args.detail_every},
-    }
+    configs: dict[str, dict[str, Any] | None] = {"plain": None, "light": {"slow": None}}
     seconds: dict[str, list[float]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
@@ -125,28 +137,37 @@ def main() -> None:
             random.shuffle(order)
             for name in order:
                 seconds[name].append(timed_run(model, step, args.steps, configs[name], out / name))
+        detail_s = detail_cost(model, step, out, rounds=max(3, args.rounds // 3))
         latency = signal_latency(model, step, out / "signal")
         ring = ring_figures(model, step, out / "ring", keep=100)
     step_ms = statistics.median(seconds["plain"]) / args.steps * 1000
-    ratios = {
-        name: statistics.median(s / p for s, p in zip(seconds[name], seconds["plain"], strict=True))
-        for name in ("light", "detail")
-    }
+    light = statistics.median(s / p for s, p in zip(seconds["light"], seconds["plain"], strict=True))
+    detail = light + detail_s / (args.detail_every * step_ms / 1000)
+    ratios = {"light": light, f"detail_every={args.detail_every}": detail}
     print(
         f"plain step: {step_ms:.1f} ms ({args.device}, {args.layers} layers, batch {args.batch}, "
         f"{args.steps} steps x {args.rounds} rounds)"
     )
-    for name, ratio in ratios.items():
-        print(
-            f"{name:>6}: {ratio:.4f}x the plain loop ({(ratio - 1) * 100:+.2f}%), median of per-round ratios"
-        )
+    print(f"light: {light:.4f}x the plain loop ({(light - 1) * 100:+.2f}%), median of per-round ratios")
+    print(f"one detailed step adds {detail_s * 1000:.0f} ms ({detail_s * 1000 / step_ms:.1f} plain steps)")
+    print(
+        f"detail_every={args.detail_every}: {detail:.4f}x the plain loop ({(detail - 1) * 100:+.2f}%), "
+        "the light ratio plus the detailed step spread over its steps"
+    )
     print(f"signal -> dump written: {latency * 1000:.0f} ms")
     print(
         f"ring: {ring['ring_bytes'] / 1e6:.2f} MB for 100 steps, "
         f"{ring['bytes_per_step'] / 1e3:.1f} kB per step, "
         f"{ring['bytes_per_call']:.0f} B per module call ({ring['module_calls_per_step']:.0f} calls per step)"
     )
-    result = {"step_ms": step_ms, "ratios": ratios, "signal_s": latency, **ring, "rounds": seconds}
+    result = {
+        "step_ms": step_ms,
+        "ratios": ratios,
+        "detail_step_s": detail_s,
+        "signal_s": latency,
+        **ring,
+        "rounds": seconds,
+    }
     print(json.dumps(result))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -69,9 +70,15 @@ def test_torchprof_backward_option_and_disabled() -> None:
 
 # ----- Hugging Face Transformers ------------------------------------------------------------------------
 @needs("transformers")
-def _train_tiny_gpt2(output_dir: Path, profiled: bool = True, **training: object) -> tuple[nn.Module, object]:
+def _train_tiny_gpt2(
+    output_dir: Path,
+    profiled: bool = True,
+    callback_options: dict[str, Any] | None = None,
+    **training: object,
+) -> tuple[nn.Module, object]:
     """Six Trainer steps of a one-layer GPT-2 built from a config (no download), profiled by the
-    callback over steps 2-3 (unless not ``profiled``); returns the model and the callback."""
+    callback over steps 2-3 (unless not ``profiled``; ``callback_options`` replace that schedule);
+    returns the model and the callback."""
     try:
         from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
     except ImportError as exc:  # the pinned transformers needs a newer torch than some we test on
@@ -98,9 +105,24 @@ def _train_tiny_gpt2(output_dir: Path, profiled: bool = True, **training: object
         disable_tqdm=True,
         **training,  # type: ignore[arg-type]
     )
-    callback = LayerscopeCallback(wait=1, warmup=1, active=2, repeat=1)
+    options = callback_options if callback_options is not None else {"wait": 1, "warmup": 1, "active": 2}
+    callback = LayerscopeCallback(**options)  # type: ignore[arg-type]
     Trainer(model=model, args=args, train_dataset=data, callbacks=[callback] if profiled else []).train()
     return model, callback
+
+
+def test_transformers_trainer_flight_recorder(tmp_path: Path) -> None:
+    import signal
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    model, callback = _train_tiny_gpt2(tmp_path, callback_options={"flight_recorder": True, "keep": 4})
+    recorder = callback.recorder  # type: ignore[attr-defined]
+    assert not callback.cycles and recorder.steps_seen == 6  # type: ignore[attr-defined]
+    assert [s.step for s in recorder.ring] == [2, 3, 4, 5]
+    assert all(len(s.forward) > 0 and len(s.backward) > 0 for s in recorder.ring)
+    assert signal.getsignal(signal.SIGUSR1) is previous
+    assert not any(m._forward_hooks for m in model.modules())
+    assert list((tmp_path / "layerscope").iterdir()) == []  # nothing triggered a dump
 
 
 def test_transformers_trainer_callback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -194,7 +216,7 @@ def test_accelerate_profile_kwargs(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 # ----- PyTorch Lightning ---------------------------------------------------------------------------------
-def _fit_tiny_lightning_module(dirpath: Path, compile_it: bool = False) -> object:
+def _fit_tiny_lightning_module(dirpath: Path, compile_it: bool = False, **options: object) -> object:
     """Seven Lightning steps of a small module, profiled over steps 2-4; returns the profiler."""
     import lightning as L
 
@@ -216,7 +238,8 @@ def _fit_tiny_lightning_module(dirpath: Path, compile_it: bool = False) -> objec
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     data = torch.utils.data.DataLoader(torch.randn(32, 8), batch_size=4)
-    profiler = LayerscopeProfiler(dirpath=dirpath, wait=1, warmup=1, active=3, repeat=1)
+    schedule: dict[str, object] = {"wait": 1, "warmup": 1, "active": 3, "repeat": 1}
+    profiler = LayerscopeProfiler(dirpath=dirpath, **(options or schedule))  # type: ignore[arg-type]
     trainer = L.Trainer(
         max_steps=7,
         profiler=profiler,
@@ -229,6 +252,45 @@ def _fit_tiny_lightning_module(dirpath: Path, compile_it: bool = False) -> objec
     module = TinyModule()
     trainer.fit(torch.compile(module) if compile_it else module, data)
     return profiler
+
+
+@needs("lightning")
+def test_lightning_flight_recorder_records_every_batch(tmp_path: Path) -> None:
+    profiler = _fit_tiny_lightning_module(tmp_path, flight_recorder=True, keep=5)
+    recorder = profiler.recorder  # type: ignore[attr-defined]
+    assert recorder.steps_seen == 7 and [s.step for s in recorder.ring] == [2, 3, 4, 5, 6]
+    assert all(len(s.forward) > 0 and len(s.backward) > 0 for s in recorder.ring)
+    assert list((tmp_path / "layerscope").iterdir()) == []  # nothing triggered a dump
+
+
+@needs("accelerate")
+def test_accelerate_flight_recorder(tmp_path: Path) -> None:
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import ProfileKwargs
+
+    from layerscope.integrations.accelerate import flight_recorder
+
+    AcceleratorState._reset_state(True)  # an earlier test's torch.compile setting stays in the singleton
+    accelerator = Accelerator(cpu=True, kwargs_handlers=[ProfileKwargs(output_trace_dir=str(tmp_path / "t"))])
+    model = accelerator.prepare(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    with flight_recorder(accelerator, model, keep=3) as rec:
+        for _ in range(5):
+            accelerator.backward(model(torch.randn(4, 8)).sum())
+            rec.step()
+        path = rec.dump()
+    rec.flush()
+    assert path.parent == tmp_path / "t"
+    dump = ls_load_validated(path)
+    assert [s.step for s in dump.steps] == [2, 3, 4, 5] and dump.find("2").calls == 3
+
+
+def ls_load_validated(path: Path) -> object:
+    import layerscope as ls
+
+    profile = ls.load(path)
+    profile.validate()
+    return profile
 
 
 @needs("lightning")

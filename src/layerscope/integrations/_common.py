@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from layerscope.handlers import save_to
 
@@ -29,6 +30,28 @@ def announce_saved(paths: Sequence[Path], stream: TextIO | None = None) -> None:
         return
     names = ", ".join(Path(path).name for path in paths)
     print(f"layerscope: saved {names} in {Path(paths[0]).parent}", file=stream or sys.stderr, flush=True)
+
+
+def start_flight_recorder(model: Any, folder: str | Path, options: FlightOptions) -> Any:
+    """A flight recorder on ``model`` writing dumps into ``folder``, entered (the integration calls
+    its ``step()`` per step and ``__exit__`` at the end)."""
+    from layerscope.capture.flight_recorder import flight_recorder
+
+    recorder = flight_recorder(
+        model, keep=options.keep, detail_every=options.detail_every, out=folder, slow=options.slow
+    )
+    recorder.__enter__()
+    return recorder
+
+
+@dataclass(frozen=True)
+class FlightOptions:
+    """The integrations' flight recorder switch: ``keep`` steps, a full profile every
+    ``detail_every`` steps (0: never), a dump for a step ``slow`` times the median (None: never)."""
+
+    keep: int = 100
+    detail_every: int = 0
+    slow: float | None = 3.0
 
 
 def save_with_report(

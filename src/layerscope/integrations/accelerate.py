@@ -65,3 +65,16 @@ def profile(source: Any, model: Any = None, *, trace: bool = True, depth: int | 
         on_trace_ready=handler,
     )
     return session
+
+
+def flight_recorder(
+    source: Any, model: Any = None, *, keep: int = 100, detail_every: int = 0, slow: float | None = 3.0
+) -> Any:
+    """``ls.flight_recorder`` for an Accelerate job: dumps into the ProfileKwargs'
+    ``output_trace_dir`` (else ``./flight``), the rank in their names under torch.distributed. Use it
+    as a context manager around the loop and call ``step()`` per step."""
+    import layerscope as ls
+
+    kwargs, _ = _profile_kwargs(source)
+    out = kwargs.output_trace_dir or "flight"
+    return ls.flight_recorder(model, keep=keep, detail_every=detail_every, out=out, slow=slow)

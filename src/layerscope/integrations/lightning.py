@@ -12,6 +12,10 @@ cycle, which files it wrote where. ``summary()`` is the last cycle's report.
 
 ``torch.compile`` is watched from ``setup`` (before Lightning compiles and first runs the model),
 so ``trainer.fit(torch.compile(model))`` shows the model's modules.
+
+``LayerscopeProfiler(flight_recorder=True)`` runs the flight recorder instead (``ls.flight_recorder``:
+every training batch recorded lightly, the last ``keep`` dumped into ``<dirpath>/layerscope`` on a
+slow step or SIGUSR1; a profiler is not told of exceptions, so they dump nothing here).
 """
 
 from __future__ import annotations
@@ -22,7 +26,12 @@ from typing import Any
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities import rank_zero_only
 
-from layerscope.integrations._common import save_with_report, text_report
+from layerscope.integrations._common import (
+    FlightOptions,
+    save_with_report,
+    start_flight_recorder,
+    text_report,
+)
 
 _STEP_ACTION = "run_training_batch"
 
@@ -48,8 +57,15 @@ class LayerscopeProfiler(Profiler):
         memory: bool = False,
         trace: bool = False,
         depth: int | None = None,
+        flight_recorder: bool = False,
+        keep: int = 100,
+        detail_every: int = 0,
+        slow: float | None = 3.0,
     ) -> None:
         super().__init__(dirpath=dirpath, filename=filename)
+        self.flight = FlightOptions(keep, detail_every, slow) if flight_recorder else None
+        #: the running flight recorder (with ``flight_recorder=True``); its ``dumps`` list the files
+        self.recorder: Any = None
         self.schedule_args = {
             "wait": wait,
             "warmup": warmup,
@@ -78,16 +94,20 @@ class LayerscopeProfiler(Profiler):
         return list(self.session.cycles) if self.session is not None else []
 
     def start(self, action_name: str) -> None:
-        if self.session is not None or action_name != _STEP_ACTION:
+        if self.session is not None or self.recorder is not None or action_name != _STEP_ACTION:
             return
         import layerscope as ls
 
         folder = Path(self.dirpath) if self.dirpath else Path("lightning_logs")
+        module = self._lightning_module
+        if self.flight is not None:
+            model = module.named_modules.__self__ if module is not None else None
+            self.recorder = start_flight_recorder(model, folder / "layerscope", self.flight)
+            return
         rank = _global_rank()  # not the local rank: two nodes would both write rank0 files
         self.handler = save_with_report(
             folder / "layerscope", trace=self.trace, rank=rank, announce=rank == 0
         )
-        module = self._lightning_module
         model = module.named_modules.__self__ if module is not None else None  # unwrap the weakref proxy
         self.session = ls.profile(
             model,
@@ -99,6 +119,8 @@ class LayerscopeProfiler(Profiler):
         self.session.start()
 
     def stop(self, action_name: str) -> None:
+        if self.recorder is not None and action_name == _STEP_ACTION:
+            self.recorder.step()
         if self.session is not None and self.session.is_running and action_name == _STEP_ACTION:
             self.session.step()
 
@@ -109,6 +131,8 @@ class LayerscopeProfiler(Profiler):
     def teardown(self, stage: str | None) -> None:
         if self.session is not None and self.session.is_running:
             self.session.stop()
+        if self.recorder is not None and self.recorder.clock.active:
+            self.recorder.__exit__(None, None, None)
         if self.compile_watch is not None:
             self.compile_watch.stop()
             self.compile_watch = None

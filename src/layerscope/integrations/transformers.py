@@ -7,6 +7,11 @@ the main process says on stderr, one line per cycle, which files it wrote where.
 ``torch.compile`` is watched from ``on_train_begin`` (before the first forward, where a model the
 Trainer compiles with ``torch_compile=True`` is compiled), and with ``torch_compile=True`` the
 compiled wrapper the Trainer runs is the one profiled, so compiled models show their modules.
+
+``LayerscopeCallback(flight_recorder=True)`` runs the flight recorder instead (``ls.flight_recorder``:
+every step recorded lightly, the last ``keep`` dumped into the same folder on a slow step or
+SIGUSR1). A callback never sees an exception leaving ``Trainer.train()``: for a dump on errors too,
+wrap the call in ``ls.flight_recorder(model)`` yourself.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from layerscope.integrations._common import save_with_report
+from layerscope.integrations._common import FlightOptions, save_with_report, start_flight_recorder
 
 
 class LayerscopeCallback(TrainerCallback):
@@ -35,6 +40,10 @@ class LayerscopeCallback(TrainerCallback):
         trace: bool = False,
         output_dir: str | None = None,
         depth: int | None = None,
+        flight_recorder: bool = False,
+        keep: int = 100,
+        detail_every: int = 0,
+        slow: float | None = 3.0,
     ) -> None:
         import layerscope as ls
 
@@ -48,6 +57,9 @@ class LayerscopeCallback(TrainerCallback):
         self.session: Any = None
         self.handler: Any = None
         self.compile_watch: Any = None
+        self.flight = FlightOptions(keep, detail_every, slow) if flight_recorder else None
+        #: the running flight recorder (with ``flight_recorder=True``); its ``dumps`` list the files
+        self.recorder: Any = None
 
     @property
     def cycles(self) -> list[Any]:
@@ -72,6 +84,9 @@ class LayerscopeCallback(TrainerCallback):
             wrapper = compiled_wrapper_of(model)
             model = model if wrapper is None else wrapper
         folder = self.output_dir or os.path.join(args.output_dir, "layerscope")
+        if self.flight is not None:
+            self.recorder = start_flight_recorder(model, folder, self.flight)
+            return
         rank = int(getattr(args, "process_index", 0) or 0)
         # every rank writes its files; the main process says where they went
         self.handler = save_with_report(folder, trace=self.trace, rank=rank, announce=rank == 0)
@@ -81,6 +96,8 @@ class LayerscopeCallback(TrainerCallback):
         self.session.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.recorder is not None:
+            self.recorder.step()
         if self.session is not None:
             self.session.step()
 
@@ -91,6 +108,8 @@ class LayerscopeCallback(TrainerCallback):
         """Stop profiling and remove every hook (on_train_end does this; call it if training died)."""
         if self.session is not None and self.session.is_running:
             self.session.stop()
+        if self.recorder is not None and self.recorder.clock.active:
+            self.recorder.__exit__(None, None, None)
         if self.compile_watch is not None:
             self.compile_watch.stop()
             self.compile_watch = None

@@ -100,10 +100,23 @@ def out(tmp_path: Path) -> Path:
     return tmp_path / "flight"
 
 
-def test_the_ring_keeps_exactly_keep_steps_and_a_manual_dump_is_a_profile(out: Path) -> None:
+@pytest.fixture(params=["native", "python"])
+def hooks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the native backward hooks (when built) and with the Python ones."""
+    from layerscope.capture import flight_scopes, native
+
+    if request.param == "python":
+        monkeypatch.setattr(flight_scopes.native, "load", lambda: None)
+    elif native.load() is None:
+        pytest.skip("the native module is not built")
+    return str(request.param)
+
+
+def test_the_ring_keeps_exactly_keep_steps_and_a_manual_dump_is_a_profile(out: Path, hooks: str) -> None:
     torch.manual_seed(0)
     model = Net()
     with ls.flight_recorder(model, keep=5, out=out, slow=None) as rec:
+        assert (rec.clock._native is not None) == (hooks == "native")
         train(model, 12, rec)
         assert [step.step for step in rec.ring] == [7, 8, 9, 10, 11]
         path = rec.dump()
@@ -150,7 +163,7 @@ def test_a_slow_step_is_dumped_with_its_number_and_its_module_first(out: Path) -
     assert line is not None and line.startswith("slow step 20: ") and line.endswith("in blocks.2 (forward)")
 
 
-def test_a_slow_backward_names_the_module_and_the_phase(out: Path) -> None:
+def test_a_slow_backward_names_the_module_and_the_phase(out: Path, hooks: str) -> None:
     torch.manual_seed(0)
     model = Net()
     sleepy = model.blocks[2]
@@ -206,7 +219,7 @@ def test_an_exception_is_dumped_naming_the_module_it_passed(out: Path, error: Ex
     assert [s.step for s in profile.steps] == [0, 1, 2, 3]
 
 
-def test_an_exception_in_backward_names_the_module_whose_backward_ran(out: Path) -> None:
+def test_an_exception_in_backward_names_the_module_whose_backward_ran(out: Path, hooks: str) -> None:
     class FailingBackward(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -313,7 +326,7 @@ def test_hooks_are_removed_when_the_loop_is_interrupted(out: Path) -> None:
     assert len(rec.dumps) == 1 and loaded(rec.dumps[0]).trigger is not None
 
 
-def test_gradient_checkpointing_still_recomputes_and_counts_as_backward(out: Path) -> None:
+def test_gradient_checkpointing_still_recomputes_and_counts_as_backward(out: Path, hooks: str) -> None:
     transformers = pytest.importorskip("transformers")
     del transformers
     from tests.test_program_unchanged import attention_calls, llama_step, tiny_llama
@@ -527,3 +540,26 @@ def test_merge_lines_the_ranks_dumps_up_by_step(tmp_path: Path) -> None:
     text = render_to_text(ranks_view(merged, top=3, ascii_only=True), width=120)
     assert "steps lined up across ranks: the 3 of 7 that differ most" in " ".join(text.split())
     assert dump_path(tmp_path, 7, "signal", 3).name == "flight-step000007-signal-rank3.json.gz"
+
+
+def test_the_native_hooks_share_the_python_clock() -> None:
+    from layerscope.capture import native
+
+    module = native.load()
+    if module is None:
+        pytest.skip("the native module is not built")
+    before = time.perf_counter_ns()
+    at = module.flight_now()
+    after = time.perf_counter_ns()
+    assert before <= at <= after
+
+
+def test_a_module_that_returns_its_input_has_no_backward_span(out: Path, hooks: str) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Identity(), nn.Linear(4, 4))
+    with ls.flight_recorder(model, out=out) as rec:
+        model(torch.randn(2, 4)).sum().backward()
+        rec.step()
+        path = rec.dump()
+    profile = loaded(path)
+    assert profile.find("1").calls == 1 and profile.find("1").backward.cpu_us == 0
+    assert profile.find("0").backward.cpu_us > 0 and profile.find("2").backward.cpu_us > 0

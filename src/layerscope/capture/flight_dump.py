@@ -8,8 +8,8 @@ that fails is a warning: the recorder never raises into the program it watches.
 
 from __future__ import annotations
 
+import collections
 import os
-import queue
 import threading
 import warnings
 from dataclasses import dataclass, replace
@@ -51,48 +51,86 @@ class DetailJob:
 
 
 class DumpWriter:
-    """The writer thread (started with the first job) and the paths it wrote."""
+    """The writer thread and the paths it wrote.
+
+    Jobs can be submitted from a signal handler, which runs on the main thread between any two
+    bytecodes, possibly inside a lock the main thread holds: so submitting takes no lock that is not
+    reentrant (a deque's append, an ``os.write`` to wake the thread: the self-pipe idiom) and starts
+    no thread (:meth:`start` does, when the recorder starts).
+    """
 
     def __init__(self) -> None:
-        self._jobs: queue.Queue[DumpJob | DetailJob] = queue.Queue()
+        self._jobs: collections.deque[DumpJob | DetailJob | None] = collections.deque()
         self._thread: threading.Thread | None = None
+        self._wake_read, self._wake_write = -1, -1
         self._pending = 0
-        self._done = threading.Condition()
+        self._done = threading.Condition(threading.RLock())  # reentrant: see the class docstring
         self.written: list[Path] = []
 
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread = threading.Thread(target=self._run, name="layerscope-flight-dumps", daemon=True)
+        self._thread.start()
+
     def submit(self, job: DumpJob | DetailJob) -> None:
-        """Queue ``job``; never blocks."""
+        """Queue ``job``; never blocks (safe in a signal handler). Without the thread (before
+        :meth:`start`, after :meth:`stop`) the job is written at once, on this thread."""
         with self._done:
             self._pending += 1
-        self._jobs.put(job)
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="layerscope-flight-dumps", daemon=True)
-            self._thread.start()
+            self._write(job)
+            return
+        self._jobs.append(job)
+        os.write(self._wake_write, b"j")
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued job is written (or ``timeout`` seconds); whether all were."""
         with self._done:
             return self._done.wait_for(lambda: self._pending == 0, timeout)
 
+    def stop(self, timeout: float | None = None) -> bool:
+        """Write what is queued (waiting up to ``timeout`` seconds), then end the thread; whether
+        everything was written."""
+        if self._thread is None:
+            return True
+        written = self.flush(timeout)
+        self._jobs.append(None)
+        os.write(self._wake_write, b"s")
+        self._thread.join(timeout=1.0 if written else 0.0)
+        if not self._thread.is_alive():
+            os.close(self._wake_read)
+        os.close(self._wake_write)  # a thread still writing ends at its next read (EOF)
+        self._thread = None
+        return written
+
     def _run(self) -> None:
         while True:
-            job = self._jobs.get()
-            try:
-                if isinstance(job, DumpJob):
-                    write_dump(job)
-                else:
-                    save_profile(job.profile, job.path)
-                self.written.append(job.path)
-            except Exception as exc:  # never into the program: a warning names the dump
-                warnings.warn(
-                    f"layerscope flight recorder: could not write {job.path}: {type(exc).__name__}: {exc}",
-                    FlightDumpWarning,
-                    stacklevel=1,
-                )
-            finally:
-                with self._done:
-                    self._pending -= 1
-                    self._done.notify_all()
+            if not os.read(self._wake_read, 1):
+                return
+            while self._jobs:
+                job = self._jobs.popleft()
+                if job is None:
+                    return
+                self._write(job)
+
+    def _write(self, job: DumpJob | DetailJob) -> None:
+        try:
+            if isinstance(job, DumpJob):
+                write_dump(job)
+            else:
+                save_profile(job.profile, job.path)
+            self.written.append(job.path)
+        except Exception as exc:  # never into the program: a warning names the dump
+            warnings.warn(
+                f"layerscope flight recorder: could not write {job.path}: {type(exc).__name__}: {exc}",
+                FlightDumpWarning,
+                stacklevel=1,
+            )
+        finally:
+            with self._done:
+                self._pending -= 1
+                self._done.notify_all()
 
 
 def write_dump(job: DumpJob) -> Path:

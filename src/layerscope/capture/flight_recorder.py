@@ -108,11 +108,13 @@ class FlightRecorder:
         try:
             scopes.install()
             self._scopes = scopes
+            self._writer.start()
             self._install_signal()
         except BaseException:
             scopes.remove()
+            self._writer.stop(timeout=0.0)
             raise
-        self.clock.active = True
+        self.clock.start()
         self._start_step(_now())
         return self
 
@@ -125,13 +127,13 @@ class FlightRecorder:
             elif self._pending is not None:
                 self._write(self._pending[0], running=False)
         finally:
-            self.clock.active = False
+            self.clock.stop()
             self._stop_detail()
             if self._scopes is not None:
                 self._scopes.remove()
                 self._scopes = None
             self._restore_signal()
-            if not self._writer.flush(timeout=60.0):
+            if not self._writer.stop(timeout=60.0):
                 _warn("dumps still being written after 60 s")
 
     def step(self) -> None:
@@ -242,9 +244,10 @@ class FlightRecorder:
         no module's ``forward`` in its traceback)."""
         if self._scopes is None:
             return None
-        forward, backward = self.clock.forward, self.clock.backward
-        if backward and 0 <= backward[-1][1] < len(forward):
-            return self._scopes.modules[abs(forward[backward[-1][1]][1]) - 1].path
+        forward, backward = self.clock.peek_step()
+        starts = backward[backward[:, 1] >= 0]
+        if len(starts) and starts[-1, 1] < len(forward):
+            return self._scopes.modules[abs(int(forward[starts[-1, 1], 1])) - 1].path
         return None
 
     # ----- the detailed profile ----------------------------------------------------------------------

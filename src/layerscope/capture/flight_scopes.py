@@ -6,8 +6,11 @@ call), so the recorder takes the code paths a profile block takes. What runs per
 (``time.perf_counter_ns()`` and a code appended to the step's list) at the forward's entry and exit
 and, when autograd records, one pre-hook on the autograd node that made the call's output: it runs
 when the call's backward starts (``attribution/flight_calls.py`` turns these into spans). The first
-of those in a backward pass queues an engine callback that marks the pass's end. Nothing is paired or
-converted while the job runs: :meth:`FlightClock.take_step` hands the lists over as two arrays.
+of those in a backward pass queues an engine callback that marks the pass's end. With the native
+module the pre-hook is C++ (``native_flight.cpp``: the engine calls no Python per node, which costs
+more than the rest of the record together); without it, a Python pre-hook does the same. Nothing is
+paired or converted while the job runs: :meth:`FlightClock.take_step` hands the records over as two
+arrays.
 
 Without a model (``layerscope run --flight-recorder``), torch's global module hooks name modules as
 they are first called, as a profile's global mode does: a module called with no recorded call open
@@ -20,16 +23,19 @@ step it was made in and the clock's state.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from layerscope.attribution.catalog import GLOBAL_ROOT_TYPE
+from layerscope.capture import native
 from layerscope.capture.compiled_modules import model_modules, unwrap_compiled
 from layerscope.capture.forward_ranges import ForwardRanges
 from layerscope.capture.options import ModuleSelection
@@ -59,6 +65,29 @@ class FlightClock:
         self.active = False
         self._pass_open = False
         self._names: list[str] = []
+        self._native: Any = None  # the native module while this clock owns its backward hooks
+        self._native_taken: list[bytes] = []  # native events taken before the step ended
+
+    def start(self) -> None:
+        """Start recording; the native backward hooks when the module is built and free."""
+        global _native_owner
+        module = native.load()
+        free = _native_owner is None and not _compiled_autograd_on()
+        if module is not None and hasattr(module, "flight_hook") and free:
+            _native_owner, self._native = self, module
+            module.flight_take()  # anything a previous recorder's late hooks left
+            module.flight_serial(self.serial)
+        self.active = True
+
+    def stop(self) -> None:
+        """Stop recording (hooks left on live graphs do nothing)."""
+        global _native_owner
+        self.active = False
+        if self._native is not None:
+            self._native.flight_serial(-1)
+            self._native.flight_take()
+            self._native = None
+            _native_owner = None
 
     # ----- MarkSink (forward_ranges.py) --------------------------------------------------------------
     def code(self, name: str) -> int:
@@ -77,7 +106,13 @@ class FlightClock:
         an input, or autograd is off) has no backward."""
         if not _grad_enabled() or not self.active:
             return
-        node = _output_node(output)
+        tensor = _output_tensor(output)
+        if tensor is None:
+            return
+        if self._native is not None:  # the same checks, in C++
+            self._native.flight_hook(tensor, args, self.serial, len(self.forward) - 1)
+            return
+        node: Any = tensor.grad_fn
         if node is None or any(isinstance(a, torch.Tensor) and a.grad_fn is node for a in args):
             return
         node.register_prehook(_BackwardStart(self, self.serial, len(self.forward) - 1))
@@ -102,11 +137,27 @@ class FlightClock:
         forward, backward = self.forward, self.backward
         self.forward, self.backward = [], []
         self.serial += 1
-        return forward_rows(forward), backward_rows(backward)
+        self._pass_open = False  # a pass whose end never came (its backward raised) is forgotten
+        native_events = self._take_native()
+        if self._native is not None:
+            self._native.flight_serial(self.serial)
+        return forward_rows(forward), _with_native(backward_rows(backward), native_events)
 
     def peek_step(self) -> tuple[Int64Array, Int64Array]:
-        """The running step's records so far, as arrays (the lists stay in place)."""
-        return forward_rows(list(self.forward)), backward_rows(list(self.backward))
+        """The running step's records so far, as arrays (the records stay in place)."""
+        if self._native is not None:
+            self._native_taken.append(self._native.flight_take())
+        native_events = b"".join(self._native_taken)
+        return forward_rows(list(self.forward)), _with_native(
+            backward_rows(list(self.backward)), native_events
+        )
+
+    def _take_native(self) -> bytes:
+        taken = self._native_taken
+        if self._native is not None:
+            taken.append(self._native.flight_take())
+        self._native_taken = []
+        return b"".join(taken)
 
 
 class _BackwardStart:
@@ -124,17 +175,39 @@ class _BackwardStart:
         self._clock.backward_started(self._serial, self._call)
 
 
-def _output_node(output: Any) -> Any:
-    """The autograd node of the first tensor of ``output`` that has one (a tensor, or one level
-    into a tuple, list or dict: transformers' outputs put the hidden states first)."""
+def _output_tensor(output: Any) -> torch.Tensor | None:
+    """The first tensor of ``output`` that autograd tracks (a tensor, or one level into a tuple,
+    list or dict: transformers' outputs put the hidden states first). ``requires_grad`` is read,
+    not ``grad_fn``, which makes a Python object for the node at each read."""
     if isinstance(output, torch.Tensor):
-        return output.grad_fn
+        return output if output.requires_grad else None
     if isinstance(output, dict):
         output = list(output.values())
     for item in output if isinstance(output, list | tuple) else ():
-        if isinstance(item, torch.Tensor) and item.grad_fn is not None:
-            return item.grad_fn
+        if isinstance(item, torch.Tensor) and item.requires_grad:
+            return item
     return None
+
+
+def _with_native(backward: Int64Array, native_events: bytes) -> Int64Array:
+    """The Python hooks' backward rows and the native ones together, in time order."""
+    if not native_events:
+        return backward
+    rows = np.frombuffer(native_events, dtype=np.int64).reshape(-1, 2)
+    if len(backward):
+        rows = np.concatenate([backward, rows])
+    # events of several autograd threads meet in one buffer: put them in time order
+    return rows[np.argsort(rows[:, 0], kind="stable")]
+
+
+def _compiled_autograd_on() -> bool:
+    """Whether compiled autograd may run the backward (it cannot trace a C++ hook of ours)."""
+    dynamo = sys.modules.get("torch._dynamo.compiled_autograd")
+    return dynamo is not None and bool(getattr(dynamo, "compiled_autograd_enabled", False))
+
+
+#: The clock whose native backward hooks are live (one per process: the hooks' state is global).
+_native_owner: FlightClock | None = None
 
 
 class FlightScopes:

@@ -33,8 +33,13 @@ from types import ModuleType
 from layerscope.errors import LayerscopeError
 
 SOURCE = Path(__file__).with_name("native_reader.cpp")
-#: Every source compiled into the module (the reader and marks; call lines).
-SOURCES = (SOURCE, Path(__file__).with_name("native_lines.cpp"))
+#: Every source compiled into the module (the reader and marks; call lines; the flight recorder's
+#: backward hooks).
+SOURCES = (
+    SOURCE,
+    Path(__file__).with_name("native_lines.cpp"),
+    Path(__file__).with_name("native_flight.cpp"),
+)
 _MODULE_PREFIX = "_layerscope_native_"
 
 #: The loaded module, or the reason there is none; looked up once per process.

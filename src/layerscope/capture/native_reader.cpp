@@ -432,6 +432,10 @@ namespace layerscope_lines {
 void register_functions(py::module_& m);  // native_lines.cpp
 }
 
+namespace layerscope_flight {
+void register_functions(py::module_& m);  // native_flight.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
@@ -443,4 +447,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mark", &mark, py::arg("code"));
   m.def("marks_stop", &marks_stop);
   layerscope_lines::register_functions(m);
+  layerscope_flight::register_functions(m);
 }

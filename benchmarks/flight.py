@@ -57,6 +57,41 @@ def make_loop(layers: int, batch: int, device: str) -> tuple[nn.Module, Callable
     return model, step
 
 
+def per_call_cost(rounds: int, device: str) -> float:
+    """µs the light record adds per module call: 100 x (Linear(16, 16), ReLU) at batch 1 (201 calls
+    a step, little work in each), plain and recorded in paired rounds of 50 steps."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(100):
+        layers += [nn.Linear(16, 16), nn.ReLU()]
+    model = nn.Sequential(*layers).to(device)
+    x = torch.randn(1, 16, device=device)
+
+    def step() -> None:
+        model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(5):
+        step()
+    extra = []
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(rounds):
+            gc.collect()
+            start = time.perf_counter()
+            for _ in range(50):
+                step()
+            plain = time.perf_counter() - start
+            with ls.flight_recorder(model, out=folder, slow=None) as rec:
+                gc.collect()
+                start = time.perf_counter()
+                for _ in range(50):
+                    step()
+                    rec.step()
+                recorded = time.perf_counter() - start
+            extra.append((recorded - plain) / 50 / 201 * 1e6)
+    return statistics.median(extra)
+
+
 def timed_run(
     model: nn.Module, step: Callable[[], None], steps: int, recorder: dict[str, Any] | None, out: Path
 ) -> float:
@@ -125,6 +160,8 @@ def main() -> None:
     parser.add_argument("--detail-every", type=int, default=100)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
+    call_us = per_call_cost(args.rounds, args.device)
+    print(f"light record: {call_us:.2f} µs per module call (forward + backward, step() included)")
     model, step = make_loop(args.layers, args.batch, args.device)
     for _ in range(3):
         step()
@@ -164,6 +201,7 @@ def main() -> None:
         "step_ms": step_ms,
         "ratios": ratios,
         "detail_step_s": detail_s,
+        "per_call_us": call_us,
         "signal_s": latency,
         **ring,
         "rounds": seconds,

@@ -12,6 +12,7 @@ import collections
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,11 @@ class DumpJob:
 
 @dataclass
 class DetailJob:
-    """A detailed profile to save beside the dumps."""
+    """A detailed profile to build and save beside the dumps: ``build`` makes it from what torch
+    recorded (a profile block builds lazily, so the step's thread only stops the profiler)."""
 
     path: Path
-    profile: Profile
+    build: Callable[[], Profile]
 
 
 class DumpWriter:
@@ -84,6 +86,11 @@ class DumpWriter:
         self._jobs.append(job)
         os.write(self._wake_write, b"j")
 
+    @property
+    def busy(self) -> bool:
+        """Whether jobs are queued or being written (the writer's work slows the steps meanwhile)."""
+        return self._pending > 0
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued job is written (or ``timeout`` seconds); whether all were."""
         with self._done:
@@ -119,7 +126,7 @@ class DumpWriter:
             if isinstance(job, DumpJob):
                 write_dump(job)
             else:
-                save_profile(job.profile, job.path)
+                save_profile(job.build(), job.path)
             self.written.append(job.path)
         except Exception as exc:  # never into the program: a warning names the dump
             warnings.warn(

@@ -91,6 +91,7 @@ class FlightRecorder:
         self._pending: tuple[FlightTrigger, int] | None = None  # a trigger and the step to dump at
         self._quiet_until = -1  # no slow-step trigger before this step (one per ring)
         self._memory_fired = False
+        self._writer_busy = False  # the writer had work when the running step began
         self._previous_handler: Any = None
         self._detail: Any = None  # the running detailed profile session
         self._detail_file: tuple[Path, int] | None = None
@@ -189,15 +190,27 @@ class FlightRecorder:
         if self._pending is not None and step >= self._pending[1]:
             trigger, self._pending = self._pending[0], None
             self._write(trigger, running=False)
+        # the detailed profile's start and stop, or our writer's work, are in these steps: a step
+        # slower for them is not the job being slow
+        busy, self._writer_busy = self._writer_busy or self._writer.busy, self._writer.busy
+        if not self._detailed(step) and not busy:
+            self._check_slow(step, wall_ns)
+        if self._memory_passed():
+            self._memory_fired = True
+            self._write(FlightTrigger("memory", step), running=False)
+
+    def _check_slow(self, step: int, wall_ns: int) -> None:
         median = statistics.median(self._walls) if len(self._walls) >= self.warmup else None
         self._walls.append(wall_ns)
         slow = self.slow is not None and median is not None and wall_ns > self.slow * median
         if slow and self._pending is None and step >= self._quiet_until:
             self._pending = (FlightTrigger("slow_step", step), step + self.after)
             self._quiet_until = step + self.keep
-        if self._memory_passed():
-            self._memory_fired = True
-            self._write(FlightTrigger("memory", step), running=False)
+
+    def _detailed(self, step: int) -> bool:
+        """Whether a detailed profile ran in ``step`` or stopped at its start (its cost is there)."""
+        every = self.detail_every
+        return bool(every) and any(k > 0 and k % every == 0 for k in (step, step - 1))
 
     def _memory_passed(self) -> bool:
         """Whether CUDA memory passed the threshold for the first time."""
@@ -264,7 +277,7 @@ class FlightRecorder:
         (session, step), self._detail = self._detail, None
         session.__exit__(None, None, None)
         path = detail_path(self.out, step, self._rank)
-        self._writer.submit(DetailJob(path, session.profile))
+        self._writer.submit(DetailJob(path, lambda: session.profile))
         self._detail_file = (path, step)
 
     # ----- the signal --------------------------------------------------------------------------------

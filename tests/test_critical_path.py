@@ -219,3 +219,42 @@ def test_modules_on_the_path() -> None:
     assert path.modules is not None
     assert [(m.name, m.phase, m.us) for m in path.modules] == [("encoder", "forward", 260)]
     assert path.to_json()["modules"] == [{"name": "encoder", "us": 260, "phase": "forward"}]
+
+
+def test_analyze_critical_path_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``layerscope analyze TRACE --critical-path --annotation TEXT --instance N --json OUT``: the
+    section on the console, ``{"critical_path": ...}`` in OUT, HTA's figures in both."""
+    from layerscope.cli import main
+
+    case = CASES["alexnet"]
+    out = tmp_path / "path.json"
+    argv = ["analyze", str(HERE / case["fixture"]), "--critical-path", "--annotation", case["annotation"]]
+    assert main([*argv, "--instance", "1", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Critical path: 35.83ms through 149 nodes" in printed and "cudaMalloc" in printed
+    written = json.loads(out.read_text(encoding="utf-8"))["critical_path"]
+    assert written["length_us"] == case["length_us"] and written["by_type"] == case["by_type"]
+    assert written["top"][0] == {"name": "cudaMalloc", "us": 31525.0} and written["modules"] is None
+
+
+def test_analyze_critical_path_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One window at a time; ``--json`` takes one trace; a missing step is a usage error."""
+    from layerscope.cli import main
+
+    trace = str(HERE / "cuda_event_sync.json.gz")
+    assert main(["analyze", trace, "--step", "100", "--annotation", "ProfilerStep"]) == 2
+    assert "give one" in capsys.readouterr().err
+    assert main(["analyze", str(HERE), "--json", str(tmp_path / "x.json")]) == 2
+    assert "one trace" in capsys.readouterr().err
+    assert main(["analyze", trace, "--step", "7"]) == 2
+    assert "no step 7" in capsys.readouterr().err
+
+
+def test_api() -> None:
+    """``layerscope.critical_path(trace, ...)``: a trace file's path, as the CLI computes it."""
+    import layerscope as ls
+
+    case = CASES["cuda_event_sync_multi_stream"]
+    path = ls.critical_path(HERE / case["fixture"])
+    assert path.length_us == case["length_us"] and path.nodes == case["nodes"]
+    assert ls.critical_path(HERE / "cuda_event_sync.json.gz", step=100).length_us == 2411

@@ -80,6 +80,16 @@ class CriticalPath:
         }
 
 
+@dataclass(frozen=True)
+class PathWindow:
+    """Which window to take the critical path of (:func:`select_window`): the whole trace, a step,
+    or the ``instance``-th span named with ``annotation``."""
+
+    step: int | None = None
+    annotation: str | None = None
+    instance: int = 0
+
+
 def select_window(
     table: EventTable, step: int | None = None, annotation: str | None = None, instance: int = 0
 ) -> tuple[int, int]:

@@ -258,3 +258,20 @@ def test_api() -> None:
     path = ls.critical_path(HERE / case["fixture"])
     assert path.length_us == case["length_us"] and path.nodes == case["nodes"]
     assert ls.critical_path(HERE / "cuda_event_sync.json.gz", step=100).length_us == 2411
+
+
+def test_profile_critical_path() -> None:
+    """``Profile.critical_path()`` of a profile loaded from a trace reads that trace again; a
+    profile with no trace behind it says how to get one."""
+    import dataclasses
+
+    import layerscope as ls
+
+    case = CASES["alexnet"]
+    profile = ls.load(HERE / case["fixture"])
+    path = profile.critical_path(annotation=case["annotation"], instance=1)
+    assert path.length_us == case["length_us"] and path.by_type == case["by_type"]
+    assert profile.critical_path() == ls.critical_path(HERE / case["fixture"])
+    meta = dataclasses.replace(profile.meta, trace_file=None)
+    with pytest.raises(UsageError, match="not built from a trace"):
+        dataclasses.replace(profile, meta=meta).critical_path()

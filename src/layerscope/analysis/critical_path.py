@@ -14,7 +14,7 @@ in start order) whose name contains ``annotation``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,9 +25,13 @@ from layerscope.analysis.device import KERNEL_KINDS
 from layerscope.attribution.buckets import Buckets, name_roles
 from layerscope.attribution.nesting import sweep, time_order
 from layerscope.errors import UsageError
+from layerscope.events.chrome import TraceTableBuilder
 from layerscope.events.names import MODULE_RANGE_PREFIX
 from layerscope.events.steps import step_windows
+from layerscope.events.stream import stream_trace
 from layerscope.events.table import DEVICE_WORK_KINDS, EventTable
+from layerscope.model.critical_path import CriticalPath, PathShare, PathWindow
+from layerscope.model.profile import Profile
 
 #: HTA's bound categories, in the order reports show them.
 CATEGORIES = (
@@ -39,55 +43,6 @@ CATEGORIES = (
     "data_loading",
 )
 _COMMUNICATION = KERNEL_KINDS[0][1]
-
-
-@dataclass(frozen=True)
-class PathShare:
-    """Time on the path of one op or kernel name, or one module call's phase (µs)."""
-
-    name: str
-    us: float
-    phase: str | None = None  # modules: "forward" or "backward"
-
-    def to_json(self) -> dict[str, Any]:
-        """``{name, us}`` (and ``phase`` for modules)."""
-        found: dict[str, Any] = {"name": self.name, "us": self.us}
-        if self.phase is not None:
-            found["phase"] = self.phase
-        return found
-
-
-@dataclass(frozen=True)
-class CriticalPath:
-    """The critical path of one window: its length, where the time on it goes, how many nodes."""
-
-    length_us: float
-    by_type: dict[str, float]  # HTA's categories (those with time), µs
-    nodes: int
-    top: tuple[PathShare, ...]  # ops and kernels by name, their own time on the path, largest first
-    modules: tuple[PathShare, ...] | None  # None: the trace has no module ranges
-    window_us: tuple[float, float]  # the window analysed, µs on the trace's clock
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``critical_path`` object of ``analyze --json``."""
-        return {
-            "length_us": self.length_us,
-            "by_type": dict(self.by_type),
-            "nodes": self.nodes,
-            "top": [s.to_json() for s in self.top],
-            "modules": None if self.modules is None else [s.to_json() for s in self.modules],
-            "window_us": list(self.window_us),
-        }
-
-
-@dataclass(frozen=True)
-class PathWindow:
-    """Which window to take the critical path of (:func:`select_window`): the whole trace, a step,
-    or the ``instance``-th span named with ``annotation``."""
-
-    step: int | None = None
-    annotation: str | None = None
-    instance: int = 0
 
 
 def select_window(
@@ -250,3 +205,35 @@ def _modules(table: EventTable, owners: dict[int, int]) -> tuple[PathShare, ...]
         found[key] = found.get(key, 0) + ns
     ranked = sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))
     return tuple(PathShare(path, ns / 1000.0, phase) for (path, phase), ns in ranked)
+
+
+def profile_critical_path(profile: Profile, window: PathWindow) -> CriticalPath:
+    """``Profile.critical_path``: the path of the trace the profile was built from, read again (a
+    Profile keeps no events)."""
+    trace = profile.meta.trace_file
+    if not trace or not Path(trace).is_file():
+        where = f"its trace {trace} is gone" if trace else "it was not built from a trace"
+        raise UsageError(
+            f"the critical path needs the trace's events and {where}: "
+            "use layerscope.critical_path(TRACE) or `layerscope analyze TRACE --critical-path`"
+        )
+    builder = TraceTableBuilder(None, trace)
+    result = stream_trace(Path(trace), builder)
+    header: Any = result.header
+    document = result.whole_document
+    if document is not None:  # a trace written as one object or a bare list: read whole
+        header = document if isinstance(document, dict) else {"traceEvents": document}
+        builder.add_events(list(header.get("traceEvents") or []))
+    return critical_path(builder.finish(header), window.step, window.annotation, window.instance)
+
+
+__all__ = [
+    "CATEGORIES",
+    "CriticalPath",
+    "PathShare",
+    "PathWindow",
+    "critical_path",
+    "longest_path",
+    "profile_critical_path",
+    "select_window",
+]

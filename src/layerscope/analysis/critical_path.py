@@ -163,6 +163,7 @@ def _shares(
     by_type: dict[str, int] = {}
     by_name: dict[str, int] = {}
     owners: dict[int, int] = {}
+    seen: dict[tuple[int, bool], str] = {}  # (name, is device work) -> category
     for e in edges:
         w, kind, owner = int(weight[e]), graph.kind[e], graph.owner[e]
         if w <= 0:
@@ -175,14 +176,19 @@ def _shares(
             continue
         else:
             name = names[name_of[owner]]
-            if int(kinds[owner]) in DEVICE_WORK_KINDS:
-                category = "gpu_communication_bound" if _COMMUNICATION.search(name) else "gpu_compute_bound"
-            else:
-                category = "data_loading" if loading and loading.search(name) else "cpu_bound"
+            key = (int(name_of[owner]), int(kinds[owner]) in DEVICE_WORK_KINDS)
+            category = seen.get(key) or seen.setdefault(key, _category(name, key[1], loading))
             by_name[name] = by_name.get(name, 0) + w
             owners[owner] = owners.get(owner, 0) + w
         by_type[category] = by_type.get(category, 0) + w
     return by_type, by_name, owners
+
+
+def _category(name: str, device: bool, loading: re.Pattern[str] | None) -> str:
+    """The bound category of an op's or kernel's own time."""
+    if device:
+        return "gpu_communication_bound" if _COMMUNICATION.search(name) else "gpu_compute_bound"
+    return "data_loading" if loading and loading.search(name) else "cpu_bound"
 
 
 def _modules(table: EventTable, owners: dict[int, int]) -> tuple[PathShare, ...] | None:

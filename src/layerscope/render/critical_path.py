@@ -38,7 +38,7 @@ def critical_path_section(
     start, end = path.window_us
     parts: list[RenderableType] = [
         Text(
-            f"Critical path: {fmt_time_us(path.length_us)} through {path.nodes} nodes, "
+            f"Critical path: {fmt_time_us(path.length_us) or '0'} through {path.nodes} nodes, "
             f"window {fmt_time_us(end - start)}",
             style="bold",
         )

@@ -14,6 +14,7 @@ from layerscope.analysis.diff import diff
 from layerscope.errors import CaptureError, LayerscopeError, TraceFormatError, UsageError, ValidationError
 from layerscope.handlers import print_summary, save_to
 from layerscope.loading import load
+from layerscope.loading import trace_critical_path as critical_path
 from layerscope.merging import merge
 from layerscope.model.profile import Phase, Profile
 from layerscope.render.profile_views import install as _install_views
@@ -87,6 +88,7 @@ __all__ = [
     "UsageError",
     "ValidationError",
     "__version__",
+    "critical_path",
     "diff",
     "flight_recorder",
     "load",

@@ -8,11 +8,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from layerscope.analysis import critical_path as paths
 from layerscope.analysis.advice import Advice, advise
 from layerscope.analysis.device import DeviceReport
 from layerscope.analysis.device_summary import summarize_device
 from layerscope.attribution.attribute import build_profile
-from layerscope.errors import LayerscopeWarning, TraceFormatError
+from layerscope.errors import LayerscopeWarning, TraceFormatError, UsageError
 from layerscope.events.chrome import FlopCounter, TraceTableBuilder
 from layerscope.events.names import profiler_step_number
 from layerscope.events.stream import Progress, stream_trace
@@ -128,12 +129,14 @@ def load(path: str | Path, progress: Progress | None = None, strict: bool = Fals
 
 @dataclass(frozen=True)
 class Analysis:
-    """A trace (or saved profile) analysed: its Profile, device report and advice."""
+    """A trace (or saved profile) analysed: its Profile, device report and advice, and the critical
+    path when asked for (traces only: a saved profile keeps no events)."""
 
     source: str
     profile: Profile
     device: DeviceReport | None
     advice: tuple[Advice, ...]
+    critical_path: paths.CriticalPath | None = None
 
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -152,15 +155,44 @@ def trace_files(path: str | Path) -> list[Path]:
     return [path]
 
 
-def analyze(path: str | Path, progress: Progress | None = None, strict: bool = False) -> Analysis:
-    """Analyse one trace file (or saved profile): Profile + device report + advice."""
+def analyze(
+    path: str | Path,
+    progress: Progress | None = None,
+    strict: bool = False,
+    critical_path: paths.PathWindow | None = None,
+) -> Analysis:
+    """Analyse one trace file (or saved profile): Profile + device report + advice, and the critical
+    path of the window ``critical_path`` names when given."""
     path = Path(path)
     read = _read(path, progress, strict)
     if isinstance(read, Profile):
         return Analysis(str(path), read, None, tuple(advise(read, None)))
     with gc_paused():
+        found = _window_path(read, critical_path) if critical_path is not None else None
         profile, device = _profile_of_trace(path, read)
-    return Analysis(str(path), profile, device, tuple(advise(profile, device)))
+    return Analysis(str(path), profile, device, tuple(advise(profile, device)), found)
+
+
+def _window_path(table: EventTable, window: paths.PathWindow) -> paths.CriticalPath:
+    return paths.critical_path(table, window.step, window.annotation, window.instance)
+
+
+def trace_critical_path(
+    path: str | Path,
+    step: int | None = None,
+    annotation: str | None = None,
+    instance: int = 0,
+    data_load: Sequence[str] = (),
+) -> paths.CriticalPath:
+    """``layerscope.critical_path``: the critical path of a trace file's window — the whole trace, step
+    ``step``, or (Holistic Trace Analysis's way) the ``instance``-th span whose name contains
+    ``annotation`` — with the time on it by bound type, the ops and kernels on it and, for traces
+    with layerscope's module ranges, the modules. ``data_load``: name patterns of data loading."""
+    read = _read(Path(path), None, False)
+    if isinstance(read, Profile):
+        raise UsageError(f"{path} is a saved profile: the critical path needs the trace's events")
+    with gc_paused():
+        return paths.critical_path(read, step, annotation, instance, tuple(data_load))
 
 
 def load_many(

@@ -23,6 +23,7 @@ from layerscope.cli.views import (
 from layerscope.errors import UsageError
 
 if TYPE_CHECKING:
+    from layerscope.analysis.critical_path import PathWindow
     from layerscope.loading import Analysis
 
 
@@ -47,6 +48,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_scheduler_options(parser)
     add_strict_option(parser)
     parser.set_defaults(top=10)
+    path = parser.add_argument_group("critical path")
+    path.add_argument(
+        "--critical-path",
+        action="store_true",
+        help="the critical path: its length, time by bound type, the ops, kernels and modules on it",
+    )
+    path.add_argument("--step", type=int, metavar="N", help="the path of step N (default: the whole trace)")
+    path.add_argument(
+        "--annotation",
+        metavar="TEXT",
+        help="the critical path of the span named with TEXT (Holistic Trace Analysis's window), --instance N",
+    )
+    path.add_argument(
+        "--instance",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --annotation: which span (0-based, in start order)",
+    )
+    path.add_argument("--json", metavar="OUT", help='write {"critical_path": {...}} to OUT (one trace)')
 
 
 class _Progress:
@@ -93,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     check_view_options(args)
     scheduler = scheduler_of(args)
     files = trace_files(args.path)
+    window = _path_window(args, len(files))
     if args.output and is_file_path(args.output) and len(files) > 1:
         raise UsageError(
             f"{args.path} holds {len(files)} traces: give -o a folder (one profile per trace), "
@@ -105,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
     failures: Sequence[tuple[Path, str]] = ()
     if scheduler is None and args.workers is None:  # one file at a time here, with a progress line
         failures = []
-        results = _analyze_each(files, args.strict, failures)
+        results = _analyze_each(files, args.strict, failures, window)
     else:
-        read = partial(analyze, strict=True) if args.strict else analyze
+        read = partial(analyze, strict=args.strict, critical_path=window)
         mapped = map_files(read, files, scheduler=scheduler, workers=args.workers, what="analysed")
         results, failures = zip(mapped.paths, mapped.results, strict=True), mapped.failures
     for k, (path, result) in enumerate(results):
@@ -129,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
         if trace.communication:
             console.print(communication_table([dict(r) for r in trace.communication], ascii_only=ascii_only))
         console.print(advice_list(result.advice, ascii_only=ascii_only))
+        if window is not None:
+            written += _show_path(console, path, result, args, ascii_only)
         written += write_outputs(
             result.profile, requested_outputs(args, _trace_name(path), default_folder=path.parent)
         )
@@ -139,8 +163,43 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _path_window(args: argparse.Namespace, files: int) -> PathWindow | None:
+    """The critical path's window when asked for (any of its options asks); None otherwise."""
+    from layerscope.analysis.critical_path import PathWindow
+
+    if not (args.critical_path or args.json or args.step is not None or args.annotation is not None):
+        return None
+    if args.step is not None and args.annotation is not None:
+        raise UsageError("--step and --annotation both choose the window: give one")
+    if args.json and files > 1:
+        raise UsageError(f"--json writes one trace's critical path; {args.path} holds {files} traces")
+    if args.instance < 0:
+        raise UsageError(f"--instance counts from 0, not {args.instance}")
+    return PathWindow(args.step, args.annotation, args.instance)
+
+
+def _show_path(
+    console: Any, path: Path, result: Analysis, args: argparse.Namespace, ascii_only: bool | None
+) -> list[Path]:
+    """Print the critical path (``--json``: also write it); the files written."""
+    from layerscope.render.critical_path import critical_path_section
+
+    if result.critical_path is None:
+        print(f"layerscope: {path} is a saved profile: the critical path needs a trace", file=sys.stderr)
+        return []
+    console.print(critical_path_section(result.critical_path, top=args.top, ascii_only=ascii_only))
+    if not args.json:
+        return []
+    import orjson
+
+    out = Path(args.json)
+    payload = {"trace": str(path), "critical_path": result.critical_path.to_json()}
+    out.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
+    return [out]
+
+
 def _analyze_each(
-    files: list[Path], strict: bool, failures: list[tuple[Path, str]]
+    files: list[Path], strict: bool, failures: list[tuple[Path, str]], window: PathWindow | None = None
 ) -> Iterator[tuple[Path, Analysis]]:
     """Analyse the files one at a time. A file that fails among several is listed in ``failures`` and
     the others are still analysed, as with ``--workers`` (exit 1 at the end); a single file's error
@@ -150,7 +209,7 @@ def _analyze_each(
 
     for path in files:
         try:
-            result = analyze(path, progress=_Progress(path), strict=strict)
+            result = analyze(path, progress=_Progress(path), strict=strict, critical_path=window)
         except Exception as exc:
             if len(files) == 1:
                 raise

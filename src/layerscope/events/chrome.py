@@ -68,6 +68,7 @@ _KIND_BY_CATEGORY: dict[str, EventKind] = {
     "gpu_memset": EventKind.MEMSET,
     "Memset": EventKind.MEMSET,
     "gpu_user_annotation": EventKind.DEVICE_OTHER,
+    "cuda_sync": EventKind.DEVICE_OTHER,  # synchronisations as the device saw them (critical path)
 }
 
 #: A FLOP counter for (op name, input shapes, concrete inputs); None when torch is unavailable.
@@ -111,6 +112,11 @@ def _int(value: Any) -> int:
     if not -_INT_LIMIT < number < _INT_LIMIT:
         raise OverflowError(f"{number} is out of range")
     return number
+
+
+def _sync_wait(args: dict[str, Any]) -> tuple[int, int]:
+    """(stream waited on, correlation id of the ``cudaEventRecord`` that recorded the event)."""
+    return _int(args["wait_on_stream"]), _int(args.get("wait_on_cuda_event_record_corr_id", -1))
 
 
 def _malformed_reason(ph: Any, exc: Exception) -> str:
@@ -235,18 +241,11 @@ class TraceTableBuilder:
                         self._collective(args, dur)
                     elif kind == EventKind.MEMCPY:
                         self.copy_bytes[name] = self.copy_bytes.get(name, 0) + _int(args.get("bytes", 0) or 0)
+                    elif "wait_on_stream" in args:  # a cuda_sync event waiting on a recorded CUDA event
+                        table.sync_waits[len(table.span_ts)] = _sync_wait(args)
                     i = table.add_span(
-                        name,
-                        kind,
-                        tid,
-                        ts,
-                        dur,
-                        seq=seq,
-                        fwd_tid=0,
-                        corr=corr,
-                        ext=ext,
-                        shapes=shapes,
-                        flops=op_flops,
+                        name, kind, tid, ts, dur, seq=seq, fwd_tid=0, corr=corr, ext=ext,
+                        shapes=shapes, flops=op_flops,
                     )
                     self.raw_fwd_tid.append(fwd)
                     # the dtype FLOPs ran in, for MFU against that dtype's peak

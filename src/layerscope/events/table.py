@@ -100,6 +100,9 @@ class EventTable:
     mem_on_device: list[bool] = field(default_factory=list)
     #: The allocation's address (an allocation and its free share it); 0 where the source lacks it.
     mem_addr: list[int] = field(default_factory=list)
+    #: ``cuda_sync`` spans that wait on a recorded CUDA event (``Event Sync``, ``Stream Wait Event``):
+    #: span -> (stream waited on, correlation id of the ``cudaEventRecord`` call; -1 unknown).
+    sync_waits: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: Allocations refused (torch's ``[OutOfMemory]`` events), in the order recorded.
     out_of_memory: list[OutOfMemory] = field(default_factory=list)
     #: Trace-level facts: device properties, distributed info, window start/end (ns), source.

@@ -8,6 +8,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from layerscope.model.critical_path import CriticalPathView
 from layerscope.model.display import NotebookDisplay
 from layerscope.model.meta import SCHEMA_VERSION, FlightTrigger, ProfileMeta
 from layerscope.model.meta_json import as_profile_meta
@@ -211,7 +212,7 @@ def _views() -> ProfileViews:
 
 
 @dataclass(frozen=True)
-class Profile(NotebookDisplay):
+class Profile(NotebookDisplay, CriticalPathView):
     """The result of a profiling run or of a trace file; every view reads one.
 
     Profiles are immutable: transformations (folding, pruning) return new objects.

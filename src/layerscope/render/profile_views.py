@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from layerscope.model.critical_path import register_critical_path
 from layerscope.model.display import register_html
 from layerscope.model.profile import OpTable, Phase, Profile, register_views
 from layerscope.model.tables import LineTable, TypeTable
@@ -102,9 +103,11 @@ def _diff_html(d: ProfileDiff) -> str:
 
 def install() -> None:
     """Register the views and the notebook drawings (idempotent; ``layerscope/__init__`` calls it)."""
+    from layerscope.analysis.critical_path import profile_critical_path
     from layerscope.analysis.diff import ProfileDiff
 
     register_views(_Views())
+    register_critical_path(profile_critical_path)
     register_html(Profile, _profile_html)
     register_html(OpTable, _ops_html)
     register_html(LineTable, _lines_html)

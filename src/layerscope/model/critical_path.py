@@ -1,0 +1,89 @@
+"""The critical path's records (computed by ``analysis/critical_path.py``) and ``Profile.critical_path()``.
+
+The path needs the trace's events, which a Profile does not keep: the method is served by what
+render registers at ``import layerscope`` (render/profile_views.py), which reads the trace the
+profile was built from (``meta.trace_file``). The model imports nothing above it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PathShare:
+    """Time on the path of one op or kernel name, or one module call's phase (µs)."""
+
+    name: str
+    us: float
+    phase: str | None = None  # modules: "forward" or "backward"
+
+    def to_json(self) -> dict[str, Any]:
+        """``{name, us}`` (and ``phase`` for modules)."""
+        found: dict[str, Any] = {"name": self.name, "us": self.us}
+        if self.phase is not None:
+            found["phase"] = self.phase
+        return found
+
+
+@dataclass(frozen=True)
+class CriticalPath:
+    """The critical path of one window: its length, where the time on it goes, how many nodes."""
+
+    length_us: float
+    by_type: dict[str, float]  # Holistic Trace Analysis's bound categories (those with time), µs
+    nodes: int
+    top: tuple[PathShare, ...]  # ops and kernels by name, their own time on the path, largest first
+    modules: tuple[PathShare, ...] | None  # None: the trace has no module ranges
+    window_us: tuple[float, float]  # the window analysed, µs on the trace's clock
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``critical_path`` object of ``analyze --json``."""
+        return {
+            "length_us": self.length_us,
+            "by_type": dict(self.by_type),
+            "nodes": self.nodes,
+            "top": [s.to_json() for s in self.top],
+            "modules": None if self.modules is None else [s.to_json() for s in self.modules],
+            "window_us": list(self.window_us),
+        }
+
+
+@dataclass(frozen=True)
+class PathWindow:
+    """Which window to take the critical path of: the whole trace, step ``step``, or (Holistic
+    Trace Analysis's way) the ``instance``-th span, 0-based in start order, named with
+    ``annotation``."""
+
+    step: int | None = None
+    annotation: str | None = None
+    instance: int = 0
+
+
+_COMPUTE: list[Callable[[Any, PathWindow], CriticalPath]] = []
+
+
+def register_critical_path(compute: Callable[[Any, PathWindow], CriticalPath]) -> None:
+    """Serve ``Profile.critical_path`` (the higher layers call this once)."""
+    _COMPUTE[:] = [compute]
+
+
+class CriticalPathView:
+    """Mixin of :class:`~layerscope.model.profile.Profile`: ``critical_path()``."""
+
+    __slots__ = ()
+
+    def critical_path(
+        self, step: int | None = None, annotation: str | None = None, instance: int = 0
+    ) -> CriticalPath:
+        """The critical path of the trace this profile was built from: the whole trace, step
+        ``step``, or the ``instance``-th span whose name contains ``annotation``. Profiles of live
+        captures keep no events: export the trace and use ``layerscope.critical_path(trace)``."""
+        if not _COMPUTE:
+            raise RuntimeError("layerscope's views are not registered: import layerscope first")
+        return _COMPUTE[0](self, PathWindow(step, annotation, instance))
+
+
+__all__ = ["CriticalPath", "CriticalPathView", "PathShare", "PathWindow", "register_critical_path"]

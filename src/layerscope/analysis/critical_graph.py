@@ -209,9 +209,7 @@ def _nesting(table: EventTable, spans: np.ndarray, parent: np.ndarray) -> dict[i
     dur = table.array("span_dur")[spans]
     time = np.concatenate([start, start + dur])
     opens = np.concatenate([np.ones(spans.size, np.int64), np.zeros(spans.size, np.int64)])
-    order = np.lexsort(
-        (np.concatenate([spans, -spans]), np.concatenate([-dur, dur]), opens, time)
-    )
+    order = np.lexsort((np.concatenate([spans, -spans]), np.concatenate([-dur, dur]), opens, time))
     children: dict[int, list[int]] = {-1: []}
     stack: list[int] = []
     for s, is_open in zip(np.concatenate([spans, spans])[order].tolist(), opens[order].tolist(), strict=True):

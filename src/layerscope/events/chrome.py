@@ -244,8 +244,17 @@ class TraceTableBuilder:
                     elif "wait_on_stream" in args:  # a cuda_sync event waiting on a recorded CUDA event
                         table.sync_waits[len(table.span_ts)] = _sync_wait(args)
                     i = table.add_span(
-                        name, kind, tid, ts, dur, seq=seq, fwd_tid=0, corr=corr, ext=ext,
-                        shapes=shapes, flops=op_flops,
+                        name,
+                        kind,
+                        tid,
+                        ts,
+                        dur,
+                        seq=seq,
+                        fwd_tid=0,
+                        corr=corr,
+                        ext=ext,
+                        shapes=shapes,
+                        flops=op_flops,
                     )
                     self.raw_fwd_tid.append(fwd)
                     # the dtype FLOPs ran in, for MFU against that dtype's peak

@@ -565,3 +565,164 @@ def test_a_module_that_returns_its_input_has_no_backward_span(out: Path, hooks: 
     profile = loaded(path)
     assert profile.find("1").calls == 1 and profile.find("1").backward.cpu_us == 0
     assert profile.find("0").backward.cpu_us > 0 and profile.find("2").backward.cpu_us > 0
+
+
+# ----- the review's cases --------------------------------------------------------------------------------
+def test_compiled_autograd_runs_with_the_hooks_in_place(out: Path, hooks: str) -> None:
+    from torch._dynamo import compiled_autograd
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+
+    def step() -> torch.Tensor:
+        model.zero_grad()
+        loss = model(x).sum()
+        with compiled_autograd._enable(torch.compile(backend="eager")):
+            loss.backward()
+        assert model[0].weight.grad is not None
+        return model[0].weight.grad.clone()
+
+    plain = step()
+    with ls.flight_recorder(model, out=out) as rec:
+        recorded = step()
+        rec.step()
+    torch._dynamo.reset()
+    assert torch.equal(plain, recorded)
+    assert [s.step for s in rec.ring] == [0]
+
+
+def test_a_dump_after_the_block_and_two_dumps_in_one_step(out: Path) -> None:
+    model = Net()
+    with ls.flight_recorder(model, out=out, slow=None) as rec:
+        train(model, 3, rec)
+        first, second = rec.dump(), rec.dump()
+    assert first != second
+    rec.step()  # outside the block: nothing happens
+    assert rec.steps_seen == 3 and nn.Linear.forward.__name__ == "forward"
+    after = rec.dump()
+    assert after.exists() and {first, second, after} <= set(rec.dumps)
+    assert [s.step for s in loaded(after).steps] == [0, 1, 2]
+
+
+def test_a_slow_step_with_after_zero_and_the_median_it_was_compared_with(out: Path) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    sleepy = model.blocks[2]
+
+    def before(i: int) -> None:
+        sleepy.delay = 0.05 if i == 8 else 0.0
+
+    with ls.flight_recorder(model, keep=20, out=out, warmup=5, after=0) as rec:
+        train(model, 12, rec, before)
+    profile = loaded(next(p for p in rec.dumps if "slow_step" in p.name))
+    assert max(s.step for s in profile.steps) == 8
+    assert profile.meta.flight is not None and profile.meta.flight.median_step_us is not None
+    assert profile.meta.flight.median_step_us < 20_000  # the steps before it, not the slow one
+    with pytest.raises(ls.UsageError, match="after"):
+        ls.flight_recorder(model, keep=3, after=3)
+    with pytest.raises(ls.UsageError, match="cannot be caught"):
+        ls.flight_recorder(model, signal=signal.SIGKILL)
+
+
+def test_an_exception_after_the_backward_names_no_module(out: Path, hooks: str) -> None:
+    model = Net()
+    with pytest.raises(RuntimeError), ls.flight_recorder(model, out=out) as rec:
+        model(torch.randn(8, 16)).sum().backward()
+        raise RuntimeError("bad batch from the data loader")
+    profile = loaded(rec.dumps[0])
+    assert profile.trigger is not None and profile.trigger.module is None
+
+
+def test_two_backward_passes_add_up_without_the_time_between(out: Path, hooks: str) -> None:
+    trunk, head_a, head_b = nn.Linear(8, 8), nn.Linear(8, 1), nn.Linear(8, 1)
+    model = nn.ModuleDict({"trunk": trunk, "a": head_a, "b": head_b})
+    with ls.flight_recorder(model, out=out, slow=None) as rec:
+        for _ in range(2):
+            hidden = trunk(torch.randn(4, 8))
+            head_a(hidden).sum().backward(retain_graph=True)
+            time.sleep(0.05)
+            head_b(hidden).sum().backward()
+            rec.step()
+        path = rec.dump()
+    profile = loaded(path)
+    assert profile.find("trunk").backward.cpu_us < 20_000  # two short spans, not the 50 ms between
+
+
+def test_a_detailed_profile_that_cannot_start_leaves_the_steps_alone(out: Path) -> None:
+    model = Net()
+    with (
+        torch.profiler.profile(),
+        ls.flight_recorder(model, out=out, detail_every=2, slow=None) as rec,
+        pytest.warns(FlightDumpWarning, match="no detailed profiles"),
+    ):
+        train(model, 6, rec)
+    assert [s.step for s in rec.ring] == [0, 1, 2, 3, 4, 5] and rec.steps_seen == 6
+
+
+def test_entering_does_not_read_cuda_devices(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def initialises_cuda(*args: Any) -> None:
+        raise AssertionError("the recorder read a CUDA device (that initialises CUDA)")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", initialises_cuda)
+    with ls.flight_recorder(nn.Linear(2, 2), out=out) as rec:
+        rec.step()
+
+
+def test_sigterm_still_ends_the_job_after_its_dump(tmp_path: Path) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import signal, time, torch, layerscope as ls\n"
+        "from torch import nn\n"
+        "model = nn.Linear(4, 4)\n"
+        f"with ls.flight_recorder(model, out={str(tmp_path / 'out')!r}, signal=signal.SIGTERM) as rec:\n"
+        "    print('ready', flush=True)\n"
+        "    for _ in range(3000):\n"
+        "        model(torch.randn(2, 4)).sum().backward()\n"
+        "        rec.step()\n"
+        "        time.sleep(0.01)\n"
+        "print('not ended', flush=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == -signal.SIGTERM
+        assert child.stdout.read() == ""
+    finally:
+        child.kill()
+    (path,) = (tmp_path / "out").iterdir()
+    assert "signal" in path.name and loaded(path).trigger is not None
+
+
+def test_run_flight_recorder_with_detail_every(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from layerscope.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace("range(25)", "range(6)").replace("i == 15", "i == 99"))
+    out = tmp_path / "dumps"
+    code = main(
+        ["run", "--flight-recorder", "--detail-every", "2", "--slow", "0", "-o", str(out), str(script)]
+    )
+    assert code == 0, capsys.readouterr().err
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["flight-detail-step000002.json.gz", "flight-detail-step000004.json.gz"]
+    assert loaded(out / names[0]).find("Sequential.0").calls == 1
+
+
+def test_run_flight_recorder_refuses_a_profile_s_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from layerscope.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert main(["run", "--flight-recorder", "--html", str(script)]) == 2
+    assert "--html belong(s) to a profile" in capsys.readouterr().err
+    assert main(["run", "--flight-recorder", "-o", str(tmp_path / "d.json.gz"), str(script)]) == 2
+    assert "the dumps' folder, not a file" in capsys.readouterr().err
+    assert main(["run", "--slow", "0", str(script)]) == 2
+    assert "add --flight-recorder" in capsys.readouterr().err

@@ -274,7 +274,7 @@ def test_accelerate_flight_recorder(tmp_path: Path) -> None:
     AcceleratorState._reset_state(True)  # an earlier test's torch.compile setting stays in the singleton
     accelerator = Accelerator(cpu=True, kwargs_handlers=[ProfileKwargs(output_trace_dir=str(tmp_path / "t"))])
     model = accelerator.prepare(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
-    with flight_recorder(accelerator, model, keep=3) as rec:
+    with flight_recorder(accelerator, model, keep=4) as rec:
         for _ in range(5):
             accelerator.backward(model(torch.randn(4, 8)).sum())
             rec.step()
@@ -282,7 +282,7 @@ def test_accelerate_flight_recorder(tmp_path: Path) -> None:
     rec.flush()
     assert path.parent == tmp_path / "t"
     dump = ls_load_validated(path)
-    assert [s.step for s in dump.steps] == [2, 3, 4, 5] and dump.find("2").calls == 3
+    assert [s.step for s in dump.steps] == [1, 2, 3, 4, 5] and dump.find("2").calls == 4
 
 
 def ls_load_validated(path: Path) -> object:

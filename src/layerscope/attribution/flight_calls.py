@@ -45,50 +45,26 @@ def step_calls(step: FlightStep) -> StepCalls:
     """Pair ``step``'s marks into calls and place their backward (see the module docstring)."""
     module, parent, enter_row, exit_row, start, end = _pair_forward(step)
     n = len(module)
-    passes = _pass_windows(step)
-    recompute = [any(a <= start[c] <= b for a, b in passes) for c in range(n)]
+    passes = _backward_passes(step, enter_row, exit_row)
+    recompute = [any(p.holds(start[c]) for p in passes) for c in range(n)]
     forward_ns = [0 if recompute[c] else end[c] - start[c] for c in range(n)]
     forward_self = _self_times(forward_ns, parent)
-    begin, finish = _backward_spans(step, enter_row, exit_row)
-    for c in range(n):
-        if recompute[c]:  # the re-run forward is part of its backward span
-            begin[c], finish[c] = min(begin.get(c, start[c]), start[c]), max(finish.get(c, end[c]), end[c])
-            if parent[c] < 0:
-                parent[c] = _innermost_holding(start[c], begin, finish, recompute)
-    # Hull: a parent's backward holds its children's (children began after their parent: higher ids).
-    for c in range(n - 1, -1, -1):
-        p = parent[c]
-        if p >= 0 and c in begin:
-            begin[p] = min(begin.get(p, begin[c]), begin[c])
-            finish[p] = max(finish.get(p, finish[c]), finish[c])
-    backward_ns = [finish[c] - begin[c] if c in begin else 0 for c in range(n)]
+    backward_ns = [0] * n
+    for found in passes:  # each pass on its own: a graph run twice adds, not the time between
+        for c in range(n):
+            if recompute[c] and found.holds(start[c]):  # the re-run forward is in its backward span
+                found.widen(c, start[c], end[c])
+                if parent[c] < 0:
+                    parent[c] = found.innermost_holding(start[c], recompute)
+        # Hull: a parent's backward holds its children's (children began after their parent).
+        for c in range(n - 1, -1, -1):
+            p = parent[c]
+            if p >= 0 and c in found.begin:
+                found.widen(p, found.begin[c], found.finish[c])
+        for c, b in found.begin.items():
+            backward_ns[c] += found.finish[c] - b
     backward_ns, backward_self = _totals_holding_children(backward_ns, parent)
     return StepCalls(module, parent, forward_ns, forward_self, backward_ns, backward_self, recompute)
-
-
-def _pass_windows(step: FlightStep) -> list[tuple[int, int]]:
-    """Each backward pass's (first event, end) in ns; a pass still running ends with the step."""
-    windows: list[tuple[int, int]] = []
-    first: int | None = None
-    for t, call in step.backward.tolist():
-        if call == PASS_END:
-            if first is not None:
-                windows.append((first, t))
-            first = None
-        elif first is None:
-            first = t
-    if first is not None:
-        windows.append((first, step.end_ns))
-    return windows
-
-
-def _innermost_holding(at: int, begin: dict[int, int], finish: dict[int, int], recompute: list[bool]) -> int:
-    """The call (not itself recomputed) with the shortest backward span holding ``at``; -1: none."""
-    best, best_length = -1, None
-    for c, b in begin.items():
-        if not recompute[c] and b <= at <= finish[c] and (best_length is None or finish[c] - b < best_length):
-            best, best_length = c, finish[c] - b
-    return best
 
 
 def _pair_forward(
@@ -133,23 +109,52 @@ def _pair_forward(
     return module, parent, enter_row, exit_row, start, end
 
 
-def _backward_spans(
-    step: FlightStep, enter_row: list[int], exit_row: list[int]
-) -> tuple[dict[int, int], dict[int, int]]:
-    """Each call's own backward span (before the hull), by call id: starts and ends in ns."""
+@dataclass
+class _Pass:
+    """One backward pass: its window (first event to end) and each call's span in it."""
+
+    first: int
+    end: int
+    begin: dict[int, int]
+    finish: dict[int, int]
+
+    def holds(self, at: int) -> bool:
+        return self.first <= at <= self.end
+
+    def widen(self, call: int, begin: int, finish: int) -> None:
+        self.begin[call] = min(self.begin.get(call, begin), begin)
+        self.finish[call] = max(self.finish.get(call, finish), finish)
+
+    def innermost_holding(self, at: int, recompute: list[bool]) -> int:
+        """The call (not itself recomputed) with the shortest span holding ``at``; -1: none."""
+        best, best_length = -1, None
+        for c, b in self.begin.items():
+            length = self.finish[c] - b
+            if (
+                not recompute[c]
+                and b <= at <= self.finish[c]
+                and (best_length is None or length < best_length)
+            ):
+                best, best_length = c, length
+        return best
+
+
+def _backward_passes(step: FlightStep, enter_row: list[int], exit_row: list[int]) -> list[_Pass]:
+    """Each backward pass with each call's own span in it (before the hull); a pass still running
+    ends with the step."""
     call_of_exit = {row: c for c, row in enumerate(exit_row)}
-    begin: dict[int, int] = {}
-    finish: dict[int, int] = {}
     events = step.backward.tolist()
+    passes: list[_Pass] = []
     k = 0
     while k < len(events):
         pass_end = k
         while pass_end < len(events) and events[pass_end][1] != PASS_END:
             pass_end += 1
         end_ns = events[pass_end][0] if pass_end < len(events) else step.end_ns
+        found = _Pass(events[k][0], end_ns, {}, {})
         starts = [(t, call_of_exit[row]) for t, row in events[k:pass_end] if row in call_of_exit]
         for i, (t, c) in enumerate(starts):
-            if c in begin and begin[c] <= t <= finish[c]:
+            if c in found.begin:
                 continue  # a second output node of the same call, inside its span
             done = end_ns
             for j in range(i + 1, len(starts)):
@@ -157,11 +162,11 @@ def _backward_spans(
                 if exit_row[later] < enter_row[c]:  # work made before this call began
                     done = later_t
                     break
-            # a graph run again (retain_graph) adds to the call's span
-            begin[c] = min(begin.get(c, t), t)
-            finish[c] = max(finish.get(c, done), done)
+            found.widen(c, t, done)
+        if pass_end > k:
+            passes.append(found)
         k = pass_end + 1
-    return begin, finish
+    return passes
 
 
 def _self_times(total: list[int], parent: list[int]) -> list[int]:

@@ -11,8 +11,9 @@ import torch
 from layerscope.model.meta import DeviceInfo, DistributedInfo, Environment
 
 
-def environment() -> Environment:
-    """The process and machine a live profile runs on (``ProfileMeta.environment``)."""
+def environment(with_devices: bool = True) -> Environment:
+    """The process and machine a live profile runs on (``ProfileMeta.environment``); the CUDA
+    devices only ``with_devices`` (reading them initialises CUDA)."""
     from layerscope.version import __version__
 
     return Environment(
@@ -23,7 +24,7 @@ def environment() -> Environment:
         float32_matmul_precision=torch.get_float32_matmul_precision(),
         cudnn_allow_tf32=bool(torch.backends.cudnn.allow_tf32),
         checkpoint_early_stop=_checkpoint_early_stop(),
-        devices=devices(),
+        devices=devices() if with_devices else (),
         distributed=distributed_info(),
     )
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from layerscope.analysis.flight import slow_step_culprit
 from layerscope.attribution.flight_profile import flight_profile
-from layerscope.errors import LayerscopeWarning
+from layerscope.errors import LayerscopeWarning, ValidationError
 from layerscope.events.flight_records import FlightModule, FlightStep
 from layerscope.model.meta import FlightInfo, ProfileMeta
 from layerscope.model.profile import Profile
@@ -105,15 +105,18 @@ class DumpWriter:
         self._jobs.append(None)
         os.write(self._wake_write, b"s")
         self._thread.join(timeout=1.0 if written else 0.0)
-        if not self._thread.is_alive():
-            os.close(self._wake_read)
-        os.close(self._wake_write)  # a thread still writing ends at its next read (EOF)
+        # a thread still writing finds the pipe closed at its next read and ends
+        os.close(self._wake_write)
+        os.close(self._wake_read)
         self._thread = None
         return written
 
     def _run(self) -> None:
         while True:
-            if not os.read(self._wake_read, 1):
+            try:
+                if not os.read(self._wake_read, 1):
+                    return
+            except OSError:  # closed by stop() after its timeout
                 return
             while self._jobs:
                 job = self._jobs.popleft()
@@ -150,7 +153,14 @@ def write_dump(job: DumpJob) -> Path:
         if culprit is not None:
             flight = replace(job.flight, trigger=replace(trigger, module=culprit.module))
             profile = replace(profile, meta=replace(profile.meta, flight=flight))
-    profile.validate()
+    try:
+        profile.validate()
+    except ValidationError as exc:  # a dump is evidence: keep it, and say it does not add up
+        warnings.warn(
+            f"layerscope flight recorder: {job.path} is saved though it fails validate(): {exc}",
+            FlightDumpWarning,
+            stacklevel=1,
+        )
     return save_profile(profile, job.path)
 
 
@@ -160,18 +170,23 @@ def _with_device_time(step: FlightStep, events: tuple[Any, Any] | None) -> Fligh
     if events is None or events[0] is None or events[1] is None:
         return step
     start, end = events
-    end.synchronize()
-    return replace(step, device_us=float(start.elapsed_time(end)) * 1000.0)
+    try:
+        end.synchronize()
+        device_us = float(start.elapsed_time(end)) * 1000.0
+    except Exception:  # after a CUDA error every call fails: the dump goes on without device time
+        return step
+    return replace(step, device_us=device_us)
 
 
-def dump_path(folder: Path, step: int, reason: str, rank: int | None) -> Path:
+def dump_path(folder: Path, step: int, reason: str, rank: int | None, taken: set[Path] | None = None) -> Path:
     """A new file in ``folder`` for a dump: ``flight-step<N>-<reason>[-rank<R>].json.gz``, with a
-    counter when that name is taken."""
+    counter when that name is taken (a file there, or a name in ``taken``: handed out, not yet
+    written)."""
     rank_part = f"-rank{rank}" if rank is not None else ""
     stem = f"flight-step{step:06d}-{reason}{rank_part}"
     path = folder / f"{stem}.json.gz"
     k = 1
-    while path.exists():
+    while path.exists() or (taken is not None and path in taken):
         path = folder / f"{stem}-{k}.json.gz"
         k += 1
     return path

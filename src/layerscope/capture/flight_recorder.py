@@ -25,12 +25,9 @@ from __future__ import annotations
 import collections
 import os
 import signal as signals
-import statistics
-import threading
 import time
-import warnings
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -38,24 +35,21 @@ from torch import nn
 
 from layerscope.capture.block_error import block_error
 from layerscope.capture.environment import distributed_info, environment
-from layerscope.capture.flight_dump import (
-    DetailJob,
-    DumpJob,
-    DumpWriter,
-    FlightDumpWarning,
-    detail_path,
-    dump_path,
-    make_folder,
-)
+from layerscope.capture.flight_dump import DetailJob, DumpJob, DumpWriter, detail_path, dump_path, make_folder
 from layerscope.capture.flight_scopes import FlightClock, FlightScopes
-from layerscope.errors import UsageError
-from layerscope.events.flight_records import FlightStep
+from layerscope.capture.flight_triggers import (
+    SignalTrigger,
+    SlowSteps,
+    check_options,
+    cuda_event,
+    cuda_in_use,
+    is_out_of_memory,
+    warn,
+)
+from layerscope.events.flight_records import PASS_END, FlightModule, FlightStep
 from layerscope.model.meta import FlightInfo, FlightTrigger, ProfileMeta
 
 _now = time.perf_counter_ns
-
-#: Steps the rolling median of step times spans.
-MEDIAN_WINDOW = 100
 
 
 class FlightRecorder:
@@ -73,28 +67,28 @@ class FlightRecorder:
         warmup: int = 10,
         after: int = 3,
     ) -> None:
-        _check_options(model, keep, detail_every, slow, warmup, after)
+        check_options(model, keep, detail_every, slow, signal, warmup, after)
         self.model = model
         self.keep, self.detail_every, self.slow = keep, detail_every, slow
         self.out = Path(out)
-        self.signal, self.memory_threshold = signal, memory_threshold
-        self.warmup, self.after = warmup, after
+        self.memory_threshold = memory_threshold
         self.clock = FlightClock()
         self.ring: collections.deque[FlightStep] = collections.deque(maxlen=keep)
         self._events: collections.deque[tuple[Any, Any] | None] = collections.deque(maxlen=keep)
-        self._walls: collections.deque[int] = collections.deque(maxlen=MEDIAN_WINDOW)
+        self._slow = SlowSteps(slow, warmup, after, keep)
+        self._signal = SignalTrigger(signal, self._on_signal, lambda: self._writer.flush(10.0))
         self._writer = DumpWriter()
         self._scopes: FlightScopes | None = None
+        self._modules: list[FlightModule] = []  # the scopes' list, kept after the block
         self._step = 0
         self._step_start = 0
         self._step_event: Any = None
-        self._pending: tuple[FlightTrigger, int] | None = None  # a trigger and the step to dump at
-        self._quiet_until = -1  # no slow-step trigger before this step (one per ring)
         self._memory_fired = False
         self._writer_busy = False  # the writer had work when the running step began
-        self._previous_handler: Any = None
-        self._detail: Any = None  # the running detailed profile session
+        self._detail: Any = None  # the running detailed profile session and its step
+        self._detail_failed = False
         self._detail_file: tuple[Path, int] | None = None
+        self._names_taken: set[Path] = set()
         self._rank: int | None = None
         self._meta = ProfileMeta()
 
@@ -104,60 +98,76 @@ class FlightRecorder:
         info = distributed_info()
         self._rank = info.rank if info is not None else None
         name = type(self.model).__name__ if self.model is not None else None
-        self._meta = ProfileMeta(model=name, environment=environment())
-        scopes = FlightScopes(self.model, self.clock)
+        # devices only where the program already uses CUDA: reading them would initialise it
+        self._meta = ProfileMeta(model=name, environment=environment(with_devices=cuda_in_use()))
+        scopes = self._scopes = FlightScopes(self.model, self.clock)
+        self._modules = scopes.modules
         try:
             scopes.install()
-            self._scopes = scopes
             self._writer.start()
-            self._install_signal()
+            self._signal.install()
+            self.clock.start()
+            self._start_step(_now())
         except BaseException:
-            scopes.remove()
-            self._writer.stop(timeout=0.0)
+            self._close()
             raise
-        self.clock.start()
-        self._start_step(_now())
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         try:
+            self._detail_failed = True  # no detailed profile starts while the block ends
             if exc is not None:
                 self._dump_exception(exc)
-            elif self._pending is not None:
-                self._write(self._pending[0], running=False)
+            elif self._slow.pending is not None:
+                pending = self._slow.pending
+                self._write(pending.trigger, running=False, median_us=pending.median_us)
         finally:
-            self.clock.stop()
-            self._stop_detail()
-            if self._scopes is not None:
-                self._scopes.remove()
-                self._scopes = None
-            self._restore_signal()
-            if not self._writer.stop(timeout=60.0):
-                _warn("dumps still being written after 60 s")
+            self._close()
+
+    def _close(self) -> None:
+        """Undo everything the block did, each step even when one before it fails."""
+        failures = []
+        for undo in (self.clock.stop, self._drop_detail, self._remove_scopes, self._signal.restore):
+            try:
+                undo()
+            except Exception as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+        if not self._writer.stop(timeout=60.0):
+            failures.append("dumps still being written after 60 s")
+        if failures:
+            warn("; ".join(failures))
+
+    def _remove_scopes(self) -> None:
+        if self._scopes is not None:
+            scopes, self._scopes = self._scopes, None
+            scopes.remove()
 
     def step(self) -> None:
-        """End the current step (call it at the end of each step, as with ``torch.profiler``)."""
+        """End the current step (call it at the end of each step, as with ``torch.profiler``); does
+        nothing outside the block."""
+        if not self.clock.active:
+            return
         now = _now()
         forward, backward = self.clock.take_step()
         try:
             start_event = self._step_event
             self._stop_detail()
-            end_event = _cuda_event()
+            end_event = cuda_event()
             self.ring.append(FlightStep(self._step, self._step_start, now, forward, backward))
             self._events.append((start_event, end_event) if start_event is not None else None)
             self._check_triggers(now - self._step_start)
-            self._step += 1
-            self._start_step(now, end_event)
         except Exception as exc:  # never into the program
-            _warn(f"step {self._step}: {type(exc).__name__}: {exc}")
-            self._step += 1
-            self._step_start = now
+            warn(f"step {self._step}: {type(exc).__name__}: {exc}")
+            end_event = None
+        self._step += 1
+        self._start_step(now, end_event)
 
     def dump(self, reason: str = "manual") -> Path:
-        """Write a dump now (off this thread) of the kept steps and the running one; its path."""
-        return self._write(FlightTrigger(reason, self._step), running=True)
+        """Write a dump now (off this thread inside the block, at once after it) of the kept steps and
+        the running one; its path."""
+        return self._write(FlightTrigger(reason, self._step), running=self.clock.active)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for the dumps requested so far to be written; whether they all were."""
@@ -181,31 +191,24 @@ class FlightRecorder:
     # ----- steps and triggers ------------------------------------------------------------------------
     def _start_step(self, now: int, event: Any = None) -> None:
         self._step_start = now
-        self._step_event = event if event is not None else _cuda_event()
-        if self.detail_every and self._step % self.detail_every == 0 and self._step > 0:
+        self._step_event = event if event is not None else cuda_event()
+        every = self.detail_every
+        if every and self._step % every == 0 and self._step > 0 and not self._detail_failed:
             self._start_detail()
 
     def _check_triggers(self, wall_ns: int) -> None:
         step = self._step
-        if self._pending is not None and step >= self._pending[1]:
-            trigger, self._pending = self._pending[0], None
-            self._write(trigger, running=False)
         # the detailed profile's start and stop, or our writer's work, are in these steps: a step
         # slower for them is not the job being slow
         busy, self._writer_busy = self._writer_busy or self._writer.busy, self._writer.busy
         if not self._detailed(step) and not busy:
-            self._check_slow(step, wall_ns)
+            self._slow.see(step, wall_ns)
+        due = self._slow.due(step)
+        if due is not None:
+            self._write(due.trigger, running=False, median_us=due.median_us)
         if self._memory_passed():
             self._memory_fired = True
             self._write(FlightTrigger("memory", step), running=False)
-
-    def _check_slow(self, step: int, wall_ns: int) -> None:
-        median = statistics.median(self._walls) if len(self._walls) >= self.warmup else None
-        self._walls.append(wall_ns)
-        slow = self.slow is not None and median is not None and wall_ns > self.slow * median
-        if slow and self._pending is None and step >= self._quiet_until:
-            self._pending = (FlightTrigger("slow_step", step), step + self.after)
-            self._quiet_until = step + self.keep
 
     def _detailed(self, step: int) -> bool:
         """Whether a detailed profile ran in ``step`` or stopped at its start (its cost is there)."""
@@ -214,16 +217,11 @@ class FlightRecorder:
 
     def _memory_passed(self) -> bool:
         """Whether CUDA memory passed the threshold for the first time."""
-        if self.memory_threshold is None or self._memory_fired or not _cuda_in_use():
+        if self.memory_threshold is None or self._memory_fired or not cuda_in_use():
             return False
         return bool(torch.cuda.max_memory_allocated() > self.memory_threshold)
 
-    def _median_us(self) -> float | None:
-        if len(self._walls) < self.warmup:
-            return None
-        return float(statistics.median(self._walls)) / 1000.0
-
-    def _write(self, trigger: FlightTrigger, running: bool) -> Path:
+    def _write(self, trigger: FlightTrigger, running: bool, median_us: float | None = None) -> Path:
         steps, events = list(self.ring), list(self._events)
         if running:
             forward, backward = self.clock.peek_step()
@@ -234,42 +232,55 @@ class FlightRecorder:
             keep=self.keep,
             steps_seen=self._step + (1 if running else 0),
             slow=self.slow,
-            median_step_us=self._median_us(),
+            median_step_us=median_us if median_us is not None else self._slow.median_us(),
             detail_every=self.detail_every,
             detail_file=str(self._detail_file[0]) if self._detail_file else None,
             detail_step=self._detail_file[1] if self._detail_file else None,
             ring_bytes=sum(step.nbytes for step in steps),
         )
-        modules = self._scopes.modules if self._scopes is not None else []
-        path = dump_path(self.out, trigger.step, trigger.reason, self._rank)
-        self._writer.submit(DumpJob(path, steps, events, modules, flight, self._meta))
+        path = dump_path(self.out, trigger.step, trigger.reason, self._rank, self._names_taken)
+        self._names_taken.add(path)
+        self._writer.submit(DumpJob(path, steps, events, list(self._modules), flight, self._meta))
         return path
 
+    def _on_signal(self) -> None:
+        self._write(FlightTrigger("signal", self._step), running=self.clock.active)
+
     def _dump_exception(self, exc: BaseException) -> None:
-        reason = "oom" if _is_out_of_memory(exc) else "exception"
+        reason = "oom" if is_out_of_memory(exc) else "exception"
         paths = self._scopes.module_paths() if self._scopes is not None else None
         error = block_error(exc, self.model, paths)
-        module = error.module if error.module is not None else self._running_module()
+        module = error.module if error.module is not None else self._running_backward_module()
         self._write(FlightTrigger(reason, self._step, module, f"{error.type}: {error.message}"), running=True)
 
-    def _running_module(self) -> str | None:
-        """The module whose backward started last in the running step (an exception in backward has
-        no module's ``forward`` in its traceback)."""
-        if self._scopes is None:
-            return None
+    def _running_backward_module(self) -> str | None:
+        """The module whose backward is running in this step (an exception in backward has no
+        module's ``forward`` in its traceback); None once the pass has ended."""
         forward, backward = self.clock.peek_step()
-        starts = backward[backward[:, 1] >= 0]
-        if len(starts) and starts[-1, 1] < len(forward):
-            return self._scopes.modules[abs(int(forward[starts[-1, 1], 1])) - 1].path
-        return None
+        if not len(backward) or backward[-1, 1] == PASS_END or backward[-1, 1] >= len(forward):
+            return None
+        return self._modules[abs(int(forward[backward[-1, 1], 1])) - 1].path
 
     # ----- the detailed profile ----------------------------------------------------------------------
     def _start_detail(self) -> None:
         from layerscope.capture.session import profile
 
-        session = profile(self.model, memory=True)
-        session.__enter__()
+        try:
+            # Without a model (``run``), steps end in torch's optimizer hooks, where the memory
+            # watch could not add its own: the detailed profile records no memory there.
+            session = profile(self.model, memory=self.model is not None)
+            session.__enter__()
+        except Exception as exc:  # e.g. another profiler is running: no detailed steps from now on
+            self._detail_failed = True
+            warn(f"no detailed profiles ({type(exc).__name__}: {exc})")
+            return
         self._detail = (session, self._step)
+
+    def _drop_detail(self) -> None:
+        """Stop a detailed profile whose step never ended (the block did): nothing to keep."""
+        if self._detail is not None:
+            (session, _), self._detail = self._detail, None
+            session.__exit__(None, None, None)
 
     def _stop_detail(self) -> None:
         if self._detail is None:
@@ -279,26 +290,6 @@ class FlightRecorder:
         path = detail_path(self.out, step, self._rank)
         self._writer.submit(DetailJob(path, lambda: session.profile))
         self._detail_file = (path, step)
-
-    # ----- the signal --------------------------------------------------------------------------------
-    def _install_signal(self) -> None:
-        if self.signal is None or threading.current_thread() is not threading.main_thread():
-            return
-        self._previous_handler = signals.signal(self.signal, self._on_signal)
-
-    def _restore_signal(self) -> None:
-        if self.signal is not None and self._previous_handler is not None:
-            signals.signal(self.signal, self._previous_handler)
-            self._previous_handler = None
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        try:
-            self._write(FlightTrigger("signal", self._step), running=True)
-        except Exception as exc:
-            _warn(f"signal dump: {type(exc).__name__}: {exc}")
-        previous = self._previous_handler
-        if callable(previous):
-            previous(signum, frame)
 
 
 def flight_recorder(
@@ -320,50 +311,6 @@ def flight_recorder(
     dumps' folder; ``slow``: a step this many times the rolling median is dumped (None: never);
     ``signal``: the signal that dumps (None: none); ``memory_threshold``: CUDA bytes that dump once
     when passed; ``warmup``: steps before the slow-step trigger arms; ``after``: steps a slow step's
-    dump waits for.
+    dump waits for (below ``keep``).
     """
     return FlightRecorder(model, keep, detail_every, out, slow, signal, memory_threshold, warmup, after)
-
-
-def _check_options(
-    model: Any, keep: int, detail_every: int, slow: float | None, warmup: int, after: int
-) -> None:
-    if model is not None and not isinstance(model, nn.Module):
-        raise UsageError(
-            f"flight_recorder: model must be a torch.nn.Module or None, not {type(model).__name__}"
-        )
-    if not isinstance(keep, int) or keep < 1:
-        raise UsageError(f"flight_recorder: keep must be a positive number of steps, not {keep!r}")
-    if not isinstance(detail_every, int) or detail_every < 0:
-        raise UsageError(
-            f"flight_recorder: detail_every must be 0 (never) or a number of steps, not {detail_every!r}"
-        )
-    if slow is not None and not (isinstance(slow, int | float) and slow > 1):
-        raise UsageError(f"flight_recorder: slow must be a factor above 1 (or None), not {slow!r}")
-    if warmup < 1 or after < 0:
-        raise UsageError("flight_recorder: warmup must be at least 1 step and after at least 0")
-
-
-def _warn(message: str) -> None:
-    warnings.warn(f"layerscope flight recorder: {message}", FlightDumpWarning, stacklevel=3)
-
-
-def _cuda_in_use() -> bool:
-    """Whether the program has initialised CUDA (the recorder never does)."""
-    return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-
-
-def _cuda_event() -> Any:
-    """A CUDA event recorded now on the current stream, or None where CUDA is not in use."""
-    if not _cuda_in_use():
-        return None
-    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    event.record()
-    return event
-
-
-def _is_out_of_memory(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return True
-    text = str(exc).lower()
-    return "out of memory" in text or "can't allocate memory" in text

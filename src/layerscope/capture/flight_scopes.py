@@ -23,7 +23,7 @@ step it was made in and the clock's state.
 
 from __future__ import annotations
 
-import sys
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -61,7 +61,7 @@ class FlightClock:
     def __init__(self) -> None:
         self.forward: list[tuple[int, int, int]] = []
         self.backward: list[tuple[int, int]] = []
-        self.serial = 0  # which step hooks made now belong to
+        self.serial = next(_serials)  # which step hooks made now belong to (unique in the process)
         self.active = False
         self._pass_open = False
         self._names: list[str] = []
@@ -72,8 +72,7 @@ class FlightClock:
         """Start recording; the native backward hooks when the module is built and free."""
         global _native_owner
         module = native.load()
-        free = _native_owner is None and not _compiled_autograd_on()
-        if module is not None and hasattr(module, "flight_hook") and free:
+        if module is not None and hasattr(module, "flight_hook") and _native_owner is None:
             _native_owner, self._native = self, module
             module.flight_take()  # anything a previous recorder's late hooks left
             module.flight_serial(self.serial)
@@ -136,7 +135,7 @@ class FlightClock:
         """The step's marks and backward events as arrays; the next step starts empty."""
         forward, backward = self.forward, self.backward
         self.forward, self.backward = [], []
-        self.serial += 1
+        self.serial = next(_serials)
         self._pass_open = False  # a pass whose end never came (its backward raised) is forgotten
         native_events = self._take_native()
         if self._native is not None:
@@ -200,11 +199,8 @@ def _with_native(backward: Int64Array, native_events: bytes) -> Int64Array:
     return rows[np.argsort(rows[:, 0], kind="stable")]
 
 
-def _compiled_autograd_on() -> bool:
-    """Whether compiled autograd may run the backward (it cannot trace a C++ hook of ours)."""
-    dynamo = sys.modules.get("torch._dynamo.compiled_autograd")
-    return dynamo is not None and bool(getattr(dynamo, "compiled_autograd_enabled", False))
-
+#: Step serials, unique in the process: a graph a hook was made in is never taken for a later step's.
+_serials = itertools.count()
 
 #: The clock whose native backward hooks are live (one per process: the hooks' state is global).
 _native_owner: FlightClock | None = None

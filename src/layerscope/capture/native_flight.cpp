@@ -10,7 +10,9 @@
 // the forward marks Python takes and these events share one timeline.
 //
 // A hook made for one step does nothing once the recorder has moved on (a graph kept alive with
-// retain_graph), or once it stopped: each knows its step's serial and checks the recorder's.
+// retain_graph), or once it stopped: each knows its step's serial and checks the recorder's. Serials
+// are unique in the process (every recorder draws them from one counter), so a graph of an earlier
+// recorder never records into a later one.
 
 #include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/engine.h>
@@ -64,6 +66,10 @@ struct BackwardStart : torch::autograd::FunctionPreHook {
     }
     return grads;
   }
+
+  // Compiled autograd asks each hook to register itself with the graph it compiles; this one stays
+  // out (a compiled backward records no starts) rather than fail the user's backward().
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {}
 
   int64_t serial_;
   int64_t call_;

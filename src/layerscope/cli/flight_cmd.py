@@ -14,6 +14,7 @@ from typing import Any
 
 from layerscope.cli.script_runner import ScriptEnd
 from layerscope.errors import UsageError
+from layerscope.render.writers import find_writer
 
 #: Where dumps go without ``-o``.
 DEFAULT_FOLDER = "flight"
@@ -44,10 +45,25 @@ def add_flight_options(parser: argparse.ArgumentParser) -> None:
 def check_flight_options(args: argparse.Namespace) -> None:
     """The flight recorder's settings given without ``--flight-recorder``: a one-line error."""
     given = [
-        f"--{name.replace('_', '-')}" for name in ("keep", "detail_every", "slow") if getattr(args, name)
+        f"--{name.replace('_', '-')}"
+        for name in ("keep", "detail_every", "slow")
+        if getattr(args, name) is not None
     ]
     if given:
         raise UsageError(f"{', '.join(given)} set(s) the flight recorder: add --flight-recorder")
+
+
+#: ``run``'s profile options, which a flight recorder does not take.
+PROFILE_ONLY = ("memory", "with_stack", "lines", "nvtx", "trace", "html", "activities", "record_depth")
+
+
+def check_recorder_arguments(args: argparse.Namespace) -> None:
+    """``--flight-recorder`` with a profile's options, or ``-o`` naming a file: a one-line error."""
+    given = [f"--{name.replace('_', '-')}" for name in PROFILE_ONLY if getattr(args, name, None)]
+    if given:
+        raise UsageError(f"{', '.join(given)} belong(s) to a profile, not to --flight-recorder")
+    if args.output is not None and find_writer(args.output) is not None:
+        raise UsageError(f"with --flight-recorder, -o is the dumps' folder, not a file: {args.output}")
 
 
 def run_flight_recorder(args: argparse.Namespace, run_script: Callable[[], ScriptEnd]) -> int:
@@ -56,6 +72,7 @@ def run_flight_recorder(args: argparse.Namespace, run_script: Callable[[], Scrip
 
     from layerscope.capture.flight_recorder import flight_recorder
 
+    check_recorder_arguments(args)
     slow = 3.0 if args.slow is None else args.slow or None
     recorder = flight_recorder(
         None,

@@ -94,7 +94,8 @@ class LayerscopeProfiler(Profiler):
         return list(self.session.cycles) if self.session is not None else []
 
     def start(self, action_name: str) -> None:
-        if self.session is not None or self.recorder is not None or action_name != _STEP_ACTION:
+        recording = self.recorder is not None and self.recorder.clock.active
+        if self.session is not None or recording or action_name != _STEP_ACTION:
             return
         import layerscope as ls
 

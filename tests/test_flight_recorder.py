@@ -726,3 +726,27 @@ def test_run_flight_recorder_refuses_a_profile_s_options(
     assert "the dumps' folder, not a file" in capsys.readouterr().err
     assert main(["run", "--slow", "0", str(script)]) == 2
     assert "add --flight-recorder" in capsys.readouterr().err
+
+
+def test_global_mode_bounds_its_module_list(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerscope.capture import flight_scopes
+
+    monkeypatch.setattr(flight_scopes, "MAX_GLOBAL_MODULES", 6)
+
+    class MakesModules(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.Dropout(0.0)(self.linear(x))  # a new module at every call
+
+    model = MakesModules()
+    with ls.flight_recorder(None, out=out, slow=None) as rec:
+        for _ in range(20):
+            model(torch.randn(2, 4)).sum().backward()
+            rec.step()
+        path = rec.dump()
+    assert len(rec._modules) == 6  # the synthetic root, the model, its linear, three dropouts
+    profile = loaded(path)
+    assert profile.find("MakesModules.linear").calls == 20

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -199,6 +200,11 @@ def _with_native(backward: Int64Array, native_events: bytes) -> Int64Array:
     return rows[np.argsort(rows[:, 0], kind="stable")]
 
 
+#: Modules global mode names at most (modules made anew in every step would grow the list forever).
+MAX_GLOBAL_MODULES = 10_000
+#: The code of a module global mode does not record (past :data:`MAX_GLOBAL_MODULES`).
+UNRECORDED = 0
+
 #: Step serials, unique in the process: a graph a hook was made in is never taken for a later step's.
 _serials = itertools.count()
 
@@ -293,6 +299,8 @@ class FlightScopes:
                 code = self._codes.get(id(module))
                 if code is None:
                     code = self._name_new_module(module)
+        if code == UNRECORDED:
+            return
         self._open_calls().append(code)
         self.clock.mark(code)
 
@@ -301,15 +309,21 @@ class FlightScopes:
             return
         code = self._codes.get(id(module))
         open_calls = self._open_calls()
-        if code is None or code not in open_calls:
-            return  # called before the recorder started
+        if code is None or code == UNRECORDED or code not in open_calls:
+            return  # called before the recorder started, or past the list's bound
         while open_calls.pop() != code:  # a child whose post hook never ran
             pass
         self.clock.mark(-code)
         self.clock.watch_output(args, output)
 
     def _name_new_module(self, module: nn.Module) -> int:
-        """Name ``module`` and its children (see the module docstring); its code."""
+        """Name ``module`` and its children (see the module docstring); its code. A module that
+        goes away takes its entry with it (``id()`` values are reused); past
+        :data:`MAX_GLOBAL_MODULES` names (modules made anew in every step), new ones go unrecorded."""
+        if len(self.modules) >= MAX_GLOBAL_MODULES:
+            self._codes[id(module)] = UNRECORDED
+            weakref.finalize(module, self._codes.pop, id(module), None)
+            return UNRECORDED
         open_calls = self._open_calls()
         if open_calls:
             parent = self.modules[open_calls[-1] - 1].path
@@ -326,8 +340,10 @@ class FlightScopes:
             path = f"{name}.{entry.path}" if entry.path else name
             listed = FlightModule(path, type(entry.inner).__name__, *_params(entry.inner))
             self._codes[id(entry.scoped)] = code = self._add(listed)
+            weakref.finalize(entry.scoped, self._codes.pop, id(entry.scoped), None)
             if entry.is_wrapper:  # the module it compiles, were it run eagerly, is the same row
                 self._codes[id(entry.inner)] = code
+                weakref.finalize(entry.inner, self._codes.pop, id(entry.inner), None)
         return self._codes[id(module)]
 
     def _wrap_compiled_call(self, module: nn.Module, code: int) -> None:

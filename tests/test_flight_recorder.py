@@ -147,9 +147,10 @@ def test_a_slow_step_is_dumped_with_its_number_and_its_module_first(out: Path) -
     sleepy = model.blocks[2]
 
     def before(i: int) -> None:
-        sleepy.delay = 0.05 if i == 20 else 0.0
+        sleepy.delay = 0.2 if i == 20 else 0.0
 
-    with ls.flight_recorder(model, keep=30, out=out, slow=3.0, warmup=5, after=2) as rec:
+    # a factor far above a busy machine's noise on sub-millisecond steps
+    with ls.flight_recorder(model, keep=30, out=out, slow=50.0, warmup=5, after=2) as rec:
         train(model, 30, rec, before)
     slow = [p for p in rec.dumps if "slow_step" in p.name]
     assert [p.name for p in slow] == ["flight-step000020-slow_step.json.gz"]
@@ -158,7 +159,7 @@ def test_a_slow_step_is_dumped_with_its_number_and_its_module_first(out: Path) -
     assert profile.trigger.module == "blocks.2"
     assert max(s.step for s in profile.steps) == 22  # the dump waited two more steps
     culprit = slow_step_culprit(profile, 20)
-    assert culprit is not None and culprit.phase == "forward" and culprit.extra_us > 40_000
+    assert culprit is not None and culprit.phase == "forward" and culprit.extra_us > 150_000
     line = trigger_line(profile)
     assert line is not None and line.startswith("slow step 20: ") and line.endswith("in blocks.2 (forward)")
 
@@ -170,19 +171,19 @@ def test_a_slow_backward_names_the_module_and_the_phase(out: Path, hooks: str) -
     sleepy.in_backward = True
 
     def before(i: int) -> None:
-        sleepy.delay = 0.05 if i == 15 else 0.0
+        sleepy.delay = 0.2 if i == 15 else 0.0
 
-    with ls.flight_recorder(model, keep=20, out=out, warmup=5, after=1) as rec:
+    with ls.flight_recorder(model, keep=20, out=out, slow=50.0, warmup=5, after=1) as rec:
         train(model, 20, rec, before)
     profile = loaded(next(p for p in rec.dumps if "slow_step" in p.name))
     assert profile.trigger is not None and profile.trigger.module == "blocks.2"
     culprit = slow_step_culprit(profile, 15)
-    assert culprit is not None and culprit.phase == "backward" and culprit.extra_us > 40_000
+    assert culprit is not None and culprit.phase == "backward" and culprit.extra_us > 150_000
     # the sleep is in blocks.2's own backward: not in its children's, nor in the block before it
     slow_step = next(s for s in profile.steps if s.step == 15)
-    assert slow_step.modules["blocks.2"][1] > 50_000
-    assert slow_step.modules["blocks.2.linear"][1] < 25_000
-    assert slow_step.modules["blocks.1"][1] < 25_000
+    assert slow_step.modules["blocks.2"][1] > 200_000
+    assert slow_step.modules["blocks.2.linear"][1] < 100_000
+    assert slow_step.modules["blocks.1"][1] < 100_000
 
 
 class Exploding(nn.Module):
@@ -443,7 +444,7 @@ x = torch.randn(4, 8)
 for i in range(25):
     model(x).sum().backward()
     if i == 15:
-        time.sleep(0.05)
+        time.sleep(0.2)
     optimizer.step()
     optimizer.zero_grad()
 if "--fail" in sys.argv:
@@ -457,7 +458,8 @@ def test_run_flight_recorder_dumps_a_whole_script(tmp_path: Path, capsys: pytest
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "dumps"
-    code = main(["run", "--flight-recorder", "--keep", "10", "-o", str(out), str(script), "--fail"])
+    arguments = ["--flight-recorder", "--keep", "10", "--slow", "50", "-o", str(out), str(script), "--fail"]
+    code = main(["run", *arguments])
     assert code == 1
     err = capsys.readouterr().err
     assert "ValueError: boom" in err and "the script raised (exit code 1)" in err
@@ -500,7 +502,7 @@ def test_detail_every_saves_a_full_profile_beside_the_dumps(out: Path) -> None:
     plain, recorded = Net(), Net()
     recorded.load_state_dict(plain.state_dict())
     plain_losses = train(plain, 12)
-    with ls.flight_recorder(recorded, out=out, detail_every=5, warmup=2) as rec:
+    with ls.flight_recorder(recorded, out=out, detail_every=5, warmup=2, slow=20.0) as rec:
         recorded_losses = train(recorded, 12, rec)
         path = rec.dump()
     # the detailed steps' profiler start and stop are not the job being slow
@@ -530,7 +532,7 @@ def test_merge_lines_the_ranks_dumps_up_by_step(tmp_path: Path) -> None:
         sleepy = model.blocks[2]
 
         def before(i: int, rank: int = rank, sleepy: Sleepy = sleepy) -> None:
-            sleepy.delay = 0.03 if (rank, i) == (1, 7) else 0.0
+            sleepy.delay = 0.2 if (rank, i) == (1, 7) else 0.0
 
         with ls.flight_recorder(model, out=tmp_path / f"rank{rank}", keep=6, slow=None) as rec:
             train(model, 10, rec, before)
@@ -538,7 +540,7 @@ def test_merge_lines_the_ranks_dumps_up_by_step(tmp_path: Path) -> None:
     merged = ls.merge([loaded(path) for path in dumps], ranks=[0, 1])
     assert [s.step for s in merged.steps] == [4, 5, 6, 7, 8, 9, 10]
     worst = max(merged.steps, key=lambda s: s.spread_us)
-    assert worst.step == 7 and worst.wall_us[1] is not None and worst.wall_us[1] > 30_000
+    assert worst.step == 7 and worst.wall_us[1] is not None and worst.wall_us[1] > 150_000
     text = render_to_text(ranks_view(merged, top=3, ascii_only=True), width=120)
     assert "steps lined up across ranks: the 3 of 7 that differ most" in " ".join(text.split())
     assert dump_path(tmp_path, 7, "signal", 3).name == "flight-step000007-signal-rank3.json.gz"
@@ -611,9 +613,9 @@ def test_a_slow_step_with_after_zero_and_the_median_it_was_compared_with(out: Pa
     sleepy = model.blocks[2]
 
     def before(i: int) -> None:
-        sleepy.delay = 0.05 if i == 8 else 0.0
+        sleepy.delay = 0.2 if i == 8 else 0.0
 
-    with ls.flight_recorder(model, keep=20, out=out, warmup=5, after=0) as rec:
+    with ls.flight_recorder(model, keep=20, out=out, slow=50.0, warmup=5, after=0) as rec:
         train(model, 12, rec, before)
     profile = loaded(next(p for p in rec.dumps if "slow_step" in p.name))
     assert max(s.step for s in profile.steps) == 8
@@ -750,3 +752,16 @@ def test_global_mode_bounds_its_module_list(out: Path, monkeypatch: pytest.Monke
     assert len(rec._modules) == 6  # the synthetic root, the model, its linear, three dropouts
     profile = loaded(path)
     assert profile.find("MakesModules.linear").calls == 20
+
+
+def test_the_html_report_of_a_dump_leads_with_its_trigger(out: Path) -> None:
+    model = Net()
+    with ls.flight_recorder(model, out=out, slow=None) as rec:
+        train(model, 3, rec)
+        path = rec.dump()
+    profile = loaded(path)
+    page = out / "dump.html"
+    profile.save(page)
+    text = page.read_text()
+    assert '<p id="trigger"><b>Flight recorder dump</b>: dump() at step 3</p>' in text
+    assert text.index('id="trigger"') < text.index('id="headline"')

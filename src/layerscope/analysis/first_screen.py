@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass
 
 from layerscope.analysis.advice import Advice, advise
+from layerscope.analysis.flight import trigger_line
 from layerscope.analysis.steps import StepRow
 from layerscope.errors import LayerscopeError
 from layerscope.events.names import DATA_LOADER_PREFIX, OPTIMIZER_STEP_PREFIX
@@ -45,6 +46,8 @@ class FirstScreen:
     device_idle_share: float | None
     peak: MemoryAtPeak | None
     findings: tuple[Advice, ...]
+    #: a flight recorder's dump: what made it (``analysis/flight.py``'s line), else None
+    trigger: str | None = None
 
 
 def step_time(rows: list[StepRow]) -> StepTime | None:
@@ -85,6 +88,7 @@ def first_screen(profile: Profile, steps: list[StepRow]) -> FirstScreen:
         device_idle_share=1.0 - device.utilisation if device is not None else None,
         peak=peak,
         findings=tuple(advise(profile, None)[:TOP_FINDINGS]),
+        trigger=trigger_line(profile),
     )
 
 

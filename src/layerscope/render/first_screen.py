@@ -91,8 +91,11 @@ def _findings(screen: FirstScreen) -> str:
 def first_screen_html(screen: FirstScreen) -> str:
     """The summary section."""
     cards = _step_card(screen) + _peak_card(screen)
+    trigger = (
+        f'<p id="trigger"><b>Flight recorder dump</b>: {escape(screen.trigger)}</p>' if screen.trigger else ""
+    )
     return (
-        '<section id="summary"><h2>Summary</h2>'
+        f'<section id="summary"><h2>Summary</h2>{trigger}'
         f'<div class="cards" id="headline">{cards}</div><div class="cards" id="cards"></div>'
         f'<p class="muted">Where the time goes ({fmt_time_us(screen.wall_us) or "0"} recorded):</p>'
         f"{_time_bar(screen)}{_findings(screen)}"

@@ -38,6 +38,8 @@ def assert_same(table: EventTable, window: tuple[int, int], zero_weight_launch_e
             longest_path(new)
         return False
     assert longest_path(new) == expected
+    new.lanes = np.random.default_rng(0).permutation(new.node_ts.size)  # runs only help
+    assert longest_path(new) == expected
     return True
 
 
@@ -165,9 +167,12 @@ def test_same_as_reference_on_random_traces(monkeypatch: pytest.MonkeyPatch) -> 
 def test_cycles_are_refused() -> None:
     """A graph with a cycle (through a chain of single predecessors, or through merges) raises as
     Kahn's order does."""
-    for src, dst in (([0, 1, 2], [1, 2, 0]), ([0, 1, 2, 3, 2], [1, 2, 1, 2, 3]), ([0], [0])):
-        with pytest.raises(ValueError, match="cycle"):
-            critical_longest.heaviest_path(4, np.asarray(src), np.asarray(dst), np.ones(len(src), np.int64))
+    cycles = (([0, 1, 2], [1, 2, 0]), ([0, 1, 2, 3, 2], [1, 2, 1, 2, 3]), ([0], [0]), ([3, 0, 1], [0, 1, 3]))
+    for src, dst in cycles:
+        for lanes in (None, np.arange(4), np.asarray([3, 0, 1, 2]), np.asarray([2, 1, 0, 3])):
+            with pytest.raises(ValueError, match="cycle"):
+                weight = np.ones(len(src), np.int64)
+                critical_longest.heaviest_path(4, np.asarray(src), np.asarray(dst), weight, lanes)
 
 
 def test_edge_cases() -> None:

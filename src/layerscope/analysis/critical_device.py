@@ -25,11 +25,12 @@ def device_edges(
     launcher: np.ndarray,
     syncs: SyncLinks,
     zero_weight_launch_edges: bool,
-) -> Edges:
+) -> tuple[Edges, np.ndarray]:
     """Per work span in start order (synchronisations at their end): its own edge, a sync edge from
     the work a stream wait holds it behind, a launch edge when it found its stream empty, else a
     kernel-kernel edge from the stream's previous work, and a weightless launch edge if asked.
-    ``nodes``: the graph's spans with nodes, their node times, and each table span's slot."""
+    ``nodes``: the graph's spans with nodes, their node times, and each table span's slot. Also
+    the work's nodes stream by stream, in walk order."""
     node_span, node_ts, slot = nodes
     ts, dur, tid = table.array("span_ts"), table.array("span_dur"), table.array("span_tid")
     work_rows = np.flatnonzero(work)
@@ -77,7 +78,8 @@ def device_edges(
     if zero_weight_launch_edges:
         parts.append(part(~launched, 3, Edges.of(call, start, LAUNCH, -1, True)))
     parts.append(_cpu_waits(syncs, launcher, slot, position, at, stream, start))
-    return ordered(parts)
+    lanes = np.stack([start[by_stream], start[by_stream] + 1], axis=1).reshape(-1)
+    return ordered(parts), lanes
 
 
 def _waited(syncs: SyncLinks, position: np.ndarray, slot: np.ndarray, work: np.ndarray) -> np.ndarray:

@@ -76,6 +76,7 @@ class Graph:
     weight: np.ndarray = field(default_factory=_none)  # ns; 0: dependencies, syncs, zero edges
     kind: np.ndarray = field(default_factory=_none)
     owner: np.ndarray = field(default_factory=_none)  # the span an edge's time belongs to, -1 none
+    lanes: np.ndarray = field(default_factory=_none)  # the nodes thread by thread, stream by stream
 
     def start(self, span: int) -> int:
         """The start node of ``span`` (-1 without nodes)."""
@@ -131,12 +132,10 @@ def build_graph(table: EventTable, window: Window, zero_weight_launch_edges: boo
     threads = _threads(table, np.flatnonzero(cpu))
     syncs = sync_links(table, launcher, (window.start, window.end), cpu)
     nodes = (spans, node_ts, slot)
-    parts = [
-        _lock_edges(graph, np.flatnonzero(lock)),
-        call_stack_edges(table, threads, slot, graph.parent, lock, blocking),
-        device_edges(table, nodes, work, launcher, syncs, zero_weight_launch_edges),
-    ]
-    graph.set_edges(Edges.join(parts))
+    stack, cpu_lanes = call_stack_edges(table, threads, slot, graph.parent, lock, blocking)
+    device, device_lanes = device_edges(table, nodes, work, launcher, syncs, zero_weight_launch_edges)
+    graph.set_edges(Edges.join([_lock_edges(graph, np.flatnonzero(lock)), stack, device]))
+    graph.lanes = np.concatenate([cpu_lanes, device_lanes])
     return graph
 
 

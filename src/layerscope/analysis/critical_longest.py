@@ -1,9 +1,10 @@
 """The heaviest path through the critical path's graph, mostly in numpy.
 
 Nearly every node of the graph (~95% on real traces) has exactly one incoming edge: a node's
-distance is then its predecessor's plus the edge, so these chains are summed by pointer jumping
-(each node's distance from the nearest node with zero or several incoming edges, its *root*), and
-only the roots with several incoming edges go through a loop, in topological order.
+distance is then its predecessor's plus the edge. Runs of such nodes that follow each other on a
+thread or stream are cumulative sums; the runs are chained by pointer jumping (each node's distance
+from the nearest node with zero or several incoming edges, its *root*); only the roots with several
+incoming edges go through a loop, in topological order.
 
 Ties are broken as before this was vectorised (``tests/critical_reference.py``): a node's best
 incoming edge is the first heaviest in edge order; the path ends at the first node of the longest
@@ -17,9 +18,13 @@ from __future__ import annotations
 import numpy as np
 
 
-def heaviest_path(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray) -> np.ndarray:
+def heaviest_path(
+    n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray, lanes: np.ndarray | None = None
+) -> np.ndarray:
     """The edges (indices into ``src``) of the heaviest path through a DAG of ``n`` nodes, in
-    order; weights are at least 0, no two edges join the same two nodes. Raises on a cycle."""
+    order; weights are at least 0, no two edges join the same two nodes. Raises on a cycle.
+    ``lanes``: the nodes in an order where a node's single predecessor often comes just before it
+    (a thread's nodes in time order, then another's): such runs are summed at once."""
     if np.any(src == dst):
         raise ValueError("the dependency graph has a cycle")
     indeg = np.bincount(dst, minlength=n)
@@ -28,30 +33,68 @@ def heaviest_path(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray) 
     single = indeg == 1
     best = np.full(n, -1, dtype=np.int64)
     best[single] = into[first_in[:-1][single]]
-    root = np.arange(n)
-    root[single] = src[best[single]]
-    offset = np.zeros(n, dtype=np.int64)
-    offset[single] = weight[best[single]]
-    _jump(root, offset)
+    runs = _Runs(lanes if lanes is not None else np.arange(n), src, weight, best)
+    root, offset = runs.roots()
     dist = np.zeros(n, dtype=np.int64)  # for now, of the roots only
     merge = np.flatnonzero(indeg > 1)
     if merge.size:
         _merge_distances(merge, root, offset, (src, weight, into, first_in), dist, best)
     dist = dist[root] + offset
-    end = _path_end(n, src, dst, dist)
-    pred = np.where(best >= 0, src[np.maximum(best, 0)], -1).tolist()
-    walk = []
-    v = end
-    while v >= 0:
-        walk.append(v)
-        v = pred[v]
-    return best[np.asarray(walk[-2::-1], dtype=np.int64)] if len(walk) > 1 else np.zeros(0, np.int64)
+    path: np.ndarray = best[runs.walk(_path_end(n, src, dst, dist), src, best)[1:]]
+    return path
 
 
-def _jump(root: np.ndarray, offset: np.ndarray) -> None:
-    """Pointer jumping: each node's ``root`` (the end of its chain of single predecessors) and its
-    distance from it, in place. Raises when a chain never ends (a cycle)."""
-    active = np.flatnonzero(root[root] != root)
+class _Runs:
+    """Runs of nodes, consecutive in ``lanes``, each the single successor of the one before: a
+    node's distance from its run's head is a cumulative sum."""
+
+    def __init__(self, lanes: np.ndarray, src: np.ndarray, weight: np.ndarray, best: np.ndarray) -> None:
+        n = lanes.size
+        self.lanes = lanes
+        self.pos = np.empty(n, dtype=np.int64)
+        self.pos[lanes] = np.arange(n)
+        self.single = best >= 0
+        self.parent = np.where(self.single, src[np.maximum(best, 0)], -1)
+        self.gain = np.where(self.single, weight[np.maximum(best, 0)], 0)
+        linked = (self.single & (self.pos[np.maximum(self.parent, 0)] == self.pos - 1))[lanes]
+        starts = np.flatnonzero(~linked)
+        run = np.cumsum(~linked) - 1
+        total = np.cumsum(np.where(linked, self.gain[lanes], 0))
+        self.head = np.empty(n, dtype=np.int64)
+        self.head[lanes] = lanes[starts][run]
+        self.within = np.empty(n, dtype=np.int64)
+        self.within[lanes] = total - total[starts][run]
+        self.heads = lanes[starts]
+
+    def roots(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each node's root (the end of its chain of single predecessors) and distance from it."""
+        n = self.lanes.size
+        up, off = np.arange(n), np.zeros(n, dtype=np.int64)
+        chained = self.heads[self.single[self.heads]]
+        p = self.parent[chained]
+        up[chained] = self.head[p]
+        off[chained] = self.gain[chained] + self.within[p]
+        _jump(up, off, chained)
+        if np.any(self.single[up[chained]]):  # a root with a predecessor: the chain was a cycle
+            raise ValueError("the dependency graph has a cycle")
+        return up[self.head], off[self.head] + self.within
+
+    def walk(self, end: int, src: np.ndarray, best: np.ndarray) -> np.ndarray:
+        """The nodes of the best path into ``end``, from its first node, a run at a time."""
+        parts = []
+        v = end
+        while v >= 0:
+            h = int(self.head[v])
+            parts.append(self.lanes[self.pos[h] : self.pos[v] + 1])
+            v = int(src[best[h]]) if best[h] >= 0 else -1
+        return np.concatenate(parts[::-1])
+
+
+def _jump(root: np.ndarray, offset: np.ndarray, among: np.ndarray) -> None:
+    """Pointer jumping over the nodes ``among`` (their roots among them too): each one's ``root``
+    (the end of its chain) and its distance from it, in place. Raises when a chain never ends (a
+    cycle; one whose length is a power of two ends on itself instead: the caller checks roots)."""
+    active = among[root[root[among]] != root[among]]
     for _ in range(int(root.size).bit_length() + 1):
         if not active.size:
             return

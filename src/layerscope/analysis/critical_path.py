@@ -111,7 +111,10 @@ def longest_path(graph: Graph) -> list[int]:
     _, last_from_end = np.unique(pair[::-1], return_index=True)
     keep = np.sort(pair.size - 1 - last_from_end)
     weight = np.maximum(graph.weight[keep], 0)
-    path: list[int] = keep[heaviest_path(n, graph.src[keep], graph.dst[keep], weight)].tolist()
+    lanes: np.ndarray | None = graph.lanes
+    if graph.lanes.size != n or np.bincount(graph.lanes, minlength=n).max() != 1:
+        lanes = None  # not every node once: in node order (the path is the same, found slower)
+    path: list[int] = keep[heaviest_path(n, graph.src[keep], graph.dst[keep], weight, lanes)].tolist()
     return path
 
 

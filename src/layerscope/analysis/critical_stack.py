@@ -61,12 +61,13 @@ def call_stack_edges(
     parent: np.ndarray,
     lock: np.ndarray,
     blocking: np.ndarray,
-) -> Edges:
+) -> tuple[Edges, np.ndarray]:
     """Edges between consecutive nodes of each thread's walk (spans without nodes skipped): a
     dependency into a top-level span's start, else an operator edge owned by the span the time is
-    spent in; none between two nodes of runtime-lock calls that the lock's edges join instead."""
+    spent in; none between two nodes of runtime-lock calls that the lock's edges join instead.
+    Also the nodes in walk order, thread after thread."""
     if not threads:
-        return Edges.of([], [], [])
+        return Edges.of([], [], []), np.zeros(0, dtype=np.int64)
     span, is_open, thread = stack_events(table, threads, parent)
     keep = slot[span] >= 0
     span, is_open, thread = span[keep], is_open[keep], thread[keep]
@@ -80,4 +81,4 @@ def call_stack_edges(
     owner = np.where(after_start, u_span, np.where(entering, parent[u_span], s))
     kind = np.where(entering & (depth[v] == 0), DEPENDENCY, OPERATOR)
     edges = Edges.of(node[u], node[v], kind, owner, ~entering & blocking[s])
-    return edges.take(~shares_lock)
+    return edges.take(~shares_lock), node

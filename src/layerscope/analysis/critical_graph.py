@@ -1,5 +1,6 @@
 """The dependency graph of one rank's trace window, with Holistic Trace Analysis's model (HTA's
-``CPGraph``, ``hta/analyzers/critical_path_analysis.py`` at f4d0062), in numpy and plain lists.
+``CPGraph``, ``hta/analyzers/critical_path_analysis.py`` at f4d0062), in numpy: each kind of edge is
+made as arrays (``critical_stack.py``, ``critical_device.py``), in the order a walk would add them.
 
 Every CPU op and runtime call in the window, and every piece of device work launched from it, has a
 start node and an end node. Edges, each with a weight (ns) and the span its time belongs to:
@@ -28,18 +29,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from layerscope.analysis.critical_sync import (
-    EVENT_SYNC,
-    STREAM_SYNC,
-    STREAM_WAIT,
-    SyncLinks,
-    queue_lengths,
-    sync_links,
+from layerscope.analysis.critical_device import device_edges
+from layerscope.analysis.critical_edges import (
+    DEPENDENCY,
+    OPERATOR,
+    SYNC,
+    Edges,
+    ordered,
 )
+from layerscope.analysis.critical_stack import call_stack_edges
+from layerscope.analysis.critical_sync import sync_links
 from layerscope.events.table import EventKind, EventTable
-
-#: Edge types (HTA's ``CPEdgeType``).
-OPERATOR, DEPENDENCY, LAUNCH, KERNEL_KERNEL, SYNC = range(5)
 
 #: Runtime calls that hold CUDA's runtime lock: one at a time across threads (HTA's list).
 LOCK_CALLS = frozenset({"cudaHostAlloc", "cudaLaunchKernel", "cudaMemcpyAsync"})
@@ -55,26 +55,28 @@ BLOCKING_CALLS = frozenset(
         "cudaMemcpyAsync",
     }
 )
-#: Gaps between work on a stream longer than this are no kernel-kernel edge (HTA's 1.5 ms).
-KERNEL_GAP_NS = 1_500_000
-
 _CPU_KINDS = (EventKind.CPU_OP, EventKind.USER_ANNOTATION, EventKind.RUNTIME, EventKind.PYTHON)
 _WORK_KINDS = (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET)
 
 
+def _none() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
 @dataclass
 class Graph:
-    """Nodes (two per span in ``spans``: ``2j`` its start, ``2j + 1`` its end) and edges."""
+    """Nodes (two per span in ``spans``: ``2j`` its start, ``2j + 1`` its end) and edges (arrays)."""
 
     spans: np.ndarray  # the spans with nodes, table indices
     node_ts: np.ndarray  # ns
     slot: np.ndarray  # table index -> j, -1 for spans without nodes
     parent: np.ndarray  # table index -> enclosing CPU span on its (merged) thread, -1
-    src: list[int] = field(default_factory=list)
-    dst: list[int] = field(default_factory=list)
-    weight: list[int] = field(default_factory=list)
-    kind: list[int] = field(default_factory=list)
-    owner: list[int] = field(default_factory=list)  # the span an edge's time belongs to, -1 none
+    src: np.ndarray = field(default_factory=_none)
+    dst: np.ndarray = field(default_factory=_none)
+    weight: np.ndarray = field(default_factory=_none)  # ns; 0: dependencies, syncs, zero edges
+    kind: np.ndarray = field(default_factory=_none)
+    owner: np.ndarray = field(default_factory=_none)  # the span an edge's time belongs to, -1 none
+    lanes: np.ndarray = field(default_factory=_none)  # the nodes thread by thread, stream by stream
 
     def start(self, span: int) -> int:
         """The start node of ``span`` (-1 without nodes)."""
@@ -86,15 +88,12 @@ class Graph:
         j = int(self.slot[span])
         return 2 * j + 1 if j >= 0 else -1
 
-    def add(self, u: int, v: int, kind: int, owner: int = -1, zero: bool = False) -> None:
-        """An edge ``u -> v``; weighted by the time between its nodes unless a dependency, a sync
-        or ``zero``."""
-        weighted = not zero and kind not in (DEPENDENCY, SYNC)
-        self.src.append(u)
-        self.dst.append(v)
-        self.weight.append(int(self.node_ts[v] - self.node_ts[u]) if weighted else 0)
-        self.kind.append(kind)
-        self.owner.append(owner)
+    def set_edges(self, edges: Edges) -> None:
+        """The graph's edges, in order; weighted by the time between their nodes unless a
+        dependency, a sync or zero."""
+        weighted = ~edges.zero & (edges.kind != DEPENDENCY) & (edges.kind != SYNC)
+        self.src, self.dst, self.kind, self.owner = edges.src, edges.dst, edges.kind, edges.owner
+        self.weight = np.where(weighted, self.node_ts[edges.dst] - self.node_ts[edges.src], 0)
 
 
 @dataclass(frozen=True)
@@ -129,12 +128,14 @@ def build_graph(table: EventTable, window: Window, zero_weight_launch_edges: boo
     names = table.names
     name_of = table.array("span_name")
     lock = np.asarray([n in LOCK_CALLS for n in names], dtype=bool)[name_of] & (slot >= 0)
-    _lock_edges(graph, np.flatnonzero(lock), ts)
     blocking = np.asarray([n in BLOCKING_CALLS for n in names], dtype=bool)[name_of]
-    for thread_spans in _threads(table, np.flatnonzero(cpu)):
-        _call_stack_edges(graph, table, thread_spans, lock, blocking)
+    threads = _threads(table, np.flatnonzero(cpu))
     syncs = sync_links(table, launcher, (window.start, window.end), cpu)
-    _device_edges(graph, table, work, launcher, syncs, zero_weight_launch_edges)
+    nodes = (spans, node_ts, slot)
+    stack, cpu_lanes = call_stack_edges(table, threads, slot, graph.parent, lock, blocking)
+    device, device_lanes = device_edges(table, nodes, work, launcher, syncs, zero_weight_launch_edges)
+    graph.set_edges(Edges.join([_lock_edges(graph, np.flatnonzero(lock)), stack, device]))
+    graph.lanes = np.concatenate([cpu_lanes, device_lanes])
     return graph
 
 
@@ -154,30 +155,27 @@ def launchers(table: EventTable) -> np.ndarray:
     return found
 
 
-def _lock_edges(graph: Graph, lock: np.ndarray, ts: np.ndarray) -> None:
+def _lock_edges(graph: Graph, lock: np.ndarray) -> Edges:
     """Runtime calls under CUDA's runtime lock, all threads: nodes in time order; at each end, an
-    edge from every start still open (the call's own time from its start, a dependency from the
-    others'), and a dependency from the previous node when that was an end."""
+    edge from every start still open, latest first (the call's own time from its start, a
+    dependency from the others'), and a dependency from the previous node when that was an end."""
     if not lock.size:
-        return
+        return Edges.of([], [], [])
     nodes = np.concatenate([2 * graph.slot[lock], 2 * graph.slot[lock] + 1])
     span = np.concatenate([lock, lock])
     order = np.lexsort((nodes & 1, span, graph.node_ts[nodes]))
-    open_starts: list[int] = []
-    last = -1
-    for node, s in zip(nodes[order].tolist(), span[order].tolist(), strict=True):
-        if not node & 1:
-            open_starts.append(node)
-        else:
-            while open_starts:
-                u = open_starts.pop()
-                if u == node - 1:
-                    graph.add(u, node, OPERATOR, owner=s)
-                else:
-                    graph.add(u, node, DEPENDENCY)
-            if last >= 0 and last & 1:
-                graph.add(last, node, DEPENDENCY)
-        last = node
+    seq, span = nodes[order], span[order]
+    is_end = (seq & 1).astype(bool)
+    ends = np.flatnonzero(is_end)
+    # every end takes the starts since the previous end: the k-th end those with k ends before them
+    starts = np.flatnonzero(~is_end)
+    taken = (np.cumsum(is_end) - is_end)[starts]
+    starts, by = starts[taken < ends.size], ends[taken[taken < ends.size]]
+    own = seq[starts] == seq[by] - 1
+    popped = Edges.of(seq[starts], seq[by], np.where(own, OPERATOR, DEPENDENCY), np.where(own, span[by], -1))
+    after_end = ends[(ends > 0) & is_end[np.maximum(ends - 1, 0)]]
+    chained = Edges.of(seq[after_end - 1], seq[after_end], DEPENDENCY)
+    return ordered([(by, -starts, popped), (after_end, np.full(after_end.size, seq.size), chained)])
 
 
 def _threads(table: EventTable, cpu: np.ndarray) -> list[np.ndarray]:
@@ -199,137 +197,3 @@ def _threads(table: EventTable, cpu: np.ndarray) -> list[np.ndarray]:
     order = np.argsort(tid, kind="stable")
     cuts = np.flatnonzero(np.diff(tid[order])) + 1
     return [cpu[part] for part in np.split(order, cuts)]
-
-
-def _nesting(table: EventTable, spans: np.ndarray, parent: np.ndarray) -> dict[int, list[int]]:
-    """One thread's call tree, HTA's way: starts and ends in time order (at one instant ends first,
-    longer spans open first and close last), each start a child of the span on top of the stack,
-    each end closing the top. Sets ``parent``; returns each span's children in start order."""
-    start = table.array("span_ts")[spans]
-    dur = table.array("span_dur")[spans]
-    time = np.concatenate([start, start + dur])
-    opens = np.concatenate([np.ones(spans.size, np.int64), np.zeros(spans.size, np.int64)])
-    order = np.lexsort((np.concatenate([spans, -spans]), np.concatenate([-dur, dur]), opens, time))
-    children: dict[int, list[int]] = {-1: []}
-    stack: list[int] = []
-    for s, is_open in zip(np.concatenate([spans, spans])[order].tolist(), opens[order].tolist(), strict=True):
-        if is_open:
-            p = stack[-1] if stack else -1
-            children.setdefault(p, []).append(s)
-            parent[s] = p
-            stack.append(s)
-        elif stack:
-            stack.pop()
-    return children
-
-
-def _walk(children: dict[int, list[int]]) -> list[tuple[int, bool]]:
-    """Depth-first order of a call tree: (span, entering) pairs, the root's children first."""
-    out: list[tuple[int, bool]] = []
-    todo: list[tuple[int, bool]] = [(c, False) for c in reversed(children[-1])]
-    while todo:
-        s, done = todo.pop()
-        out.append((s, not done))
-        if not done:
-            todo.append((s, True))
-            todo.extend((c, False) for c in reversed(children.get(s, ())))
-    return out
-
-
-def _call_stack_edges(
-    graph: Graph, table: EventTable, spans: np.ndarray, lock: np.ndarray, blocking: np.ndarray
-) -> None:
-    """Edges between consecutive nodes of one thread's call tree (HTA's DFS): a dependency between
-    top-level spans, else an operator edge owned by the span the time is spent in; the lock's own
-    edges are left to :func:`_lock_edges`."""
-    parent = graph.parent
-    node_span = graph.spans
-    last, depth, last_parent = -1, 0, -1
-    for s, entering in _walk(_nesting(table, spans, parent)):
-        if graph.slot[s] < 0:
-            continue
-        node = graph.start(s) if entering else graph.end(s)
-        if last >= 0:
-            u_span = int(node_span[last // 2])
-            shares_lock = lock[u_span] and lock[s] and (not last & 1 or not entering)
-            if not shares_lock:
-                owner = u_span if not last & 1 else s if not entering else last_parent
-                kind = DEPENDENCY if entering and depth == 0 else OPERATOR
-                graph.add(last, node, kind, owner=owner, zero=not entering and bool(blocking[s]))
-        last, last_parent = node, int(parent[s])
-        depth += 1 if entering else -1
-
-
-def _device_edges(
-    graph: Graph,
-    table: EventTable,
-    work: np.ndarray,
-    launcher: np.ndarray,
-    syncs: SyncLinks,
-    zero_weight_launch_edges: bool,
-) -> None:
-    """Device work in start order (synchronisations at their end): its own edge, then a sync edge
-    from the work it waits on, a launch edge when it found its stream empty, else a kernel-kernel
-    edge from the stream's previous work."""
-    ts, dur, tid = table.array("span_ts"), table.array("span_dur"), table.array("span_tid")
-    rows = np.concatenate([np.flatnonzero(work), syncs.rows])
-    key = np.concatenate([ts[np.flatnonzero(work)], ts[syncs.rows] + dur[syncs.rows]])
-    at_launch, at_start = queue_lengths(table, launcher)
-    last: dict[int, int] = {}  # stream -> end node of its latest work
-    pending: dict[int, int] = {}  # work -> work it waits on (cudaStreamWaitEvent)
-    for r in rows[np.lexsort((rows, key))].tolist():
-        if r in syncs.kind:
-            _sync_edges(graph, syncs, r, int(launcher[r]), last, pending)
-            continue
-        s, e, stream, runtime = graph.start(r), graph.end(r), int(tid[r]), int(launcher[r])
-        graph.add(s, e, OPERATOR, owner=r)
-        waited = pending.pop(r, -1)
-        waited_end = graph.end(waited) if waited >= 0 else -1
-        if waited_end >= 0:
-            graph.add(waited_end, s, SYNC)
-        prev = last.get(stream, -1)
-        launch_ts = ts[runtime]
-        launched = False
-        if (
-            at_launch[r] == 1
-            and at_start[r] == 0
-            and (prev < 0 or graph.node_ts[prev] < launch_ts)
-            and (waited_end < 0 or graph.node_ts[waited_end] < launch_ts)
-        ):
-            graph.add(graph.start(runtime), s, LAUNCH)
-            launched = True
-        elif (
-            prev >= 0
-            and graph.node_ts[s] - graph.node_ts[prev] < KERNEL_GAP_NS
-            and (waited_end < 0 or graph.node_ts[waited_end] < graph.node_ts[prev])
-        ):
-            graph.add(prev, s, KERNEL_KERNEL, owner=int(graph.spans[prev // 2]))
-        if zero_weight_launch_edges and not launched:
-            graph.add(graph.start(runtime), s, LAUNCH, zero=True)
-        last[stream] = e
-
-
-def _sync_edges(
-    graph: Graph, syncs: SyncLinks, r: int, runtime: int, last: dict[int, int], pending: dict[int, int]
-) -> None:
-    """One synchronisation: a wait between streams becomes pending for the work it holds back; a
-    CPU wait gets edges from the work it waited on to its runtime call's end."""
-    kind = syncs.kind[r]
-    if kind == STREAM_WAIT:
-        src, dest = syncs.wait_src.get(r, -1), syncs.wait_dest.get(r, -1)
-        if src >= 0 and dest >= 0:
-            pending[dest] = src
-        return
-    call_end = graph.end(runtime) if runtime >= 0 else -1
-    if call_end < 0:
-        return
-    if kind == EVENT_SYNC:
-        src = syncs.wait_src.get(r, -1)
-        waited = [graph.end(src)] if src >= 0 else []
-    elif kind == STREAM_SYNC:
-        waited = [last.get(syncs.stream[r], -1)]
-    else:
-        waited = list(last.values())
-    for u in waited:
-        if u >= 0:
-            graph.add(u, call_end, SYNC)

@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analysis.critical_graph import KERNEL_KERNEL, LAUNCH, OPERATOR, Graph, Window, build_graph
+from layerscope.analysis.critical_edges import KERNEL_KERNEL, LAUNCH, OPERATOR
+from layerscope.analysis.critical_graph import Graph, Window, build_graph
 from layerscope.analysis.critical_graph import launchers as _launchers
+from layerscope.analysis.critical_longest import heaviest_path
 from layerscope.analysis.device import KERNEL_KINDS
 from layerscope.attribution.buckets import Buckets, name_roles
 from layerscope.attribution.nesting import sweep, time_order
@@ -86,11 +88,11 @@ def critical_path(
     graph = build_graph(table, Window(start, end, tuple(data_load)), zero_weight_launch_edges)
     edges = longest_path(graph)
     nodes = len(edges) + 1 if edges else 0
-    weight = np.maximum(np.asarray(graph.weight, dtype=np.int64), 0)
+    weight = np.maximum(graph.weight, 0)
     by_type, top_ns, owners = _shares(table, graph, edges, weight, data_load)
     ranked = sorted(top_ns.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     return CriticalPath(
-        length_us=float(weight[edges].sum()) / 1000.0 if edges else 0.0,
+        length_us=float(weight[np.asarray(edges, dtype=np.int64)].sum()) / 1000.0 if edges else 0.0,
         by_type={c: by_type[c] / 1000.0 for c in CATEGORIES if by_type.get(c, 0) > 0},
         nodes=nodes,
         top=tuple(PathShare(name, ns / 1000.0) for name, ns in ranked),
@@ -101,87 +103,61 @@ def critical_path(
 
 def longest_path(graph: Graph) -> list[int]:
     """The edges of the heaviest path (weights below 0 count 0; where two edges join the same
-    nodes the later one stands), in order. Kahn's topological order, then each node's best
-    predecessor (the first heaviest, in edge order, as networkx picks it)."""
+    nodes the later one stands), in order; ties as ``critical_longest.py`` says."""
     n = graph.node_ts.size
-    if not graph.src or not n:
+    if not graph.src.size or not n:
         return []
-    src, dst = np.asarray(graph.src, np.int64), np.asarray(graph.dst, np.int64)
-    pair = src * n + dst
+    pair = graph.src * n + graph.dst
     _, last_from_end = np.unique(pair[::-1], return_index=True)
     keep = np.sort(pair.size - 1 - last_from_end)
-    weight = np.maximum(np.asarray(graph.weight, np.int64)[keep], 0)
-    order = _topological(n, src[keep], dst[keep])
-    by_dst = np.argsort(dst[keep], kind="stable")
-    starts = np.searchsorted(dst[keep][by_dst], np.arange(n + 1))
-    dist = [0] * n
-    best = [-1] * n
-    k_src, k_w, into = src[keep].tolist(), weight.tolist(), by_dst.tolist()
-    bounds = starts.tolist()
-    for v in order:
-        top_d, top_e = -1, -1
-        for e in into[bounds[v] : bounds[v + 1]]:
-            d = dist[k_src[e]] + k_w[e]
-            if d > top_d:
-                top_d, top_e = d, e
-        if top_e >= 0:
-            dist[v], best[v] = top_d, top_e
-    v = max(order, key=lambda node: dist[node])  # the first node of the longest distance
-    path: list[int] = []
-    while best[v] >= 0:
-        path.append(int(keep[best[v]]))
-        v = k_src[best[v]]
-    return path[::-1]
-
-
-def _topological(n: int, src: np.ndarray, dst: np.ndarray) -> list[int]:
-    """Kahn's order of ``n`` nodes (time order among those ready); raises on a cycle."""
-    indeg = np.bincount(dst, minlength=n).tolist()
-    by_src = np.argsort(src, kind="stable")
-    bounds = np.searchsorted(src[by_src], np.arange(n + 1)).tolist()
-    out_dst = dst[by_src].tolist()
-    ready = [v for v in range(n) if indeg[v] == 0][::-1]
-    order: list[int] = []
-    while ready:
-        u = ready.pop()
-        order.append(u)
-        for v in out_dst[bounds[u] : bounds[u + 1]]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    if len(order) != n:
-        raise ValueError("the dependency graph has a cycle")
-    return order
+    weight = np.maximum(graph.weight[keep], 0)
+    lanes: np.ndarray | None = graph.lanes
+    if graph.lanes.size != n or np.bincount(graph.lanes, minlength=n).max() != 1:
+        lanes = None  # not every node once: in node order (the path is the same, found slower)
+    path: list[int] = keep[heaviest_path(n, graph.src[keep], graph.dst[keep], weight, lanes)].tolist()
+    return path
 
 
 def _shares(
     table: EventTable, graph: Graph, edges: list[int], weight: np.ndarray, data_load: tuple[str, ...]
-) -> tuple[dict[str, int], dict[str, int], dict[int, int]]:
-    """Time on the path (ns) by category, by op/kernel name (their own edges), and by owning span."""
-    kinds, name_of, names = table.array("span_kind"), table.array("span_name"), table.names
-    loading = re.compile("|".join(f"(?:{p})" for p in data_load)) if data_load else None
+) -> tuple[dict[str, int], dict[str, int], tuple[np.ndarray, np.ndarray]]:
+    """Time on the path (ns) by category, by op/kernel name (their own edges), and by owning span
+    (spans, ns)."""
+    on = np.asarray(edges, dtype=np.int64)
+    on = on[weight[on] > 0]
+    kind, owner, w = graph.kind[on], graph.owner[on], weight[on]
     by_type: dict[str, int] = {}
+    for k, category in (
+        (KERNEL_KERNEL, "gpu_kernel_kernel_overhead"),
+        (LAUNCH, "gpu_kernel_launch_overhead"),
+    ):
+        if np.any(kind == k):
+            by_type[category] = int(w[kind == k].sum())
+    own = (kind == OPERATOR) & (owner >= 0)
+    spans, ns = _sums(owner[own], w[own])
+    names, name_of = table.names, table.array("span_name")
+    device = np.isin(table.array("span_kind")[spans], list(DEVICE_WORK_KINDS))
+    loading = re.compile("|".join(f"(?:{p})" for p in data_load)) if data_load else None
+    # one category per (name, device work or not): HTA decides by name
+    key = name_of[spans] * 2 + device
+    keys, key_ns = _sums(key, ns)
     by_name: dict[str, int] = {}
-    owners: dict[int, int] = {}
-    seen: dict[tuple[int, bool], str] = {}  # (name, is device work) -> category
-    for e in edges:
-        w, kind, owner = int(weight[e]), graph.kind[e], graph.owner[e]
-        if w <= 0:
-            continue
-        if kind == KERNEL_KERNEL:
-            category = "gpu_kernel_kernel_overhead"
-        elif kind == LAUNCH:
-            category = "gpu_kernel_launch_overhead"
-        elif kind != OPERATOR or owner < 0:
-            continue
-        else:
-            name = names[name_of[owner]]
-            key = (int(name_of[owner]), int(kinds[owner]) in DEVICE_WORK_KINDS)
-            category = seen.get(key) or seen.setdefault(key, _category(name, key[1], loading))
-            by_name[name] = by_name.get(name, 0) + w
-            owners[owner] = owners.get(owner, 0) + w
-        by_type[category] = by_type.get(category, 0) + w
-    return by_type, by_name, owners
+    for k, total in zip(keys.tolist(), key_ns.tolist(), strict=True):
+        name = names[k // 2]
+        category = _category(name, bool(k & 1), loading)
+        by_type[category] = by_type.get(category, 0) + total
+        by_name[name] = by_name.get(name, 0) + total
+    return by_type, by_name, (spans, ns)
+
+
+def _sums(key: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct keys (sorted) and each one's total value (exact, in integers)."""
+    if not key.size:
+        return key, value
+    order = np.argsort(key, kind="stable")
+    key, value = key[order], value[order]
+    cuts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    return key[cuts], np.add.reduceat(value, cuts)
 
 
 def _category(name: str, device: bool, loading: re.Pattern[str] | None) -> str:
@@ -191,7 +167,7 @@ def _category(name: str, device: bool, loading: re.Pattern[str] | None) -> str:
     return "data_loading" if loading and loading.search(name) else "cpu_bound"
 
 
-def _modules(table: EventTable, owners: dict[int, int]) -> tuple[PathShare, ...] | None:
+def _modules(table: EventTable, owners: tuple[np.ndarray, np.ndarray]) -> tuple[PathShare, ...] | None:
     """Time on the path per module and phase: each span's bucket as attribution files it (device
     work: its launch call's); None when the trace has no module ranges."""
     if not any(n.startswith(MODULE_RANGE_PREFIX) for n in table.names):
@@ -199,16 +175,16 @@ def _modules(table: EventTable, owners: dict[int, int]) -> tuple[PathShare, ...]
     named = name_roles(table.names, None)
     buckets = Buckets(len(named.catalog))
     swept = sweep(table, time_order(table), named.roles, named.role_module, buckets)
-    launcher = _launchers(table)
+    spans, ns = owners
+    launcher = _launchers(table)[spans]
+    bucket = np.asarray(swept.bucket, dtype=np.int64)[np.where(launcher >= 0, launcher, spans)]
     found: dict[tuple[str, str], int] = {}
-    for span, ns in owners.items():
-        cpu_span = int(launcher[span]) if launcher[span] >= 0 else span
-        bucket = swept.bucket[cpu_span]
-        if not buckets.is_module(bucket):
+    for b, total in zip(*(a.tolist() for a in _sums(bucket, ns)), strict=True):
+        if not buckets.is_module(b):
             continue
-        phase = "backward" if buckets.is_backward(bucket) else "forward"
-        key = (named.catalog[buckets.module_of(bucket)].path, phase)
-        found[key] = found.get(key, 0) + ns
+        phase = "backward" if buckets.is_backward(b) else "forward"
+        key = (named.catalog[buckets.module_of(b)].path, phase)
+        found[key] = found.get(key, 0) + total
     ranked = sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))
     return tuple(PathShare(path, ns / 1000.0, phase) for (path, phase), ns in ranked)
 

@@ -19,7 +19,7 @@ not done for every profile: a wrapper may exist while the eager model is what ru
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from torch import nn
@@ -76,6 +76,29 @@ def model_modules(model: nn.Module) -> Iterator[ModuleEntry]:
     """Every module of ``model`` once, parents first, as ``named_modules()`` gives them, with each
     compiled wrapper standing for the module it wraps (its path without ``._orig_mod``)."""
     yield from _visit_modules(model, "", set())
+
+
+def global_mode_paths(
+    module: nn.Module,
+    parent_path: str | None,
+    taken: Callable[[str], bool],
+    known: Callable[[nn.Module], bool],
+) -> tuple[str, list[tuple[ModuleEntry, str]]]:
+    """Global mode's rule for a module called for the first time: called with no scope open it is a
+    top-level module named by its class; called inside another module's call (not as a registered
+    child of it), ``<parent path>.<Class>``; ``_1``, ``_2``... where the name is ``taken``. Returns the
+    name and, for the module and each module under it not yet ``known``, its entry and path."""
+    kind = type(unwrap_compiled(module)).__name__
+    base = kind if parent_path is None else f"{parent_path}.{kind}"
+    name, k = base, 1
+    while taken(name):
+        name, k = f"{base}_{k}", k + 1
+    found = [
+        (entry, f"{name}.{entry.path}" if entry.path else name)
+        for entry in model_modules(module)
+        if not known(entry.scoped)
+    ]
+    return name, found
 
 
 def _visit_modules(module: nn.Module, path: str, seen: set[int]) -> Iterator[ModuleEntry]:

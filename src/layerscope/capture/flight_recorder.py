@@ -53,7 +53,16 @@ _now = time.perf_counter_ns
 
 
 class FlightRecorder:
-    """The recorder of one model (see the module docstring); made by :func:`flight_recorder`."""
+    """A flight recorder for ``model`` (``ls.flight_recorder``): use it as a context manager around
+    the loop and call ``step()`` at the end of each step (see the module docstring). Without a model
+    (None), every module called is recorded (torch's global module hooks).
+
+    ``keep``: steps kept; ``detail_every``: a full profile every N steps (0: never); ``out``: the
+    dumps' folder; ``slow``: a step this many times the rolling median is dumped (None: never);
+    ``signal``: the signal that dumps (None: none); ``memory_threshold``: CUDA bytes that dump once
+    when passed; ``warmup``: steps before the slow-step trigger arms; ``after``: steps a slow step's
+    dump waits for (below ``keep``).
+    """
 
     def __init__(
         self,
@@ -292,25 +301,5 @@ class FlightRecorder:
         self._detail_file = (path, step)
 
 
-def flight_recorder(
-    model: nn.Module | None,
-    keep: int = 100,
-    detail_every: int = 0,
-    out: str | os.PathLike[str] = "flight",
-    slow: float | None = 3.0,
-    signal: int | None = signals.SIGUSR1,
-    memory_threshold: int | None = None,
-    warmup: int = 10,
-    after: int = 3,
-) -> FlightRecorder:
-    """A flight recorder for ``model``: use it as a context manager around the loop and call
-    ``step()`` at the end of each step (see :mod:`layerscope.capture.flight_recorder`). Without a
-    model (None), every module called is recorded (torch's global module hooks).
-
-    ``keep``: steps kept; ``detail_every``: a full profile every N steps (0: never); ``out``: the
-    dumps' folder; ``slow``: a step this many times the rolling median is dumped (None: never);
-    ``signal``: the signal that dumps (None: none); ``memory_threshold``: CUDA bytes that dump once
-    when passed; ``warmup``: steps before the slow-step trigger arms; ``after``: steps a slow step's
-    dump waits for (below ``keep``).
-    """
-    return FlightRecorder(model, keep, detail_every, out, slow, signal, memory_threshold, warmup, after)
+#: ``ls.flight_recorder(model, keep=100, ...)``: the recorder is made by its class.
+flight_recorder = FlightRecorder

@@ -37,7 +37,7 @@ from torch.utils.hooks import RemovableHandle
 
 from layerscope.attribution.catalog import GLOBAL_ROOT_TYPE
 from layerscope.capture import native
-from layerscope.capture.compiled_modules import model_modules, unwrap_compiled
+from layerscope.capture.compiled_modules import global_mode_paths
 from layerscope.capture.forward_ranges import ForwardRanges
 from layerscope.capture.options import ModuleSelection
 from layerscope.capture.scope_plan import CLASS_WRAPPER, COMPILED_CALL, HOOKS, plan_scopes
@@ -325,19 +325,12 @@ class FlightScopes:
             weakref.finalize(module, self._codes.pop, id(module), None)
             return UNRECORDED
         open_calls = self._open_calls()
-        if open_calls:
-            parent = self.modules[open_calls[-1] - 1].path
-            base = f"{parent}.{type(unwrap_compiled(module)).__name__}"
-        else:
-            base = type(unwrap_compiled(module)).__name__
-        name, k = base, 1
-        while name in self._roots:
-            name, k = f"{base}_{k}", k + 1
+        parent = self.modules[open_calls[-1] - 1].path if open_calls else None
+        name, found = global_mode_paths(
+            module, parent, self._roots.__contains__, lambda m: id(m) in self._codes
+        )
         self._roots.add(name)
-        for entry in model_modules(module):
-            if id(entry.scoped) in self._codes:
-                continue
-            path = f"{name}.{entry.path}" if entry.path else name
+        for entry, path in found:
             listed = FlightModule(path, type(entry.inner).__name__, *_params(entry.inner))
             self._codes[id(entry.scoped)] = code = self._add(listed)
             weakref.finalize(entry.scoped, self._codes.pop, id(entry.scoped), None)

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from layerscope.attribution.catalog import ModuleInfo
-from layerscope.capture.compiled_modules import model_modules, unwrap_compiled
+from layerscope.capture.compiled_modules import global_mode_paths
 from layerscope.capture.forward_ranges import ForwardRanges
 from layerscope.capture.module_catalog import RawShapes, global_catalog, model_catalog, shapes_of
 from layerscope.capture.module_marks import ModuleMarks
@@ -233,22 +233,13 @@ class ModuleScopes:
     def _name_new_module(self, module: nn.Module) -> None:
         stack = self._stack()
         parent_path: str | None = self._paths.get(stack[-1][0]) if stack else None
+        taken = self._root_names if parent_path is None else self._modules
+        name, found = global_mode_paths(
+            module, parent_path, taken.__contains__, lambda m: id(m) in self._names
+        )
         if parent_path is None:
-            base = type(unwrap_compiled(module)).__name__
-            name, k = base, 1
-            while name in self._root_names:
-                name, k = f"{base}_{k}", k + 1
             self._root_names.add(name)
-        else:
-            # Not a registered child of the open module: name it by class under that module.
-            base = f"{parent_path}.{type(unwrap_compiled(module)).__name__}"
-            name, k = base, 1
-            while name in self._modules:
-                name, k = f"{base}_{k}", k + 1
-        for entry in model_modules(module):
-            if id(entry.scoped) in self._names:
-                continue
-            path = f"{name}.{entry.path}" if entry.path else name
+        for entry, path in found:
             kept = self.plan.why_folded(path) is None  # the plan's rule, for a module found now
             self._register(entry.scoped, path, kept, type(entry.inner).__name__, entry.inner)
             if entry.is_wrapper:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import layerscope as ls
+from layerscope.capture import native
 from layerscope.capture.live_tensors import scan_live
 from layerscope.model.memory_view import BEFORE_BLOCK
 from layerscope.model.meta import CaptureInfo, ProfileMeta, SavedOptions
@@ -120,6 +121,50 @@ def test_the_scan_counts_each_storage_once() -> None:
     assert sum(e.nbytes for e in scan.entries) - before == 3 * MIB
     assert len({(e.on_device, e.addr) for e in scan.entries}) == len(scan.entries)
     del views, shared, whole, inner, tail, left, right
+
+
+def test_the_native_filter_finds_what_the_python_one_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan's filter in C++ and its Python fallback find the same storages and optimizers
+    (exact types only: a Parameter, a tensor subclass and an optimizer subclass are found)."""
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Marked(torch.Tensor):
+        pass
+
+    class Wrapper(torch.Tensor):  # a wrapper subclass: its storage refuses access
+        @staticmethod
+        def __new__(cls, inner: torch.Tensor) -> Wrapper:
+            return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)  # type: ignore[attr-defined,no-any-return]
+
+        @classmethod
+        def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            raise NotImplementedError(func)
+
+    model = nn.Linear(8, 8)
+    marked = torch.randn(64).as_subclass(Marked)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with FakeTensorMode():
+        fake = torch.empty(1000)
+    odd = [Wrapper(torch.randn(4)), torch.randn(3, 3).to_sparse(), torch.empty(0), fake]
+    if native.load() is None:
+        pytest.skip("the native module is not built")
+    gc.collect()
+    with_native = scan_live(model, optimizers=True)
+    monkeypatch.setenv("LAYERSCOPE_NATIVE", "0")
+    native.forget()
+    try:
+        assert native.load() is None
+        in_python = scan_live(model, optimizers=True)
+    finally:
+        monkeypatch.delenv("LAYERSCOPE_NATIVE")
+        native.forget()
+    assert with_native.entries == in_python.entries and with_native.tensors == in_python.tensors
+    assert with_native.optimizers == in_python.optimizers == [optimizer]
+    addresses = {e.addr for e in with_native.entries}
+    assert marked.untyped_storage().data_ptr() in addresses
+    assert model.weight.untyped_storage().data_ptr() in addresses
+    del odd
 
 
 def test_the_scan_holds_nothing_and_changes_nothing() -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from layerscope.capture import native
 from layerscope.events.memory_snapshots import StorageEntry
 from layerscope.gcpause import gc_paused
 
@@ -55,24 +56,46 @@ def scan_live(model: nn.Module | None = None, optimizers: bool = False) -> LiveS
     found: dict[tuple[bool, int], int] = {}  # (on a device, address) -> bytes
     with gc_paused(), torch._C.DisableTorchFunctionSubclass():
         objects = gc.get_objects()
-        # type(), not isinstance: some objects warn or compute on __class__; a set lookup per object
-        # keeps the pass over millions of objects to about 70 ns each (docs/benchmarks.md)
-        hits = [obj for obj in objects if type(obj) in wanted]
+        hits = _of_types(objects, wanted)
         del objects  # the list holds every object of the process: it must not outlive the pass
-        for obj in hits:
-            if type(obj) not in tensor_types:
-                scan.optimizers.append(obj)
-                continue
-            scan.tensors += 1
-            entry = storage_entry(obj, OTHER)
-            if entry is not None and found.get((entry.on_device, entry.addr), -1) < entry.nbytes:
-                found[(entry.on_device, entry.addr)] = entry.nbytes
+        tensors = [obj for obj in hits if type(obj) in tensor_types]
+        scan.optimizers = [obj for obj in hits if type(obj) not in tensor_types]
         del hits
+        scan.tensors = len(tensors)
+        for addr, nbytes, on_device in _storage_spans(tensors):
+            if found.get((on_device, addr), -1) < nbytes:
+                found[(on_device, addr)] = nbytes
+        del tensors
     if optimizers:
         scan.optimizers = _over_model(scan.optimizers, model)
     scan.entries = list(_distinct(found))
     scan.seconds = time.perf_counter() - started
     return scan
+
+
+def _of_types(objects: list[Any], wanted: set[type]) -> list[Any]:
+    """The objects whose exact type is in ``wanted``: by the native module when it is built (a
+    pointer lookup per object), else by a set lookup per object in Python."""
+    module = native.load()
+    if module is not None:
+        found: list[Any] = module.objects_of_types(objects, wanted)
+        return found
+    # type(), not isinstance: some objects warn or compute on __class__ (docs/benchmarks.md)
+    return [obj for obj in objects if type(obj) in wanted]
+
+
+def _storage_spans(tensors: list[Any]) -> Iterator[tuple[int, int, bool]]:
+    """(address, bytes, on a device) of each tensor's storage that holds memory (as
+    :func:`storage_entry` decides): read in C++ when the native module is built."""
+    module = native.load()
+    if module is not None:
+        spans: list[tuple[int, int, bool] | None] = module.storage_spans(tensors)
+        yield from (span for span in spans if span is not None)
+        return
+    for tensor in tensors:
+        entry = storage_entry(tensor, OTHER)
+        if entry is not None:
+            yield entry.addr, entry.nbytes, entry.on_device
 
 
 def _subclasses(root: type) -> set[type]:

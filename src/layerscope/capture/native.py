@@ -39,6 +39,7 @@ SOURCES = (
     SOURCE,
     Path(__file__).with_name("native_lines.cpp"),
     Path(__file__).with_name("native_flight.cpp"),
+    Path(__file__).with_name("native_objects.cpp"),
 )
 _MODULE_PREFIX = "_layerscope_native_"
 

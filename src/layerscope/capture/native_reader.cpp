@@ -436,6 +436,10 @@ namespace layerscope_flight {
 void register_functions(py::module_& m);  // native_flight.cpp
 }
 
+namespace layerscope_objects {
+void register_functions(py::module_& m);  // native_objects.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
@@ -448,4 +452,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("marks_stop", &marks_stop);
   layerscope_lines::register_functions(m);
   layerscope_flight::register_functions(m);
+  layerscope_objects::register_functions(m);
 }

@@ -1,0 +1,140 @@
+"""What entering (and leaving) a ``layerscope.profile`` block costs beyond a bare ``torch.profiler``
+block with the same torch options, with and without ``memory=True`` (issue 39, item 5).
+
+Later blocks: one process, a few blocks of each kind first, then paired rounds in a shuffled order
+(``gc.collect()`` before each block); each block records one training step of a GPT-style model
+(~200 module calls). Reported: the median of the per-round differences, entry and exit.
+
+The first block of a process: fresh processes (``--first``), alternating bare and layerscope, each
+timing its first block's entry after the same imports and the same model; reported: the difference
+of the medians.
+
+    python benchmarks/block_entry.py [--rounds 21] [--first-runs 3] [--clock wall|cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+import layerscope as ls
+from layerscope.models.gpt import TinyGPT
+
+CLOCK = time.perf_counter
+
+
+def make_step() -> tuple[nn.Module, Callable[[], None]]:
+    """The model and one training step (4 sequences of 64 tokens)."""
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=512, dim=128, heads=4, layers=20, max_len=64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    idx = torch.randint(0, 512, (4, 64))
+
+    def step() -> None:
+        model(idx).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+def bare_block(memory: bool) -> Any:
+    """A torch.profiler block with the options ``ls.profile(model, memory=memory)`` gives torch."""
+    return torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True, profile_memory=memory
+    )
+
+
+def timed_block(kind: str, memory: bool, model: nn.Module, step: Callable[[], None]) -> tuple[float, float]:
+    """Seconds to enter and to leave one block of ``kind`` (``bare`` or ``layerscope``) around a
+    step: this thread's CPU time (``--clock cpu``, less moved by other processes on a shared machine)
+    or wall time."""
+    gc.collect()
+    block = bare_block(memory) if kind == "bare" else ls.profile(model, memory=memory)
+    started = CLOCK()
+    block.__enter__()
+    entered = CLOCK()
+    step()
+    leaving = CLOCK()
+    block.__exit__(None, None, None)
+    left = CLOCK()
+    return entered - started, left - leaving
+
+
+def later_blocks(rounds: int) -> None:
+    """Paired rounds in one process, after warm-up blocks of every kind."""
+    model, step = make_step()
+    kinds = [(kind, memory) for memory in (False, True) for kind in ("bare", "layerscope")]
+    for kind, memory in kinds * 2:  # warm-up: torch's first start, our lazy imports, the allocator
+        timed_block(kind, memory, model, step)
+    for memory in (False, True):
+        entry: list[float] = []
+        leave: list[float] = []
+        for _ in range(rounds):
+            order = ["bare", "layerscope"]
+            random.shuffle(order)
+            times = {kind: timed_block(kind, memory, model, step) for kind in order}
+            entry.append(times["layerscope"][0] - times["bare"][0])
+            leave.append(times["layerscope"][1] - times["bare"][1])
+        bare_entry = statistics.median(timed_block("bare", memory, model, step)[0] for _ in range(5))
+        print(
+            f"later blocks, memory={memory!s:5}: entry +{statistics.median(entry) * 1e3:.1f} ms beyond bare "
+            f"(bare {bare_entry * 1e3:.1f} ms), exit +{statistics.median(leave) * 1e3:.1f} ms "
+            f"(median of {rounds} paired rounds)"
+        )
+
+
+def first_block(kind: str, memory: bool) -> None:
+    """Time the first block of this (fresh) process and print it as JSON."""
+    model, step = make_step()
+    entry, leave = timed_block(kind, memory, model, step)
+    print(json.dumps({"entry": entry, "exit": leave}))
+
+
+def first_blocks(runs: int) -> None:
+    """Fresh processes, alternating kinds: the first block's entry, median per kind."""
+    for memory in (False, True):
+        entries: dict[str, list[float]] = {"bare": [], "layerscope": []}
+        for _ in range(runs):
+            for kind in entries:
+                command = [sys.executable, __file__, "--first", kind, "--memory", str(int(memory))]
+                command += ["--clock", "cpu" if CLOCK is time.thread_time else "wall"]
+                out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+                entries[kind].append(json.loads(out.strip().splitlines()[-1])["entry"])
+        bare, ours = (statistics.median(entries[kind]) for kind in ("bare", "layerscope"))
+        print(
+            f"first block,  memory={memory!s:5}: entry +{(ours - bare) * 1e3:.1f} ms beyond bare "
+            f"(bare {bare * 1e3:.0f} ms, layerscope {ours * 1e3:.0f} ms; medians of {runs} processes each)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--first-runs", type=int, default=3)
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    parser.add_argument("--first", choices=["bare", "layerscope"], help=argparse.SUPPRESS)
+    parser.add_argument("--memory", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    global CLOCK
+    CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
+    if args.first:
+        first_block(args.first, bool(args.memory))
+        return
+    later_blocks(args.rounds)
+    first_blocks(args.first_runs)
+
+
+if __name__ == "__main__":
+    main()

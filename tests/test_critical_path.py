@@ -163,7 +163,9 @@ def test_windows() -> None:
     assert select_window(table, step=100) == select_window(table, annotation="ProfilerStep", instance=0)
     ts, dur = table.array("span_ts"), table.array("span_dur")
     assert select_window(table) == (int(ts.min()), int((ts + dur).max()))
-    assert critical_path(table, step=100, hta_compatible=True).length_us == CASES["cuda_event_sync"]["length_us"]
+    assert (
+        critical_path(table, step=100, hta_compatible=True).length_us == CASES["cuda_event_sync"]["length_us"]
+    )
     with pytest.raises(UsageError, match="no step 7"):
         select_window(table, step=7)
     with pytest.raises(UsageError, match="no instance 3"):

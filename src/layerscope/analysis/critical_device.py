@@ -60,7 +60,9 @@ def device_edges(
     if not hta_compatible:
         alone |= _first_of_graph(runtime, stream)
     has_call = slot[runtime] >= 0
-    launched = alone & has_call & ((prev < 0) | (prev_ts < launch_ts)) & ((waited < 0) | (waited_ts < launch_ts))
+    launched = (
+        alone & has_call & ((prev < 0) | (prev_ts < launch_ts)) & ((waited < 0) | (waited_ts < launch_ts))
+    )
     chained = (
         ~launched
         & (prev >= 0)

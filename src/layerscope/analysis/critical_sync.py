@@ -148,4 +148,3 @@ def _nth(pool: list[int], ts: np.ndarray, launcher: np.ndarray, at: int, after: 
         return pool[k] if k < len(pool) else -1
     k = int(np.searchsorted(times, at, side="right")) - 1
     return pool[k] if k >= 0 else -1
-

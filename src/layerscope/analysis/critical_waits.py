@@ -22,10 +22,11 @@ from layerscope.analysis.critical_edges import OPERATOR, SYNC, Edges
 from layerscope.analysis.critical_sync import STREAM_WAIT, SyncLinks
 from layerscope.events.table import EventKind, EventTable
 
-
 #: Runtime calls that may block the CPU until device work ends: copies (to pageable memory they
 #: return once their own copy ends) and synchronisations.
-COPY_CALLS = frozenset({"cudaMemcpy", "cudaMemcpyAsync", "hipMemcpy", "hipMemcpyAsync", "hipMemcpyWithStream"})
+COPY_CALLS = frozenset(
+    {"cudaMemcpy", "cudaMemcpyAsync", "hipMemcpy", "hipMemcpyAsync", "hipMemcpyWithStream"}
+)
 WAITING_CALLS = COPY_CALLS | frozenset(
     {
         "cudaDeviceSynchronize",
@@ -59,16 +60,15 @@ def inferred_waits(
     waited = np.where(copy, own[calls], -1)
     # synchronisations: the work ending last at or before the call's end, among that launched before it
     by_end = work[np.argsort(end[work], kind="stable")]
+    ends = end[by_end]
     sync = np.flatnonzero(~copy)
     for k, c in zip(sync.tolist(), calls[sync].tolist(), strict=True):
-        i = int(np.searchsorted(end[by_end], end[c], side="right"))
-        while i > 0:
+        i = int(np.searchsorted(ends, end[c], side="right"))
+        while i > 0 and end[c] - ends[i - 1] <= WAKE_NS:
             i -= 1
-            w = int(by_end[i])
-            if end[c] - end[w] > WAKE_NS:
-                break
-            if launcher[w] < 0 or ts[launcher[w]] <= ts[c]:
-                waited[k] = w
+            row = int(by_end[i])
+            if launcher[row] < 0 or ts[launcher[row]] <= ts[c]:
+                waited[k] = row
                 break
     found = waited >= 0
     w = np.maximum(waited, 0)

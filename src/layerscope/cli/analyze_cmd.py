@@ -172,7 +172,13 @@ def _path_window(args: argparse.Namespace, files: int) -> PathWindow | None:
     """The critical path's window when asked for (any of its options asks); None otherwise."""
     from layerscope.analysis.critical_path import PathWindow
 
-    if not (args.critical_path or args.json or args.hta_compatible or args.step is not None or args.annotation is not None):
+    if not (
+        args.critical_path
+        or args.json
+        or args.hta_compatible
+        or args.step is not None
+        or args.annotation is not None
+    ):
         return None
     if args.step is not None and args.annotation is not None:
         raise UsageError("--step and --annotation both choose the window: give one")

@@ -256,3 +256,29 @@ def test_graph_kernels_from_two_streams() -> None:
     assert shares(path)[0] == ("b0", 100) and path.by_type["gpu_kernel_launch_overhead"] == 26
     hta = critical_path(table_from_trace({"traceEvents": events}), hta_compatible=True)
     assert np.isin(["a0", "b0"], [s.name for s in hta.top]).sum() == 0
+
+
+def test_random_traces() -> None:
+    """On forty random traces (``test_critical_path_fast.py``'s: overlapping spans, several threads
+    and streams, every kind of synchronisation), whole and step 0: the default adds no cycle (it
+    refuses exactly the traces HTA's model refuses: work starting before its launch, then waited
+    for) and its categories always sum to its length."""
+    from tests.test_critical_path_fast import random_trace
+
+    paths = 0
+    for seed in range(40):
+        table = random_trace(seed)
+        for step in (None, 0):
+            found = []
+            for hta_compatible in (True, False):
+                try:
+                    found.append(critical_path(table, step=step, hta_compatible=hta_compatible))
+                except ValueError as cycle:
+                    assert "cycle" in str(cycle)
+                    found.append(None)
+            hta, ours = found
+            assert (hta is None) == (ours is None), (seed, step)
+            if ours is not None:
+                paths += 1
+                assert sum(ours.by_type.values()) == pytest.approx(ours.length_us)
+    assert paths > 70

@@ -10,6 +10,10 @@
 - CUDA graphs: Kineto gives every kernel of a graph launch the launch's correlation id; HTA links
   the launch to one of them (the last) and drops the rest. We keep them all (the device edges
   order them on their streams; the first of a launch on each stream gets the launch edge).
+
+The other two departures live where their data is: device work still running from before the
+window (``critical_graph.build_graph``: kept, from the window's start) and ``idle``, the path's time
+on weightless edges (``critical_path._idle``). docs/compared.md has the argument, trace by trace.
 """
 
 from __future__ import annotations
@@ -62,14 +66,15 @@ def inferred_waits(
     by_end = work[np.argsort(end[work], kind="stable")]
     ends = end[by_end]
     sync = np.flatnonzero(~copy)
-    for k, c in zip(sync.tolist(), calls[sync].tolist(), strict=True):
-        i = int(np.searchsorted(ends, end[c], side="right"))
-        while i > 0 and end[c] - ends[i - 1] <= WAKE_NS:
-            i -= 1
+    latest = np.searchsorted(ends, end[calls[sync]], side="right") - 1
+    for k, c, i in zip(sync.tolist(), calls[sync].tolist(), latest.tolist(), strict=True):
+        # mostly the first looked at; earlier ones only while it was launched after the call began
+        while i >= 0 and end[c] - ends[i] <= WAKE_NS:
             row = int(by_end[i])
             if launcher[row] < 0 or ts[launcher[row]] <= ts[c]:
                 waited[k] = row
                 break
+            i -= 1
     found = waited >= 0
     w = np.maximum(waited, 0)
     found &= (end[w] > ts[calls]) & (end[w] <= end[calls]) & (end[calls] - end[w] <= WAKE_NS)

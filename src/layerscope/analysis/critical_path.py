@@ -96,10 +96,10 @@ def critical_path(
     nodes = len(edges) + 1 if edges else 0
     weight = np.maximum(graph.weight, 0)
     by_type, top_ns, owners = _shares(table, graph, edges, weight, data_load)
-    if not hta_compatible:
-        by_type["idle"] = _idle(graph, edges, weight)
-    ranked = sorted(top_ns.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     on = np.asarray(edges, dtype=np.int64)
+    if not hta_compatible:
+        by_type["idle"] = _idle(graph, on, weight)
+    ranked = sorted(top_ns.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     return CriticalPath(
         length_us=(float(weight[on].sum()) + by_type.get("idle", 0)) / 1000.0 if edges else 0.0,
         by_type={c: by_type[c] / 1000.0 for c in CATEGORIES if by_type.get(c, 0) > 0},
@@ -159,10 +159,9 @@ def _shares(
     return by_type, by_name, (spans, ns)
 
 
-def _idle(graph: Graph, edges: list[int], weight: np.ndarray) -> int:
-    """The time (ns) the path spends on weightless edges: between top-level ops, waking from a
-    synchronisation, in a stream's queue."""
-    on = np.asarray(edges, dtype=np.int64)
+def _idle(graph: Graph, on: np.ndarray, weight: np.ndarray) -> int:
+    """The time (ns) the path (its edges ``on``) spends on weightless edges: between top-level
+    ops, waking from a synchronisation, in a stream's queue."""
     on = on[weight[on] == 0]
     gap = graph.node_ts[graph.dst[on]] - graph.node_ts[graph.src[on]]
     return int(gap[gap > 0].sum())

@@ -115,7 +115,11 @@ def waits_from_overlap(
     call, waited = inferred_waits(table, launcher, calls, np.flatnonzero(work))
     added = Edges.of(2 * slot[waited] + 1, 2 * slot[call] + 1, SYNC)
     joined = Edges.join([edges, added])
-    held = np.concatenate([call, synced[slot[synced] >= 0]])
-    own = (joined.kind == OPERATOR) & (joined.owner >= 0)
-    own &= np.isin(joined.owner, held) & (joined.dst == 2 * slot[np.maximum(joined.owner, 0)] + 1)
+    held = np.zeros(table.span_count, dtype=bool)
+    held[call] = True
+    held[synced[slot[synced] >= 0]] = True
+    if not held.any():
+        return joined
+    owner = np.maximum(joined.owner, 0)
+    own = (joined.kind == OPERATOR) & (joined.owner >= 0) & held[owner] & (joined.dst == 2 * slot[owner] + 1)
     return dataclasses.replace(joined, zero=joined.zero | own)

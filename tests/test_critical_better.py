@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from layerscope.analysis.critical_edges import SYNC
 from layerscope.analysis.critical_graph import Window, build_graph
 from layerscope.analysis.critical_path import CriticalPath, critical_path, longest_path, select_window
 from layerscope.events.chrome import table_from_trace
@@ -282,3 +283,28 @@ def test_random_traces() -> None:
                 paths += 1
                 assert sum(ours.by_type.values()) == pytest.approx(ours.length_us)
     assert paths > 70
+
+
+def test_a_synchronisation_waits_for_work_launched_before_it() -> None:
+    """``cudaDeviceSynchronize`` (150-310, no sync event) on thread 1; thread 2 launches ``K2``
+    (launch 200-205, kernel 250-305) while it waits. The synchronisation waited for ``K`` (ends
+    300), launched before it began, not for ``K2``, which ended later but was launched after."""
+    events = [
+        span("A", "cpu_op", 0, 100),
+        span("cudaLaunchKernel", "cuda_runtime", 10, 10, correlation=1),
+        span("K", "kernel", 50, 250, tid=7, pid=0, correlation=1, stream=7),
+        span("cudaDeviceSynchronize", "cuda_runtime", 150, 160, correlation=2),
+        span("C", "cpu_op", 320, 10),
+        span("D", "cpu_op", 195, 15, tid=2),
+        span("cudaLaunchKernel", "cuda_runtime", 200, 5, tid=2, correlation=3),
+        span("K2", "kernel", 250, 55, tid=8, pid=0, correlation=3, stream=8),
+    ]
+    table = table_from_trace({"traceEvents": events})
+    graph = build_graph(table, Window(*select_window(table)))
+    names = [table.names[n] for n in table.array("span_name")]
+    sync, k = names.index("cudaDeviceSynchronize"), names.index("K")
+    into = (graph.kind == SYNC) & (graph.dst == graph.end(sync))
+    assert graph.src[into].tolist() == [graph.end(k)]
+    path = critical_path(table)
+    assert [s.name for s in path.top] == ["K", "A", "C"]
+    assert path.length_us == 330 and path.by_type["idle"] == 20

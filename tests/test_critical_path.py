@@ -53,12 +53,14 @@ def read(name: str) -> EventTable:
 
 
 def ours(case: dict[str, Any], table: EventTable | None = None) -> CriticalPath:
-    """Our path of an HTA case, its window chosen as HTA chose it."""
+    """Our path of an HTA case, its window chosen as HTA chose it, in HTA's model
+    (``hta_compatible``; ``test_critical_better.py`` has where the default differs, and why)."""
     return critical_path(
         table if table is not None else read(case["fixture"]),
         annotation=case["annotation"],
         instance=case["instance_id"] or 0,
         data_load=tuple(case["data_load_events"] or ()),
+        hta_compatible=True,
     )
 
 
@@ -149,6 +151,7 @@ def test_without_zero_weight_launch_edges() -> None:
             annotation=case["annotation"],
             instance=case["instance_id"] or 0,
             zero_weight_launch_edges=False,
+            hta_compatible=True,
         )
         assert path.length_us == plain["length_us"] and path.nodes == plain["nodes"]
 
@@ -160,7 +163,9 @@ def test_windows() -> None:
     assert select_window(table, step=100) == select_window(table, annotation="ProfilerStep", instance=0)
     ts, dur = table.array("span_ts"), table.array("span_dur")
     assert select_window(table) == (int(ts.min()), int((ts + dur).max()))
-    assert critical_path(table, step=100).length_us == CASES["cuda_event_sync"]["length_us"]
+    assert (
+        critical_path(table, step=100, hta_compatible=True).length_us == CASES["cuda_event_sync"]["length_us"]
+    )
     with pytest.raises(UsageError, match="no step 7"):
         select_window(table, step=7)
     with pytest.raises(UsageError, match="no instance 3"):
@@ -199,18 +204,25 @@ def hand_trace(with_sync: bool) -> EventTable:
 
 
 def test_hand_checked_path() -> None:
-    """Without the sync event: A's 10 µs before the launch, the launch delay (10 to 50), K's 250 µs;
-    C is off the path (HTA does not see that the CPU waited for K). With it: the sync edge from K's
-    end to the synchronisation's end puts C's 10 µs on the path."""
-    path = critical_path(hand_trace(with_sync=False))
+    """HTA's model, without the sync event: A's 10 µs before the launch, the launch delay (10 to
+    50), K's 250 µs; C is off the path (HTA does not see that the CPU waited for K). With it: the
+    sync edge from K's end to the synchronisation's end puts C's 10 µs on the path. Ours reads the
+    wait from overlap (the call returned 10 µs after K ended) and gives the same path either way,
+    with the 20 µs it spends in no op (waking from the wait, 310 to 320 between ops) as ``idle``."""
+    path = critical_path(hand_trace(with_sync=False), hta_compatible=True)
     assert path.length_us == 300
     assert path.by_type == {"cpu_bound": 10, "gpu_compute_bound": 250, "gpu_kernel_launch_overhead": 40}
     assert [(s.name, s.us) for s in path.top] == [("K", 250), ("A", 10)]
-    synced = critical_path(hand_trace(with_sync=True))
+    synced = critical_path(hand_trace(with_sync=True), hta_compatible=True)
     assert synced.length_us == 310
     assert synced.by_type == {"cpu_bound": 20, "gpu_compute_bound": 250, "gpu_kernel_launch_overhead": 40}
     assert [(s.name, s.us) for s in synced.top] == [("K", 250), ("A", 10), ("C", 10)]
     assert synced.modules is None  # no module ranges in the trace
+    for with_sync in (False, True):
+        ours = critical_path(hand_trace(with_sync))
+        assert ours.length_us == 330 == sum(ours.by_type.values())
+        assert ours.by_type == synced.by_type | {"idle": 20}
+        assert ours.top == synced.top
 
 
 def test_modules_on_the_path() -> None:
@@ -237,7 +249,7 @@ def test_analyze_critical_path_cli(tmp_path: Path, capsys: pytest.CaptureFixture
 
     case = CASES["alexnet"]
     out = tmp_path / "path.json"
-    argv = ["analyze", str(HERE / case["fixture"]), "--critical-path", "--annotation", case["annotation"]]
+    argv = ["analyze", str(HERE / case["fixture"]), "--hta-compatible", "--annotation", case["annotation"]]
     assert main([*argv, "--instance", "1", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "Critical path: 35.83ms through 149 nodes" in printed and "cudaMalloc" in printed
@@ -264,9 +276,9 @@ def test_api() -> None:
     import layerscope as ls
 
     case = CASES["cuda_event_sync_multi_stream"]
-    path = ls.critical_path(HERE / case["fixture"])
+    path = ls.critical_path(HERE / case["fixture"], hta_compatible=True)
     assert path.length_us == case["length_us"] and path.nodes == case["nodes"]
-    assert ls.critical_path(HERE / "cuda_event_sync.json.gz", step=100).length_us == 2411
+    assert ls.critical_path(HERE / "cuda_event_sync.json.gz", step=100, hta_compatible=True).length_us == 2411
 
 
 def test_profile_critical_path() -> None:
@@ -278,7 +290,7 @@ def test_profile_critical_path() -> None:
 
     case = CASES["alexnet"]
     profile = ls.load(HERE / case["fixture"])
-    path = profile.critical_path(annotation=case["annotation"], instance=1)
+    path = profile.critical_path(annotation=case["annotation"], instance=1, hta_compatible=True)
     assert path.length_us == case["length_us"] and path.by_type == case["by_type"]
     assert profile.critical_path() == ls.critical_path(HERE / case["fixture"])
     meta = dataclasses.replace(profile.meta, trace_file=None)
@@ -315,5 +327,8 @@ def test_agrees_with_hta_on_real_traces(name: str, real_traces: Path) -> None:
 def test_cpu_only_trace(real_traces: Path) -> None:
     """HTA fails on a trace with no device work (it needs a queue length); ours is the CPU's path."""
     assert "Queue length" in REAL["cpu_only"]["hta_error"]
-    path = critical_path(read_path(real_traces / REAL["cpu_only"]["trace"]))
+    path = critical_path(read_path(real_traces / REAL["cpu_only"]["trace"]), hta_compatible=True)
     assert path.nodes > 0 and set(path.by_type) == {"cpu_bound"}
+    default = critical_path(read_path(real_traces / REAL["cpu_only"]["trace"]))
+    assert set(default.by_type) <= {"cpu_bound", "idle"}
+    assert default.by_type["cpu_bound"] == path.by_type["cpu_bound"]

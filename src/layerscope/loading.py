@@ -174,7 +174,9 @@ def analyze(
 
 
 def _window_path(table: EventTable, window: paths.PathWindow) -> paths.CriticalPath:
-    return paths.critical_path(table, window.step, window.annotation, window.instance)
+    return paths.critical_path(
+        table, window.step, window.annotation, window.instance, hta_compatible=window.hta_compatible
+    )
 
 
 def trace_critical_path(
@@ -183,16 +185,20 @@ def trace_critical_path(
     annotation: str | None = None,
     instance: int = 0,
     data_load: Sequence[str] = (),
+    hta_compatible: bool = False,
 ) -> paths.CriticalPath:
     """``layerscope.critical_path``: the critical path of a trace file's window — the whole trace, step
     ``step``, or (Holistic Trace Analysis's way) the ``instance``-th span whose name contains
     ``annotation`` — with the time on it by bound type, the ops and kernels on it and, for traces
-    with layerscope's module ranges, the modules. ``data_load``: name patterns of data loading."""
+    with layerscope's module ranges, the modules. ``data_load``: name patterns of data loading.
+    ``hta_compatible``: Holistic Trace Analysis's figures rather than ours (docs/compared.md)."""
     read = _read(Path(path), None, False)
     if isinstance(read, Profile):
         raise UsageError(f"{path} is a saved profile: the critical path needs the trace's events")
     with gc_paused():
-        return paths.critical_path(read, step, annotation, instance, tuple(data_load))
+        return paths.critical_path(
+            read, step, annotation, instance, tuple(data_load), hta_compatible=hta_compatible
+        )
 
 
 def load_many(

@@ -25,12 +25,16 @@ def device_edges(
     launcher: np.ndarray,
     syncs: SyncLinks,
     zero_weight_launch_edges: bool,
+    hta_compatible: bool = False,
 ) -> tuple[Edges, np.ndarray]:
     """Per work span in start order (synchronisations at their end): its own edge, a sync edge from
     the work a stream wait holds it behind, a launch edge when it found its stream empty, else a
     kernel-kernel edge from the stream's previous work, and a weightless launch edge if asked.
     ``nodes``: the graph's spans with nodes, their node times, and each table span's slot. Also
-    the work's nodes stream by stream, in walk order."""
+    the work's nodes stream by stream, in walk order. Unless ``hta_compatible``, work one call
+    launched with others (a CUDA graph's kernels) is launched when it is the call's first on its
+    stream and that stream was idle at the launch; work whose launch call has no node (it ran from
+    before the window) gets no launch edge."""
     node_span, node_ts, slot = nodes
     ts, dur, tid = table.array("span_ts"), table.array("span_dur"), table.array("span_tid")
     work_rows = np.flatnonzero(work)
@@ -52,11 +56,12 @@ def device_edges(
     launch_ts = ts[runtime]
     prev_ts = node_ts[np.maximum(prev, 0)]
     waited_ts = node_ts[np.maximum(waited, 0)]
+    alone = (at_launch[r] == 1) & (at_start[r] == 0)
+    if not hta_compatible:
+        alone |= _first_of_graph(runtime, stream)
+    has_call = slot[runtime] >= 0
     launched = (
-        (at_launch[r] == 1)
-        & (at_start[r] == 0)
-        & ((prev < 0) | (prev_ts < launch_ts))
-        & ((waited < 0) | (waited_ts < launch_ts))
+        alone & has_call & ((prev < 0) | (prev_ts < launch_ts)) & ((waited < 0) | (waited_ts < launch_ts))
     )
     chained = (
         ~launched
@@ -76,10 +81,23 @@ def device_edges(
         part(chained, 2, Edges.of(prev, start, KERNEL_KERNEL, node_span[np.maximum(prev, 0) // 2])),
     ]
     if zero_weight_launch_edges:
-        parts.append(part(~launched, 3, Edges.of(call, start, LAUNCH, -1, True)))
+        parts.append(part(~launched & has_call, 3, Edges.of(call, start, LAUNCH, -1, True)))
     parts.append(_cpu_waits(syncs, launcher, slot, position, at, stream, start))
     lanes = np.stack([start[by_stream], start[by_stream] + 1], axis=1).reshape(-1)
     return ordered(parts), lanes
+
+
+def _first_of_graph(runtime: np.ndarray, stream: np.ndarray) -> np.ndarray:
+    """Per work span (walk order): whether its call launched several (a CUDA graph) and it is the
+    call's first on its stream."""
+    first = np.zeros(runtime.size, dtype=bool)
+    counts = np.bincount(np.maximum(runtime, 0))
+    many = np.flatnonzero((runtime >= 0) & (counts[np.maximum(runtime, 0)] > 1))
+    if many.size:
+        pairs = np.stack([runtime[many], stream[many]], axis=1)
+        _, at = np.unique(pairs, axis=0, return_index=True)
+        first[many[at]] = True
+    return first
 
 
 def _waited(syncs: SyncLinks, position: np.ndarray, slot: np.ndarray, work: np.ndarray) -> np.ndarray:

@@ -39,6 +39,7 @@ from layerscope.analysis.critical_edges import (
 )
 from layerscope.analysis.critical_stack import call_stack_edges
 from layerscope.analysis.critical_sync import sync_links
+from layerscope.analysis.critical_waits import hidden_graph_work, waits_from_overlap
 from layerscope.events.table import EventKind, EventTable
 
 #: Runtime calls that hold CUDA's runtime lock: one at a time across threads (HTA's list).
@@ -106,14 +107,27 @@ class Window:
     data_load: tuple[str, ...] = ()  # name patterns (regex) of data-loading spans: nodes too
 
 
-def build_graph(table: EventTable, window: Window, zero_weight_launch_edges: bool = True) -> Graph:
-    """The dependency graph of ``window``: nodes, then the lock, call-stack and device edges."""
+def build_graph(
+    table: EventTable, window: Window, zero_weight_launch_edges: bool = True, hta_compatible: bool = False
+) -> Graph:
+    """The dependency graph of ``window``: nodes, then the lock, call-stack and device edges.
+    ``hta_compatible``: HTA's graph exactly; else also every kernel of a CUDA graph launch, the
+    device work still running from before the window (from the window's start), and waits read
+    from overlap where the trace has no ``cuda_sync`` event (``critical_waits.py``)."""
     kinds = table.array("span_kind")
     ts, dur = table.array("span_ts"), table.array("span_dur")
     launcher = launchers(table)
     cpu = np.isin(kinds, [int(k) for k in _CPU_KINDS]) & (ts >= window.start) & (ts <= window.end) & (dur > 0)
     launched = (launcher >= 0) & cpu[np.maximum(launcher, 0)]
-    work = np.isin(kinds, [int(k) for k in _WORK_KINDS]) & launched
+    is_work = np.isin(kinds, [int(k) for k in _WORK_KINDS])
+    work = is_work & launched
+    lagging = np.zeros(table.span_count, dtype=bool)
+    if hta_compatible:
+        work[hidden_graph_work(table, launcher, work)] = False
+    else:  # launched before the window, still running in it
+        before = (launcher >= 0) & ~launched & (ts[np.maximum(launcher, 0)] < window.start)
+        lagging = is_work & before & (ts < window.end) & (ts + dur > window.start)
+        work |= lagging
     node_cpu = cpu & np.isin(kinds, [int(EventKind.CPU_OP), int(EventKind.RUNTIME)])
     if window.data_load:
         pattern = re.compile("|".join(f"(?:{p})" for p in window.data_load))
@@ -123,7 +137,8 @@ def build_graph(table: EventTable, window: Window, zero_weight_launch_edges: boo
     slot = np.full(table.span_count, -1, dtype=np.int64)
     slot[spans] = np.arange(spans.size)
     node_ts = np.empty(2 * spans.size, dtype=np.int64)
-    node_ts[0::2], node_ts[1::2] = ts[spans], ts[spans] + dur[spans]
+    node_ts[0::2] = np.where(lagging[spans], np.maximum(ts[spans], window.start), ts[spans])
+    node_ts[1::2] = ts[spans] + dur[spans]
     graph = Graph(spans, node_ts, slot, np.full(table.span_count, -1, dtype=np.int64))
     names = table.names
     name_of = table.array("span_name")
@@ -133,8 +148,13 @@ def build_graph(table: EventTable, window: Window, zero_weight_launch_edges: boo
     syncs = sync_links(table, launcher, (window.start, window.end), cpu)
     nodes = (spans, node_ts, slot)
     stack, cpu_lanes = call_stack_edges(table, threads, slot, graph.parent, lock, blocking)
-    device, device_lanes = device_edges(table, nodes, work, launcher, syncs, zero_weight_launch_edges)
-    graph.set_edges(Edges.join([_lock_edges(graph, np.flatnonzero(lock)), stack, device]))
+    device, device_lanes = device_edges(
+        table, nodes, work, launcher, syncs, zero_weight_launch_edges, hta_compatible
+    )
+    edges = Edges.join([_lock_edges(graph, np.flatnonzero(lock)), stack, device])
+    if not hta_compatible:
+        edges = waits_from_overlap(table, launcher, syncs, nodes, work, edges)
+    graph.set_edges(edges)
     graph.lanes = np.concatenate([cpu_lanes, device_lanes])
     return graph
 

@@ -43,6 +43,7 @@ CATEGORIES = (
     "gpu_kernel_kernel_overhead",
     "gpu_kernel_launch_overhead",
     "data_loading",
+    "idle",
 )
 _COMMUNICATION = KERNEL_KINDS[0][1]
 
@@ -79,20 +80,28 @@ def critical_path(
     data_load: tuple[str, ...] = (),
     zero_weight_launch_edges: bool = True,
     top: int = 20,
+    hta_compatible: bool = False,
 ) -> CriticalPath:
     """The critical path of a window of ``table`` (see :func:`select_window`). ``data_load``: name
     patterns of data-loading spans (HTA's ``data_load_events``). ``zero_weight_launch_edges``: keep a
     weightless edge from every launch call to its work (HTA's tests set this; a kernel cannot start
-    before its launch, so it is on by default)."""
+    before its launch, so it is on by default). ``hta_compatible``: Holistic Trace Analysis's graph
+    and figures; by default also every CUDA graph kernel, device work running from before the
+    window, waits read from overlap where the trace has no sync events (``critical_waits.py``),
+    and the time the path spends in no op and no device work as ``idle`` (so ``by_type`` sums to
+    ``length_us``, the time from the path's first node to its last)."""
     start, end = select_window(table, step, annotation, instance)
-    graph = build_graph(table, Window(start, end, tuple(data_load)), zero_weight_launch_edges)
+    graph = build_graph(table, Window(start, end, tuple(data_load)), zero_weight_launch_edges, hta_compatible)
     edges = longest_path(graph)
     nodes = len(edges) + 1 if edges else 0
     weight = np.maximum(graph.weight, 0)
     by_type, top_ns, owners = _shares(table, graph, edges, weight, data_load)
+    on = np.asarray(edges, dtype=np.int64)
+    if not hta_compatible:
+        by_type["idle"] = _idle(graph, on, weight)
     ranked = sorted(top_ns.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     return CriticalPath(
-        length_us=float(weight[np.asarray(edges, dtype=np.int64)].sum()) / 1000.0 if edges else 0.0,
+        length_us=(float(weight[on].sum()) + by_type.get("idle", 0)) / 1000.0 if edges else 0.0,
         by_type={c: by_type[c] / 1000.0 for c in CATEGORIES if by_type.get(c, 0) > 0},
         nodes=nodes,
         top=tuple(PathShare(name, ns / 1000.0) for name, ns in ranked),
@@ -148,6 +157,14 @@ def _shares(
         by_type[category] = by_type.get(category, 0) + total
         by_name[name] = by_name.get(name, 0) + total
     return by_type, by_name, (spans, ns)
+
+
+def _idle(graph: Graph, on: np.ndarray, weight: np.ndarray) -> int:
+    """The time (ns) the path (its edges ``on``) spends on weightless edges: between top-level
+    ops, waking from a synchronisation, in a stream's queue."""
+    on = on[weight[on] == 0]
+    gap = graph.node_ts[graph.dst[on]] - graph.node_ts[graph.src[on]]
+    return int(gap[gap > 0].sum())
 
 
 def _sums(key: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -206,7 +223,13 @@ def profile_critical_path(profile: Profile, window: PathWindow) -> CriticalPath:
     if document is not None:  # a trace written as one object or a bare list: read whole
         header = document if isinstance(document, dict) else {"traceEvents": document}
         builder.add_events(list(header.get("traceEvents") or []))
-    return critical_path(builder.finish(header), window.step, window.annotation, window.instance)
+    return critical_path(
+        builder.finish(header),
+        window.step,
+        window.annotation,
+        window.instance,
+        hta_compatible=window.hta_compatible,
+    )
 
 
 __all__ = [

@@ -68,6 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --annotation: which span (0-based, in start order)",
     )
     path.add_argument("--json", metavar="OUT", help='write {"critical_path": {...}} to OUT (one trace)')
+    path.add_argument(
+        "--hta-compatible",
+        action="store_true",
+        help="Holistic Trace Analysis's path and figures, not ours (docs/compared.md says where they differ)",
+    )
 
 
 class _Progress:
@@ -167,7 +172,13 @@ def _path_window(args: argparse.Namespace, files: int) -> PathWindow | None:
     """The critical path's window when asked for (any of its options asks); None otherwise."""
     from layerscope.analysis.critical_path import PathWindow
 
-    if not (args.critical_path or args.json or args.step is not None or args.annotation is not None):
+    if not (
+        args.critical_path
+        or args.json
+        or args.hta_compatible
+        or args.step is not None
+        or args.annotation is not None
+    ):
         return None
     if args.step is not None and args.annotation is not None:
         raise UsageError("--step and --annotation both choose the window: give one")
@@ -175,7 +186,7 @@ def _path_window(args: argparse.Namespace, files: int) -> PathWindow | None:
         raise UsageError(f"--json writes one trace's critical path; {args.path} holds {files} traces")
     if args.instance < 0:
         raise UsageError(f"--instance counts from 0, not {args.instance}")
-    return PathWindow(args.step, args.annotation, args.instance)
+    return PathWindow(args.step, args.annotation, args.instance, args.hta_compatible)
 
 
 def _show_path(

@@ -33,7 +33,7 @@ class CriticalPath:
     """The critical path of one window: its length, where the time on it goes, how many nodes."""
 
     length_us: float
-    by_type: dict[str, float]  # Holistic Trace Analysis's bound categories (those with time), µs
+    by_type: dict[str, float]  # HTA's bound categories and ``idle`` (those with time), µs
     nodes: int
     top: tuple[PathShare, ...]  # ops and kernels by name, their own time on the path, largest first
     modules: tuple[PathShare, ...] | None  # None: the trace has no module ranges
@@ -55,11 +55,12 @@ class CriticalPath:
 class PathWindow:
     """Which window to take the critical path of: the whole trace, step ``step``, or (Holistic
     Trace Analysis's way) the ``instance``-th span, 0-based in start order, named with
-    ``annotation``."""
+    ``annotation``. ``hta_compatible``: HTA's graph and figures, not ours (docs/compared.md)."""
 
     step: int | None = None
     annotation: str | None = None
     instance: int = 0
+    hta_compatible: bool = False
 
 
 _COMPUTE: list[Callable[[Any, PathWindow], CriticalPath]] = []
@@ -76,14 +77,19 @@ class CriticalPathView:
     __slots__ = ()
 
     def critical_path(
-        self, step: int | None = None, annotation: str | None = None, instance: int = 0
+        self,
+        step: int | None = None,
+        annotation: str | None = None,
+        instance: int = 0,
+        hta_compatible: bool = False,
     ) -> CriticalPath:
         """The critical path of the trace this profile was built from: the whole trace, step
-        ``step``, or the ``instance``-th span whose name contains ``annotation``. Profiles of live
-        captures keep no events: export the trace and use ``layerscope.critical_path(trace)``."""
+        ``step``, or the ``instance``-th span whose name contains ``annotation``; with
+        ``hta_compatible``, Holistic Trace Analysis's figures. Profiles of live captures keep no
+        events: export the trace and use ``layerscope.critical_path(trace)``."""
         if not _COMPUTE:
             raise RuntimeError("layerscope's views are not registered: import layerscope first")
-        return _COMPUTE[0](self, PathWindow(step, annotation, instance))
+        return _COMPUTE[0](self, PathWindow(step, annotation, instance, hta_compatible))
 
 
 __all__ = ["CriticalPath", "CriticalPathView", "PathShare", "PathWindow", "register_critical_path"]

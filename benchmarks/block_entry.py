@@ -106,16 +106,22 @@ def first_blocks(runs: int) -> None:
     """Fresh processes, alternating kinds: the first block's entry, median per kind."""
     for memory in (False, True):
         entries: dict[str, list[float]] = {"bare": [], "layerscope": []}
+        exits: dict[str, list[float]] = {"bare": [], "layerscope": []}
         for _ in range(runs):
             for kind in entries:
                 command = [sys.executable, __file__, "--first", kind, "--memory", str(int(memory))]
                 command += ["--clock", "cpu" if CLOCK is time.thread_time else "wall"]
                 out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-                entries[kind].append(json.loads(out.strip().splitlines()[-1])["entry"])
+                times = json.loads(out.strip().splitlines()[-1])
+                entries[kind].append(times["entry"])
+                exits[kind].append(times["exit"])
         bare, ours = (statistics.median(entries[kind]) for kind in ("bare", "layerscope"))
+        bare_exit, ours_exit = (statistics.median(exits[kind]) for kind in ("bare", "layerscope"))
         print(
             f"first block,  memory={memory!s:5}: entry +{(ours - bare) * 1e3:.1f} ms beyond bare "
-            f"(bare {bare * 1e3:.0f} ms, layerscope {ours * 1e3:.0f} ms; medians of {runs} processes each)"
+            f"(bare {bare * 1e3:.0f} ms, layerscope {ours * 1e3:.0f} ms); "
+            f"exit bare {bare_exit * 1e3:.0f} ms, layerscope {ours_exit * 1e3:.0f} ms "
+            f"(medians of {runs} processes each)"
         )
 
 

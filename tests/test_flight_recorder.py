@@ -3,10 +3,12 @@ rule that recording never changes the program."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ import layerscope as ls
 from layerscope.analysis.flight import slow_step_culprit, trigger_line
 from layerscope.attribution.flight_calls import step_calls
 from layerscope.capture.flight_dump import FlightDumpWarning
+from layerscope.capture.signal_actions import handled_outside_python, os_handler
 from layerscope.events.flight_records import PASS_END, FlightStep, backward_rows, forward_rows
 from layerscope.model.profile import Profile
 
@@ -257,6 +260,36 @@ def test_a_signal_dumps_the_running_step_and_the_handler_is_restored(out: Path) 
     profile = loaded(path)
     assert profile.trigger is not None and profile.trigger.reason == "signal" and profile.trigger.step == 4
     assert [s.step for s in profile.steps] == [0, 1, 2, 3, 4]
+
+
+def test_a_signal_handled_outside_python_is_left_alone(out: Path) -> None:
+    """faulthandler.register installs a C handler Python cannot see: the recorder warns, takes no
+    other signal in its place, and the operating system's action is the same after the block."""
+    before = os_handler(signal.SIGUSR2)
+    assert before is not None and not handled_outside_python(signal.SIGUSR2)
+    model = Net()
+    with tempfile.TemporaryFile("w") as sink:
+        faulthandler.register(signal.SIGUSR2, file=sink)
+        try:
+            registered = os_handler(signal.SIGUSR2)
+            assert registered not in (before, None) and handled_outside_python(signal.SIGUSR2)
+            warned = pytest.warns(FlightDumpWarning, match="SIGUSR2 has a handler installed outside Python")
+            with warned, ls.flight_recorder(model, out=out, signal=signal.SIGUSR2) as rec:
+                train(model, 3, rec)
+            assert os_handler(signal.SIGUSR2) == registered
+            assert rec.dumps == []
+        finally:
+            faulthandler.unregister(signal.SIGUSR2)
+    assert os_handler(signal.SIGUSR2) == before
+
+
+def test_taking_a_signal_gives_the_operating_system_its_action_back(out: Path) -> None:
+    before = os_handler(signal.SIGUSR1)
+    model = Net()
+    with ls.flight_recorder(model, out=out) as rec:
+        assert os_handler(signal.SIGUSR1) != before  # Python's C handler runs ours
+        train(model, 2, rec)
+    assert os_handler(signal.SIGUSR1) == before
 
 
 def test_a_signal_from_outside_is_dumped_within_a_second(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from layerscope.capture.flight_dump import FlightDumpWarning
+from layerscope.capture.signal_actions import handled_outside_python
 from layerscope.errors import UsageError
 from layerscope.model.meta import FlightTrigger
 
@@ -80,9 +81,9 @@ class SlowSteps:
 
 
 class SignalTrigger:
-    """A signal that asks for a dump (see the module docstring); installed only from the main thread.
-    A handler installed outside Python (``faulthandler.register``) is invisible to Python: it is
-    replaced while the block runs and not restored (docs/flight_recorder.md)."""
+    """A signal that asks for a dump (see the module docstring); installed only from the main thread,
+    and never over a handler installed outside Python (``faulthandler.register``): Python could not
+    give that one back, so the recorder warns and leaves the signal alone."""
 
     def __init__(
         self, signum: int | None, on_signal: Callable[[], None], settle: Callable[[], object]
@@ -96,6 +97,13 @@ class SignalTrigger:
     def install(self) -> None:
         """Take the signal (nothing off the main thread, nothing for None)."""
         if self.signum is None or threading.current_thread() is not threading.main_thread():
+            return
+        if handled_outside_python(self.signum):
+            name = signals.Signals(self.signum).name
+            warn(
+                f"{name} has a handler installed outside Python (faulthandler.register?): left alone, "
+                f"no dumps on {name}; pass signal= another one"
+            )
             return
         self._previous = signals.signal(self.signum, self._handle)
         self._installed = True

@@ -385,6 +385,27 @@ def test_gradient_checkpointing_still_recomputes_and_counts_as_backward(out: Pat
     assert attention.backward.cpu_us > 0 and attention.forward.cpu_us > 0
 
 
+def test_reentrant_checkpoint_of_a_whole_model_counts_as_backward(out: Path) -> None:
+    """``checkpoint(model, x, use_reentrant=True)`` re-runs the whole model inside backward before
+    any hooked node runs: those calls are recomputation, not a second forward."""
+    from torch.utils.checkpoint import checkpoint
+
+    model = Net()
+    model.blocks[2].delay = 0.002  # its forward sleeps, in the run and in the re-run
+    x = torch.randn(8, 16, requires_grad=True)
+    with ls.flight_recorder(model, out=out) as rec:
+        for _ in range(2):
+            checkpoint(model, x, use_reentrant=True).square().mean().backward()
+            rec.step()
+        path = rec.dump()
+    profile = loaded(path)
+    stem = profile.find("stem")
+    assert stem.calls == 2 and stem.recompute_calls == 2 and stem.backward.cpu_us > 0
+    sleepy = profile.find("blocks.2")  # the re-run's sleeps are backward time: 2 steps x 2 ms at least
+    assert sleepy.recompute_calls == 2 and sleepy.backward.cpu_us >= 4000
+    assert sleepy.forward.cpu_us >= 4000  # the first run's sleeps (under no_grad) stay forward
+
+
 def test_bad_options_are_one_line_errors() -> None:
     model = nn.Linear(2, 2)
     with pytest.raises(ls.UsageError, match="keep"):

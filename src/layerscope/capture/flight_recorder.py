@@ -46,7 +46,7 @@ from layerscope.capture.flight_triggers import (
     is_out_of_memory,
     warn,
 )
-from layerscope.events.flight_records import PASS_END, FlightModule, FlightStep
+from layerscope.events.flight_records import FlightModule, FlightStep
 from layerscope.model.meta import FlightInfo, FlightTrigger, ProfileMeta
 
 _now = time.perf_counter_ns
@@ -266,7 +266,7 @@ class FlightRecorder:
         """The module whose backward is running in this step (an exception in backward has no
         module's ``forward`` in its traceback); None once the pass has ended."""
         forward, backward = self.clock.peek_step()
-        if not len(backward) or backward[-1, 1] == PASS_END or backward[-1, 1] >= len(forward):
+        if not len(backward) or backward[-1, 1] < 0 or backward[-1, 1] >= len(forward):
             return None
         return self._modules[abs(int(forward[backward[-1, 1], 1])) - 1].path
 

@@ -43,6 +43,7 @@ from layerscope.capture.options import ModuleSelection
 from layerscope.capture.scope_plan import CLASS_WRAPPER, COMPILED_CALL, HOOKS, plan_scopes
 from layerscope.events.flight_records import (
     PASS_END,
+    PASS_START,
     FlightModule,
     Int64Array,
     backward_rows,
@@ -54,6 +55,8 @@ _thread = threading.get_ident
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+#: The autograd graph task running on this thread (-1: none, i.e. not inside a backward pass).
+_graph_task: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
 
 class FlightClock:
@@ -96,7 +99,14 @@ class FlightClock:
         return len(self._names)
 
     def mark(self, code: int) -> None:
-        """A call of module ``code`` opens (``+code``) or closes (``-code``) on this thread."""
+        """A call of module ``code`` opens (``+code``) or closes (``-code``) on this thread. A call
+        that opens inside a backward pass none of our node hooks has seen yet (reentrant
+        checkpointing re-running a whole model before any hooked node) opens the pass itself, so
+        it is counted as recomputation."""
+        if code > 0 and not self._pass_open and _graph_task() != -1:
+            self.backward.append((_now(), PASS_START))
+            self._pass_open = True
+            _queue_callback(self._pass_ended)
         self.forward.append((_now(), code, _thread()))
 
     # ----- backward ----------------------------------------------------------------------------------

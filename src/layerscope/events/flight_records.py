@@ -7,7 +7,8 @@ A step's record is two small integer arrays, filled by the recorder's hooks and 
   (1-based in the recorder's module list), ``-m`` closes it. Calls nest per thread.
 - ``backward``: one row per event of the backward pass, ``(time ns, call)``: ``call`` is the row of
   ``forward`` where that call's forward ended, recorded when the first autograd node of its output
-  is about to run (its backward starts); :data:`PASS_END` marks the end of a backward pass.
+  is about to run (its backward starts); :data:`PASS_END` marks the end of a backward pass,
+  :data:`PASS_START` the start of one no hooked node began.
 
 Times are ``time.perf_counter_ns()`` (monotonic, process-wide), converted to Unix time by
 ``clock_offset_ns`` when the record is written.
@@ -23,6 +24,10 @@ import numpy.typing as npt
 #: ``backward`` rows whose call is this mark the end of a backward pass (the autograd engine's
 #: final callback).
 PASS_END = -1
+
+#: ``backward`` rows whose call is this mark the start of a backward pass that began with no hooked
+#: node (a module call opened inside it first: reentrant checkpointing of a whole model).
+PASS_START = -2
 
 Int64Array = npt.NDArray[np.int64]
 

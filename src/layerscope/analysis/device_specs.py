@@ -147,7 +147,8 @@ def spec_for_device_name(device_name: str, specs: tuple[DeviceSpec, ...] | None 
 
 def device_spec(device: str | DeviceSpec) -> DeviceSpec:
     """A spec by key (``h100-sxm``), by torch's device name, or as given; a UsageError listing the
-    keys otherwise. (``cpu``, measured on this machine, is the estimate layer's: ``estimates/cpu_spec.py``.)"""
+    keys otherwise. (``cpu``, measured on this machine, is the estimates layer's:
+    ``estimates/cpu_spec.py``.)"""
     if isinstance(device, DeviceSpec):
         return device
     by_key = {s.key: s for s in SPECS}

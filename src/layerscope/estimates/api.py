@@ -78,6 +78,11 @@ def estimate(
         usable_bytes=usable,
         fits=peak <= usable,
         wall_s=time.perf_counter() - started,
+        state_bytes={
+            k: v
+            for k, v in run.end_bytes.items()
+            if k in ("parameter", "gradient", "optimizer_state", "input")
+        },
     )
     return estimate_profile(catalog, run.recorder.record, run.scopes, report, info, type(model).__name__)
 
@@ -95,9 +100,7 @@ class BatchSearch:
     at_limit: bool = False
 
 
-def predicted_peak(
-    model: nn.Module, inputs: Any, step: StepSpec, spec: DeviceSpec
-) -> int:
+def predicted_peak(model: nn.Module, inputs: Any, step: StepSpec, spec: DeviceSpec) -> int:
     """The predicted absolute peak of one step (no profile is built)."""
     return fake_run(model, inputs, step, OpCoster(spec)).ledger.peak.live_bytes
 

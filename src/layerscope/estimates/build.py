@@ -36,7 +36,9 @@ def _metrics(sums: Sums, device: bool, peak: int = 0) -> Metrics:
     )
 
 
-def memory_report(ledger: StorageLedger, scopes: ScopeTracker, saved: dict[str, dict[str, int]], device: bool) -> MemoryReport:
+def memory_report(
+    ledger: StorageLedger, scopes: ScopeTracker, saved: dict[str, dict[str, int]], device: bool
+) -> MemoryReport:
     """The report of what was live at the predicted peak, by category, module and phase."""
     peak = ledger.peak
     grouped: dict[tuple[str, str, str], int] = {}
@@ -65,7 +67,9 @@ def _tree(catalog: list[ModuleInfo], record: StepRecord, scopes: ScopeTracker, d
     index = {info.path: k for k, info in enumerate(catalog)}
     own = []
     for info in catalog:
-        forward = _metrics(record.modules.get((info.path, FORWARD), Sums()), device, scopes.forward_peaks.get(info.path, 0))
+        forward = _metrics(
+            record.modules.get((info.path, FORWARD), Sums()), device, scopes.forward_peaks.get(info.path, 0)
+        )
         backward = _metrics(record.modules.get((info.path, BACKWARD), Sums()), device)
         own.append((forward, backward))
     calls = [scopes.calls.get(info.path, 0) for info in catalog]
@@ -95,12 +99,12 @@ def _flops_by_dtype(record: StepRecord, root: Any) -> FlopsByDtype | None:
     # in a mixed run every module's mix, its subtree's FLOPs included (what validate checks)
     per_module: dict[str, dict[str, int]] = {}
     for node in root.walk():
-        mix: dict[str, int] = {}
+        subtree: dict[str, int] = {}
         for path, own in record.flops_by_dtype.items():
             if path is not None and (path == node.path or not node.path or path.startswith(node.path + ".")):
                 for dtype, flops in own.items():
-                    mix[dtype] = mix.get(dtype, 0) + flops
-        per_module[node.path] = mix
+                    subtree[dtype] = subtree.get(dtype, 0) + flops
+        per_module[node.path] = subtree
     return FlopsByDtype(run, per_module)
 
 
@@ -116,7 +120,9 @@ def estimate_profile(
     device = info.time_field == "device_us"
     root = _tree(catalog, record, scopes, device)
     unattributed = tuple(
-        UnattributedEntry(label, Phase(phase), record.label_calls.get(label, sums.calls), _metrics(sums, device))
+        UnattributedEntry(
+            label, Phase(phase), record.label_calls.get(label, sums.calls), _metrics(sums, device)
+        )
         for (label, phase), sums in sorted(record.unattributed.items(), key=lambda kv: -kv[1].time_us)
     )
     totals = sum_metrics([root.total.folded(), *(e.metrics for e in unattributed)])
@@ -131,4 +137,6 @@ def estimate_profile(
         flops_by_dtype=_flops_by_dtype(record, root),
         estimate=info,
     )
-    return Profile(meta=meta, root=root, op_rows=_op_rows(record, device), unattributed=unattributed, totals=totals)
+    return Profile(
+        meta=meta, root=root, op_rows=_op_rows(record, device), unattributed=unattributed, totals=totals
+    )

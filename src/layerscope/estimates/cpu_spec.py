@@ -27,7 +27,11 @@ from layerscope.analysis.device_specs import DeviceSpec
 def cache_file() -> Path:
     """Where the measured spec is kept (one file per torch version, thread count and processor)."""
     root = os.environ.get("LAYERSCOPE_CACHE")
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerscope"
+    base = (
+        Path(root)
+        if root
+        else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerscope"
+    )
     cpu = "".join(c if c.isalnum() else "-" for c in (platform.processor() or platform.machine()))[:40]
     return base / "devices" / f"cpu-{torch.__version__}-{torch.get_num_threads()}t-{cpu}.json"
 

@@ -166,7 +166,7 @@ def run_step(
         out = torch.func.functional_call(model, state, args, kwargs, tie_weights=True, strict=False)
         loss = spec.loss(out) if spec.loss is not None else first_tensor(out).sum()
         del out  # a training loop keeps only the loss
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         del loss
         if optimizer is not None:
             optimizer.step()

@@ -21,7 +21,6 @@ from layerscope.analysis.device_specs import DeviceSpec, device_spec
 from layerscope.errors import UsageError
 from layerscope.estimates.cpu_spec import cpu_spec
 from layerscope.estimates.fake_step import (
-    LossFn,
     StepSpec,
     adopt_state,
     as_call,
@@ -46,7 +45,11 @@ RESERVE_BYTES = 512 * 2**20
 def usable_bytes(spec: DeviceSpec, reserve_bytes: int | None = None) -> int:
     """What a predicted peak may reach on ``spec``: its memory less the reserve (given, or the
     documented default: :data:`RESERVE_FRACTION` of it plus :data:`RESERVE_BYTES`)."""
-    reserve = reserve_bytes if reserve_bytes is not None else int(spec.memory_bytes * RESERVE_FRACTION) + RESERVE_BYTES
+    reserve = (
+        reserve_bytes
+        if reserve_bytes is not None
+        else int(spec.memory_bytes * RESERVE_FRACTION) + RESERVE_BYTES
+    )
     return max(0, spec.memory_bytes - reserve)
 
 
@@ -54,7 +57,10 @@ def resolve_device(device: str | DeviceSpec) -> DeviceSpec:
     """``"cpu"`` (this machine, measured once and cached), a key of the spec table, or a spec."""
     if isinstance(device, str) and device.lower() == "cpu":
         return cpu_spec()
-    return device_spec(device)
+    try:
+        return device_spec(device)
+    except UsageError as exc:
+        raise UsageError(str(exc).replace("choose from ", "choose from cpu, ", 1)) from None
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -76,9 +82,13 @@ class FakeRun:
     ledger: StorageLedger
     scopes: ScopeTracker
     saved: dict[str, dict[str, int]]
+    #: bytes per category live when the step ended (its temporaries freed)
+    end_bytes: dict[str, int]
 
 
-def _saved_hook(scopes: ScopeTracker, ledger: StorageLedger, saved: dict[str, dict[str, int]]) -> Callable[[torch.Tensor], Any]:
+def _saved_hook(
+    scopes: ScopeTracker, ledger: StorageLedger, saved: dict[str, dict[str, int]]
+) -> Callable[[torch.Tensor], Any]:
     seen: dict[str, set[int]] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -112,16 +122,19 @@ def fake_run(model: nn.Module, example_inputs: Any, step: StepSpec, coster: OpCo
     scopes = ScopeTracker(ledger)
     recorder = StepRecorder(coster, ledger, scopes)
     saved: dict[str, dict[str, int]] = {}
+
     def keep_grad(param: torch.Tensor) -> None:
         if param.grad is not None:
             ledger.mark(param.grad, GRADIENT, keep=True)
 
     for param in trained:
-        param.register_post_accumulate_grad_hook(keep_grad)
+        param.register_post_accumulate_grad_hook(keep_grad)  # type: ignore[no-untyped-call]
     with ExitStack() as stack:
         training_flags(model, step.train, stack)
         scopes.hooks(dict(model.named_modules()), stack)
-        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(_saved_hook(scopes, ledger, saved), lambda t: t))
+        stack.enter_context(
+            torch.autograd.graph.saved_tensors_hooks(_saved_hook(scopes, ledger, saved), lambda t: t)
+        )
         stack.enter_context(mode)
         stack.enter_context(recorder)
         try:
@@ -129,5 +142,8 @@ def fake_run(model: nn.Module, example_inputs: Any, step: StepSpec, coster: OpCo
         except UsageError:
             raise
         except Exception as exc:
-            raise UsageError(f"the step failed on fake tensors: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    return FakeRun(recorder, ledger, scopes, saved)
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            raise UsageError(f"the step failed on fake tensors: {type(exc).__name__}: {first_line}") from exc
+        ledger.sweep()
+        end = ledger.live_by_category()
+    return FakeRun(recorder, ledger, scopes, saved, end)

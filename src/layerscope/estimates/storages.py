@@ -63,7 +63,7 @@ class StorageLedger:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
             return None
-        ref = StorageWeakRef(storage)
+        ref = StorageWeakRef(storage)  # type: ignore[no-untyped-call]
         return ref.cdata, ref, int(storage.nbytes())
 
     def adopt(self, tensor: torch.Tensor, category: str) -> None:
@@ -122,13 +122,20 @@ class StorageLedger:
 
     def sweep(self) -> int:
         """Forget the storages torch freed; the bytes they held."""
-        dead = [key for key, info in self.mortal.items() if info.ref.expired()]
+        dead = [key for key, info in self.mortal.items() if info.ref.expired()]  # type: ignore[no-untyped-call]
         freed = 0
         for key in dead:
             freed += self.live.pop(key).nbytes
             del self.mortal[key]
         self.live_bytes -= freed
         return freed
+
+    def live_by_category(self) -> dict[str, int]:
+        """Bytes live now per category."""
+        out: dict[str, int] = {}
+        for info in self.live.values():
+            out[info.category] = out.get(info.category, 0) + info.nbytes
+        return out
 
     def check_peak(self, where: dict[str, str], t_us: float) -> None:
         """Keep the live storages when the total is the highest yet (what was live at the peak)."""

@@ -14,7 +14,7 @@ record                 what it holds                                  written by
 :class:`FlopsByDtype`  the run's FLOPs per dtype class                ``attribution/attribute.py``
 :class:`DeviceSummary` the device report's figures                    ``analysis/device_summary.py``
 :class:`FlightInfo`    a flight recorder's dump: what triggered it    ``attribution/flight_profile.py``
-:class:`EstimateInfo`  an estimate: the device spec and step it        ``estimates/build.py``  
+:class:`EstimateInfo`  an estimate: the device spec and step it        ``estimates/build.py``
                        predicted, and whether the peak fits
 memory records         :mod:`layerscope.model.memory`                 ``attribution/memory/``
 =====================  =============================================  ===============================
@@ -278,7 +278,8 @@ class EstimateInfo:
     per-op costs added to each op's roofline time), the step (``train``, ``optimizer``, ``dtype``
     None: the model's own), where predicted times are kept (``time_field``: ``cpu_us`` for the CPU,
     ``device_us`` for an accelerator), the predicted absolute peak against the memory usable after
-    the reserve (``fits``), and the estimate's own cost on this machine (``wall_s``)."""
+    the reserve (``fits``), the estimate's own cost on this machine (``wall_s``), and the state's
+    bytes by category (``state_bytes``)."""
 
     device: str
     device_name: str
@@ -295,6 +296,9 @@ class EstimateInfo:
     usable_bytes: int
     fits: bool
     wall_s: float = 0.0
+    #: bytes of each category live when the step ends (``parameter``, ``gradient``,
+    #: ``optimizer_state``, ``input``): the model's state, whether or not it was live at the peak
+    state_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

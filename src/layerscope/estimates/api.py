@@ -55,7 +55,12 @@ def estimate(
     started = time.perf_counter()
     spec = resolve_device(device)
     step = _step_spec(train, optimizer, loss, dtype, spec)
-    coster = OpCoster(spec, tf32=torch.get_float32_matmul_precision() != "highest" and spec.key != "cpu")
+    accelerator = spec.key != "cpu"
+    coster = OpCoster(
+        spec,
+        tf32=accelerator and torch.get_float32_matmul_precision() != "highest",
+        tf32_conv=accelerator and bool(torch.backends.cudnn.allow_tf32),
+    )
     run = fake_run(model, example_inputs, step, coster)
     device_class = spec.key != "cpu"
     report = memory_report(run.ledger, run.scopes, run.saved, device_class)

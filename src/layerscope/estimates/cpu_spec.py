@@ -1,8 +1,11 @@
 """``device="cpu"``: this machine measured once, as a :class:`DeviceSpec`, so that CPU estimates can
 be checked against CPU profiles here.
 
-A short benchmark (about a second): matmuls for the peak FLOP/s of fp32, bf16 and fp16 (fp64 is
-held to half of fp32), a large copy for the memory bandwidth (bytes read plus written per second),
+A short benchmark (about a second): matmuls (512x512) for the peak FLOP/s of fp32, bf16 and fp16
+(fp64 is held to half of fp32), a 3x3 convolution of 64 channels for fp32 convolutions' own rate
+(``fp32-conv``: oneDNN's convolutions reach a fraction of the matmul rate on small channel counts),
+a 16 MiB copy for the memory bandwidth (bytes read plus written per second; the size of a typical
+weight or activation of a model one checks on a CPU, so partly cache-resident: DRAM's alone is lower),
 and tiny ops for the per-op cost (an add of one element: dispatch and a kernel call; a view: dispatch
 only). Each figure is the best of a few repeats, taken with torch's current thread count. The
 result is cached as JSON in the layerscope cache folder (``LAYERSCOPE_CACHE``, default
@@ -33,7 +36,7 @@ def cache_file() -> Path:
         else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerscope"
     )
     cpu = "".join(c if c.isalnum() else "-" for c in (platform.processor() or platform.machine()))[:40]
-    return base / "devices" / f"cpu-{torch.__version__}-{torch.get_num_threads()}t-{cpu}.json"
+    return base / "devices" / f"cpu-v2-{torch.__version__}-{torch.get_num_threads()}t-{cpu}.json"
 
 
 def _best_seconds(run: Callable[[], object], repeats: int, budget_s: float = 0.15) -> float:
@@ -57,7 +60,14 @@ def _matmul_tflops(dtype: torch.dtype, n: int = 512) -> float:
     return 2 * n**3 / seconds / 1e12
 
 
-def _copy_bandwidth(nbytes: int = 64 * 2**20) -> float:
+def _conv_tflops() -> float:
+    x = torch.randn(8, 64, 32, 32)
+    w = torch.randn(64, 64, 3, 3)
+    seconds = _best_seconds(lambda: torch.nn.functional.conv2d(x, w, padding=1), repeats=10)
+    return 2 * 8 * 64 * 32 * 32 * 64 * 9 / seconds / 1e12
+
+
+def _copy_bandwidth(nbytes: int = 16 * 2**20) -> float:
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     seconds = _best_seconds(lambda: dst.copy_(src), repeats=10)
@@ -93,7 +103,7 @@ def measure_cpu() -> DeviceSpec:
         match=(),
         memory_bytes=int(memory),
         bandwidth_bytes_per_s=_copy_bandwidth(),
-        peak_tflops={"fp64": fp32 / 2, "fp32": fp32, "bf16": bf16, "fp16": fp16},
+        peak_tflops={"fp64": fp32 / 2, "fp32": fp32, "fp32-conv": _conv_tflops(), "bf16": bf16, "fp16": fp16},
         op_overhead_us=_per_op_us(adds),
         view_overhead_us=_per_op_us(views),
     )

@@ -122,12 +122,18 @@ def make_optimizer(spec: StepSpec, params: list[nn.Parameter]) -> torch.optim.Op
     return factory(params, foreach=spec.foreach)
 
 
-def warm_up(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], mode: FakeTensorMode) -> None:
-    """One optimizer step on zero gradients, so that its state exists (the steady state)."""
+def warm_up(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    inputs: Any,
+    optimizer: torch.optim.Optimizer,
+    spec: StepSpec,
+    mode: FakeTensorMode,
+) -> None:
+    """One unrecorded step, so that the optimizer's state exists as in a training loop's later
+    steps (parameters that get no gradient get no state), then gradients set to None."""
     with mode:
-        for param in params:
-            param.grad = torch.zeros_like(param)
-        optimizer.step()
+        run_step(model, state, inputs, optimizer, spec)
         optimizer.zero_grad(set_to_none=True)
 
 

@@ -33,6 +33,9 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
     if hasattr(torch, _name):
         DTYPE_CLASSES[getattr(torch, _name)] = "fp8"
 
+#: Convolutions: held to the spec's ``fp32-conv`` class where it has one (TF32 on an accelerator
+#: when cuDNN allows it, as MFU does).
+_CONVOLUTIONS = frozenset({"aten::convolution", "aten::_convolution", "aten::convolution_backward"})
 #: Ops that run no kernel although torch does not mark them as views.
 _NO_KERNEL = frozenset({"aten::_unsafe_view", "aten::lift_fresh", "aten::_local_scalar_dense"})
 
@@ -84,19 +87,25 @@ def tensor_bytes(tensors: list[torch.Tensor]) -> int:
 class OpCoster:
     """Costs ops against one device spec with the measured profile's FLOP formulas.
 
-    ``tf32``: fp32 matmuls and convolutions are held to the tf32 peak (torch's float32 matmul
-    precision is not ``highest``)."""
+    ``tf32``: fp32 matmuls are held to the tf32 peak (torch's float32 matmul precision is not
+    ``highest``); ``tf32_conv``: fp32 convolutions are (cuDNN's ``allow_tf32``)."""
 
-    def __init__(self, spec: DeviceSpec, tf32: bool = False) -> None:
+    def __init__(self, spec: DeviceSpec, tf32: bool = False, tf32_conv: bool = False) -> None:
         self.spec = spec
         self.calculator = FlopCalculator()
         self.tf32 = tf32
+        self.tf32_conv = tf32_conv
         self._peaks: dict[str, float] = {}
 
     def _peak(self, dtype: str) -> float:
         found = self._peaks.get(dtype)
         if found is None:
-            used = "tf32" if dtype == "fp32" and self.tf32 else dtype
+            if dtype in self.spec.peak_tflops:
+                used = dtype
+            elif dtype.endswith("-conv"):
+                used = "tf32" if dtype == "fp32-conv" and self.tf32_conv else dtype.removesuffix("-conv")
+            else:
+                used = "tf32" if dtype == "fp32" and self.tf32 else dtype
             found = self._peaks[dtype] = self.spec.peak_flops(used)
         return found
 
@@ -108,6 +117,7 @@ class OpCoster:
         shapes = [list(v.shape) if isinstance(v, torch.Tensor) else [] for v in values]
         inputs = [t for v in values for t in _tensors(v)]
         dtype = dtype_class(inputs[0].dtype) if inputs else "unknown"
+        peak_class = f"{dtype}-conv" if name in _CONVOLUTIONS else dtype
         flops = 0
         if self.calculator.needs(name):
             concrete = [None if isinstance(v, torch.Tensor) else v for v in values]
@@ -116,5 +126,5 @@ class OpCoster:
         if func.is_view or name in _NO_KERNEL:
             return OpCost(flops, 0, dtype, spec.view_overhead_us, str(shapes))
         moved = tensor_bytes(inputs) + tensor_bytes(outputs)
-        seconds = max(flops / self._peak(dtype) if flops else 0.0, moved / spec.bandwidth_bytes_per_s)
+        seconds = max(flops / self._peak(peak_class) if flops else 0.0, moved / spec.bandwidth_bytes_per_s)
         return OpCost(flops, moved, dtype, seconds * 1e6 + spec.op_overhead_us, str(shapes))

@@ -109,16 +109,19 @@ def _saved_hook(
     return pack
 
 
+def _failed(exc: Exception) -> UsageError:
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return UsageError(f"the step failed on fake tensors: {type(exc).__name__}: {first_line}")
+
+
 def fake_run(model: nn.Module, example_inputs: Any, step: StepSpec, coster: OpCoster) -> FakeRun:
-    """Run one step on fake tensors under the recorder."""
+    """Run one step on fake tensors under the recorder (after an unrecorded warm-up step that
+    makes the optimizer's state, as a training loop's first step does)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     state, trained = fake_state(model, mode, step)
     inputs = fake_inputs(as_call(example_inputs), mode, step.dtype)
     optimizer = make_optimizer(step, trained)
-    if optimizer is not None:
-        warm_up(optimizer, trained, mode)
     ledger = StorageLedger()
-    adopt_state(ledger, state, optimizer, inputs)
     scopes = ScopeTracker(ledger)
     recorder = StepRecorder(coster, ledger, scopes)
     saved: dict[str, dict[str, int]] = {}
@@ -127,23 +130,23 @@ def fake_run(model: nn.Module, example_inputs: Any, step: StepSpec, coster: OpCo
         if param.grad is not None:
             ledger.mark(param.grad, GRADIENT, keep=True)
 
-    for param in trained:
-        param.register_post_accumulate_grad_hook(keep_grad)  # type: ignore[no-untyped-call]
     with ExitStack() as stack:
         training_flags(model, step.train, stack)
-        scopes.hooks(dict(model.named_modules()), stack)
-        stack.enter_context(
-            torch.autograd.graph.saved_tensors_hooks(_saved_hook(scopes, ledger, saved), lambda t: t)
-        )
-        stack.enter_context(mode)
-        stack.enter_context(recorder)
         try:
-            run_step(model, state, inputs, optimizer, step)
+            if optimizer is not None:
+                warm_up(model, state, inputs, optimizer, step, mode)
+            adopt_state(ledger, state, optimizer, inputs)
+            for param in trained:
+                param.register_post_accumulate_grad_hook(keep_grad)  # type: ignore[no-untyped-call]
+            scopes.hooks(dict(model.named_modules()), stack)
+            pack = _saved_hook(scopes, ledger, saved)
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+            with mode, recorder:
+                run_step(model, state, inputs, optimizer, step)
         except UsageError:
             raise
         except Exception as exc:
-            first_line = str(exc).splitlines()[0] if str(exc) else ""
-            raise UsageError(f"the step failed on fake tensors: {type(exc).__name__}: {first_line}") from exc
+            raise _failed(exc) from exc
         ledger.sweep()
         end = ledger.live_by_category()
     return FakeRun(recorder, ledger, scopes, saved, end)

@@ -64,6 +64,13 @@ def test_flops_and_state_equal_a_measured_step(build, shape) -> None:  # type: i
     assert got["parameter"] == want["parameter"] and got["optimizer_state"] == want["optimizer_state"]
 
 
+def test_linear_bytes_are_its_tensors() -> None:
+    est = ls.estimate(nn.Linear(32, 16), torch.randn(8, 32), device=TINY, train=False)
+    forward, backward = est.meta.estimate.module_bytes[""]  # type: ignore[union-attr]
+    # addmm reads bias, input and weight and writes the output; the weight's transpose is a view
+    assert (forward, backward) == ((16 + 8 * 32 + 16 * 32 + 8 * 16) * 4, 0)
+
+
 @pytest.mark.parametrize("build, shape", [(_mlp, (64, 32)), (lambda: GPTBlock(64, 4, 64), (4, 64, 64))])
 def test_peak_is_near_the_measured_one(build, shape) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ from layerscope.errors import UsageError
 from layerscope.estimates.build import estimate_profile, memory_report
 from layerscope.estimates.fake_step import LossFn, StepSpec
 from layerscope.estimates.op_costs import OpCoster
-from layerscope.estimates.run import fake_run, resolve_device, resolve_dtype, usable_bytes
+from layerscope.estimates.run import FakeRun, fake_run, resolve_device, resolve_dtype, usable_bytes
 from layerscope.model.meta import EstimateInfo
 from layerscope.model.profile import Profile
 
@@ -27,6 +27,17 @@ def _step_spec(
     # On an accelerator torch's optimizers default to their foreach kernels; on the CPU to a loop.
     foreach = None if spec.key == "cpu" else True
     return StepSpec(train, optimizer, loss, resolve_dtype(dtype), foreach)
+
+
+def _module_bytes(run: FakeRun) -> dict[str, tuple[int, int]]:
+    """Per module, the bytes its own ops moved, forward and backward."""
+    out: dict[str, tuple[int, int]] = {}
+    for (path, phase), sums in run.recorder.record.modules.items():
+        forward, backward = out.get(path, (0, 0))
+        out[path] = (
+            (forward + sums.bytes, backward) if phase == "forward" else (forward, backward + sums.bytes)
+        )
+    return out
 
 
 def estimate(
@@ -83,6 +94,7 @@ def estimate(
         usable_bytes=usable,
         fits=peak <= usable,
         wall_s=time.perf_counter() - started,
+        module_bytes=_module_bytes(run),
         state_bytes={
             k: v
             for k, v in run.end_bytes.items()

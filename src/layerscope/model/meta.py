@@ -299,6 +299,9 @@ class EstimateInfo:
     #: bytes of each category live when the step ends (``parameter``, ``gradient``,
     #: ``optimizer_state``, ``input``): the model's state, whether or not it was live at the peak
     state_bytes: Mapping[str, int] = field(default_factory=dict)
+    #: module path -> bytes its own ops read and wrote, (forward, backward): the roofline's bytes
+    #: (FLOPs are in the tree; a Metrics has no field for bytes moved)
+    module_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

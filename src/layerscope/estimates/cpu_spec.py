@@ -3,14 +3,15 @@ be checked against CPU profiles here.
 
 A short benchmark (about a second): matmuls (512x512) for the peak FLOP/s of fp32, bf16 and fp16
 (fp64 is held to half of fp32), a 3x3 convolution of 64 channels for fp32 convolutions' own rate
-(``fp32-conv``: oneDNN's convolutions reach a fraction of the matmul rate on small channel counts),
-a 16 MiB copy for the memory bandwidth (bytes read plus written per second; the size of a typical
-weight or activation of a model one checks on a CPU, so partly cache-resident: DRAM's alone is lower),
-and tiny ops for the per-op cost (an add of one element: dispatch and a kernel call; a view: dispatch
-only). Each figure is the best of a few repeats, taken with torch's current thread count. The
-result is cached as JSON in the layerscope cache folder (``LAYERSCOPE_CACHE``, default
-``~/.cache/layerscope``, as the native module's), keyed by torch's version, the thread count and
-the processor, so it is measured once per machine and setting.
+(``fp32-conv``), a 16 MiB copy for the memory bandwidth (bytes read plus written per second; the
+size of a typical weight or activation of a model one checks on a CPU, so partly cache-resident:
+DRAM's alone is lower), and tiny ops for the per-op cost (a chain of one-element multiplications
+run forward and backward: dispatch, a kernel call and autograd's work per op, as in a training
+step; a view: dispatch only). Each figure is the best of a few repeats, taken with torch's current
+thread count (the per-op loops in the process's CPU time, so that a busy machine's waits for a core
+stay out). The result is cached as JSON in the layerscope cache folder (``LAYERSCOPE_CACHE``,
+default ``~/.cache/layerscope``, as the native module's), keyed by torch's version, the thread count
+and the processor, so it is measured once per machine and setting.
 """
 
 from __future__ import annotations
@@ -36,18 +37,23 @@ def cache_file() -> Path:
         else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerscope"
     )
     cpu = "".join(c if c.isalnum() else "-" for c in (platform.processor() or platform.machine()))[:40]
-    return base / "devices" / f"cpu-v2-{torch.__version__}-{torch.get_num_threads()}t-{cpu}.json"
+    return base / "devices" / f"cpu-v3-{torch.__version__}-{torch.get_num_threads()}t-{cpu}.json"
 
 
-def _best_seconds(run: Callable[[], object], repeats: int, budget_s: float = 0.15) -> float:
+def _best_seconds(
+    run: Callable[[], object],
+    repeats: int,
+    budget_s: float = 0.15,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     """The shortest time of one ``run()``, over ``repeats`` runs or ``budget_s``, whichever ends first."""
     run()  # warm up (allocations, first-call dispatch)
     best = float("inf")
     deadline = time.perf_counter() + budget_s
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         run()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
         if time.perf_counter() > deadline:
             break
     return best
@@ -75,7 +81,8 @@ def _copy_bandwidth(nbytes: int = 16 * 2**20) -> float:
 
 
 def _per_op_us(loop: Callable[[], object], calls: int = 2000) -> float:
-    return _best_seconds(loop, repeats=5) / calls * 1e6
+    # One thread's Python loop: its CPU time, so that a busy machine's waits for a core stay out.
+    return _best_seconds(loop, repeats=5, clock=time.process_time) / calls * 1e6
 
 
 def measure_cpu() -> DeviceSpec:
@@ -84,10 +91,13 @@ def measure_cpu() -> DeviceSpec:
     bf16 = _matmul_tflops(torch.bfloat16)
     fp16 = _matmul_tflops(torch.float16)
     one = torch.ones(1)
+    leaf = torch.ones(1, requires_grad=True)
 
-    def adds() -> None:
-        for _ in range(2000):
-            torch.add(one, one)
+    def chain() -> None:  # 1000 ops forward, each recording its node, and 1000 in backward
+        value = leaf
+        for _ in range(1000):
+            value = value * 1.0001
+        value.backward()  # type: ignore[no-untyped-call]
 
     def views() -> None:
         for _ in range(2000):
@@ -104,7 +114,7 @@ def measure_cpu() -> DeviceSpec:
         memory_bytes=int(memory),
         bandwidth_bytes_per_s=_copy_bandwidth(),
         peak_tflops={"fp64": fp32 / 2, "fp32": fp32, "fp32-conv": _conv_tflops(), "bf16": bf16, "fp16": fp16},
-        op_overhead_us=_per_op_us(adds),
+        op_overhead_us=_per_op_us(chain),
         view_overhead_us=_per_op_us(views),
     )
 

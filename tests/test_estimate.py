@@ -180,3 +180,29 @@ def test_cpu_device_is_measured_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     )
     assert first.totals.cpu_us > 0 and first.totals.device_us == 0
     assert first.meta.estimate.peak_tflops["fp32"] > 0  # type: ignore[union-attr]
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)) for _ in range(3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return x
+
+
+def test_activation_checkpointing_is_booked_as_measured() -> None:
+    torch.manual_seed(0)
+    model, x = _Checkpointed(), torch.randn(8, 16)
+    est = ls.estimate(model, x, device=TINY)
+    est.validate()
+    measured = _measured(model, x)[0]
+    assert est.totals.flops == measured.totals.flops
+    for path in ("blocks.0", "blocks.2.0"):
+        got, want = est.find(path), measured.find(path)
+        assert (got.calls, got.recompute_calls) == (want.calls, want.recompute_calls) == (1, 1)
+        assert got.backward.flops == want.backward.flops > 0

@@ -76,7 +76,10 @@ class StepRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        name = func._schema.name
+        schema = getattr(func, "_schema", None)
+        if schema is None:  # not an operator with a schema (a higher-order op): run it, cost nothing
+            return func(*args, **kwargs)
+        name = schema.name
         if name.startswith("profiler::"):
             out = func(*args, **kwargs)
             if name == _ENTER and args and isinstance(args[0], str):

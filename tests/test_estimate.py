@@ -206,3 +206,10 @@ def test_activation_checkpointing_is_booked_as_measured() -> None:
         got, want = est.find(path), measured.find(path)
         assert (got.calls, got.recompute_calls) == (want.calls, want.recompute_calls) == (1, 1)
         assert got.backward.flops == want.backward.flops > 0
+
+
+def test_an_estimate_says_so() -> None:
+    est = ls.estimate(_mlp(), torch.randn(8, 32), device="h100-sxm")
+    title = str(est).splitlines()[0]
+    assert "estimate for NVIDIA H100 SXM5 80GB" in title and "predicted step" in title
+    assert est.meta.device_names == ["NVIDIA H100 SXM5 80GB"]  # MFU is held to the H100's peaks

@@ -344,9 +344,11 @@ class ProfileMeta:
 
     @property
     def device_names(self) -> list[str]:
-        """The devices the run used, by name: a live capture's, then the trace's properties."""
+        """The devices the run used, by name: a live capture's, then the trace's properties (an
+        estimate: the device it predicted for)."""
         live = [d.name for d in self.environment.devices] if self.environment is not None else []
-        return live + [str(p["name"]) for p in self.trace.device_properties if p.get("name")]
+        predicted = [self.estimate.device_name] if self.estimate is not None else []
+        return live + [str(p["name"]) for p in self.trace.device_properties if p.get("name")] + predicted
 
     @property
     def distributed(self) -> DistributedInfo | None:

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("analysis", {"analysis"}),
     ("render", {"render"}),
     ("capture", {"capture"}),
+    ("estimates", {"estimates"}),
     ("file fan-out", {"filemap"}),
     ("loading", {"loading"}),
     ("rank merging", {"merging"}),

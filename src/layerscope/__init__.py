@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from layerscope.capture.flight_recorder import FlightRecorder, flight_recorder
     from layerscope.capture.schedule import schedule
     from layerscope.capture.session import CompileInfoWarning, Cycle, profile
+    from layerscope.estimates import estimate, max_batch_size
 
 # Profile.ops()/lines()/to_pandas()/print(p)/notebook display are served by analysis and render,
 # registered here so the data model imports nothing above it (render/profile_views.py).
@@ -61,6 +62,8 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module("layerscope.capture.session"), name)
     if name in ("flight_recorder", "FlightRecorder"):
         return getattr(importlib.import_module("layerscope.capture.flight_recorder"), name)
+    if name in ("estimate", "max_batch_size"):
+        return getattr(importlib.import_module("layerscope.estimates"), name)
     if name == "watch_compiles":
         return importlib.import_module("layerscope.capture.compile_watch").watch_compiles
     if name == "compile_info":
@@ -90,8 +93,10 @@ __all__ = [
     "__version__",
     "critical_path",
     "diff",
+    "estimate",
     "flight_recorder",
     "load",
+    "max_batch_size",
     "merge",
     "print_summary",
     "profile",

@@ -22,7 +22,11 @@ TB = 10**12
 class DeviceSpec:
     """One accelerator: ``match`` are the substrings (all of them, any case) a torch device name
     holds; ``memory_bytes`` its memory; ``bandwidth_bytes_per_s`` its memory bandwidth;
-    ``peak_tflops`` dense TFLOP/s per dtype class (fp64, fp32, tf32, bf16, fp16, fp8)."""
+    ``peak_tflops`` dense TFLOP/s per dtype class (fp64, fp32, tf32, bf16, fp16, fp8).
+
+    Estimates add to each op's roofline time ``op_overhead_us`` (an op that runs a kernel: launch
+    and dispatch) or ``view_overhead_us`` (a view, which moves no data). The accelerators' defaults
+    are a typical eager launch gap; ``device="cpu"`` measures both on this machine."""
 
     key: str
     name: str
@@ -30,6 +34,28 @@ class DeviceSpec:
     memory_bytes: int
     bandwidth_bytes_per_s: float
     peak_tflops: Mapping[str, float]
+    op_overhead_us: float = 4.0
+    view_overhead_us: float = 0.0
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for a dtype class (``fp32``, ``bf16``...). A class the spec has no
+        figure for is held to the nearest one it has: tf32 to fp32, fp8 to bf16/fp16, fp64 to
+        fp32, anything else (int, unknown) to bf16, then to the spec's lowest figure."""
+        fallbacks = {
+            "tf32": ("tf32", "fp32"),
+            "fp8": ("fp8", "bf16", "fp16"),
+            "fp64": ("fp64", "fp32"),
+            "fp16": ("fp16", "bf16"),
+            "bf16": ("bf16", "fp16"),
+            "fp32": ("fp32",),
+        }
+        for name in (*fallbacks.get(dtype, ()), "bf16", "fp32"):
+            figure = self.peak_tflops.get(name)
+            if figure:
+                return float(figure) * 1e12
+        if not self.peak_tflops:
+            raise UsageError(f"device spec {self.key!r} has no peak FLOP/s figure")
+        return min(self.peak_tflops.values()) * 1e12
 
     def matches(self, device_name: str) -> bool:
         """Whether torch's name for a device is this one."""
@@ -121,7 +147,8 @@ def spec_for_device_name(device_name: str, specs: tuple[DeviceSpec, ...] | None 
 
 def device_spec(device: str | DeviceSpec) -> DeviceSpec:
     """A spec by key (``h100-sxm``), by torch's device name, or as given; a UsageError listing the
-    keys otherwise."""
+    keys otherwise. (``cpu``, measured on this machine, is the estimates layer's:
+    ``estimates/cpu_spec.py``.)"""
     if isinstance(device, DeviceSpec):
         return device
     by_key = {s.key: s for s in SPECS}

@@ -12,6 +12,7 @@ from typing import Any
 from layerscope.cli import (
     analyze_cmd,
     diff_cmd,
+    estimate_cmd,
     merge_cmd,
     native_cmd,
     profile_cmd,
@@ -47,6 +48,7 @@ COMMANDS: dict[str, Any] = {
     "diff": diff_cmd,
     "merge": merge_cmd,
     "report": report_cmd,
+    "estimate": estimate_cmd,
     "native": native_cmd,
 }
 

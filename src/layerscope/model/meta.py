@@ -14,6 +14,8 @@ record                 what it holds                                  written by
 :class:`FlopsByDtype`  the run's FLOPs per dtype class                ``attribution/attribute.py``
 :class:`DeviceSummary` the device report's figures                    ``analysis/device_summary.py``
 :class:`FlightInfo`    a flight recorder's dump: what triggered it    ``attribution/flight_profile.py``
+:class:`EstimateInfo`  an estimate: the device spec and step it        ``estimates/build.py``
+                       predicted, and whether the peak fits
 memory records         :mod:`layerscope.model.memory`                 ``attribution/memory/``
 =====================  =============================================  ===============================
 
@@ -37,6 +39,9 @@ LIVE = "live"
 TRACE = "trace"
 #: A flight recorder's dump (``ls.flight_recorder``): steps and module calls, no op events.
 FLIGHT = "flight"
+
+#: An estimate (``ls.estimate``): predicted from fake tensors, nothing measured.
+ESTIMATE = "estimate"
 
 #: What makes a flight recorder write a dump (:attr:`FlightTrigger.reason`).
 TRIGGER_REASONS = ("signal", "slow_step", "exception", "oom", "manual", "memory")
@@ -267,11 +272,44 @@ class FlightInfo:
 
 
 @dataclass(frozen=True)
+class EstimateInfo:
+    """What an estimate (``ls.estimate``) predicted for and how: the device spec (``device`` its
+    key, ``device_name``, its memory, bandwidth and dense peaks in TFLOP/s per dtype class, the
+    per-op costs added to each op's roofline time), the step (``train``, ``optimizer``, ``dtype``
+    None: the model's own), where predicted times are kept (``time_field``: ``cpu_us`` for the CPU,
+    ``device_us`` for an accelerator), the predicted absolute peak against the memory usable after
+    the reserve (``fits``), the estimate's own cost on this machine (``wall_s``), and the state's
+    bytes by category (``state_bytes``)."""
+
+    device: str
+    device_name: str
+    memory_bytes: int
+    bandwidth_bytes_per_s: float
+    peak_tflops: Mapping[str, float]
+    op_overhead_us: float
+    view_overhead_us: float
+    train: bool
+    optimizer: str | None
+    dtype: str | None
+    time_field: str
+    peak_bytes: int
+    usable_bytes: int
+    fits: bool
+    wall_s: float = 0.0
+    #: bytes of each category live when the step ends (``parameter``, ``gradient``,
+    #: ``optimizer_state``, ``input``): the model's state, whether or not it was live at the peak
+    state_bytes: Mapping[str, int] = field(default_factory=dict)
+    #: module path -> bytes its own ops read and wrote, (forward, backward): the roofline's bytes
+    #: (FLOPs are in the tree; a Metrics has no field for bytes moved)
+    module_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ProfileMeta:
     """Everything a profile knows besides its numbers; each field one record with one owner.
 
-    ``source`` is ``live`` (a capture), ``trace`` (built from a trace file, ``trace_file``) or
-    ``flight`` (a flight recorder's dump, ``flight``);
+    ``source`` is ``live`` (a capture), ``trace`` (built from a trace file, ``trace_file``),
+    ``flight`` (a flight recorder's dump, ``flight``) or ``estimate`` (``ls.estimate``, ``estimate``);
     ``extra`` keeps keys
     a file held that this version does not know, so that saving again loses nothing.
     """
@@ -294,6 +332,7 @@ class ProfileMeta:
     flops_by_dtype: FlopsByDtype | None = None
     device: DeviceSummary | None = None
     flight: FlightInfo | None = None
+    estimate: EstimateInfo | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -305,9 +344,11 @@ class ProfileMeta:
 
     @property
     def device_names(self) -> list[str]:
-        """The devices the run used, by name: a live capture's, then the trace's properties."""
+        """The devices the run used, by name: a live capture's, then the trace's properties (an
+        estimate: the device it predicted for)."""
         live = [d.name for d in self.environment.devices] if self.environment is not None else []
-        return live + [str(p["name"]) for p in self.trace.device_properties if p.get("name")]
+        predicted = [self.estimate.device_name] if self.estimate is not None else []
+        return live + [str(p["name"]) for p in self.trace.device_properties if p.get("name")] + predicted
 
     @property
     def distributed(self) -> DistributedInfo | None:

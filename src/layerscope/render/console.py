@@ -205,8 +205,12 @@ def _title(profile: Profile, per_step: bool = False) -> str:
     parts = []
     if meta.model:
         parts.append(meta.model)
+    if meta.estimate is not None:  # nothing here was measured: say so before any figure
+        parts.append(f"estimate for {meta.estimate.device_name}")
     steps = len(profile.steps)
-    if meta.wall_us:
+    if meta.wall_us and meta.estimate is not None:
+        parts.append(f"predicted step {fmt_time_us(meta.wall_us)}")
+    elif meta.wall_us:
         over = f" for {steps} steps" if steps > 1 else ""
         parts.append(f"wall {fmt_time_us(meta.wall_us)}{over}")
     parts.append(f"CPU {fmt_time_us(profile.totals.cpu_us) or '0'}")

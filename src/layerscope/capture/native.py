@@ -214,13 +214,20 @@ def build(force: bool = False) -> tuple[Path, float]:
     """
     if sys.platform == "win32":
         raise LayerscopeError("the native module is not supported on Windows; the Python reader is used")
-    seconds = 0.0
     target = binary_path()
-    for path, command in ((target, compile_command), (trace_binary_path(), compile_trace_command)):
-        if force or not path.exists():
-            seconds += _compile(path, command)
+    seconds = _compile(target, compile_command) if force or not target.exists() else 0.0
+    seconds += build_trace_reader(force)[1]
     if seconds:
         forget()  # the next load() looks again
+    return target, seconds
+
+
+def build_trace_reader(force: bool = False) -> tuple[Path, float]:
+    """Compile the trace-file reader alone (``build`` does it too); its path and the seconds taken."""
+    target = trace_binary_path()
+    seconds = _compile(target, compile_trace_command) if force or not target.exists() else 0.0
+    if seconds:
+        forget()
     return target, seconds
 
 

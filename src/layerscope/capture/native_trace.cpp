@@ -295,7 +295,7 @@ class TraceReader {
   const char* value(const char* p, Val& v);
   const char* string(const char* p, Val& v);
   const char* number(const char* p, Val& v);
-  const char* skip_container(const char* p);
+  const char* skip_container(const char* p, int depth);
   const char* fields(const char* p, Event& ev, bool in_args);
   void keep(const Event& ev);
   void keep_span(const Event& ev, int kind);
@@ -361,14 +361,39 @@ const char* TraceReader::member(const char* p) {
   return done;
 }
 
+// Whether [p, p + n) is valid UTF-8 (orjson refuses anything else, so the reader declines it).
+bool valid_utf8(const unsigned char* p, size_t n) {
+  static const uint32_t least[] = {0, 0x80, 0x800, 0x10000};
+  for (size_t k = 0; k < n;) {
+    unsigned char c = p[k];
+    if (c < 0x80) {
+      ++k;
+      continue;
+    }
+    size_t extra = (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : 0;
+    if (extra == 0) return false;
+    uint32_t cp = c & (0x3F >> extra);
+    for (size_t j = 1; j <= extra; ++j) {
+      if (k + j >= n || (p[k + j] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[k + j] & 0x3F);
+    }
+    if (cp < least[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return false;
+    k += extra + 1;
+  }
+  return true;
+}
+
 const char* TraceReader::string(const char* p, Val& v) {
   if (*p != '"') throw Decline{"expected a string"};
   const char* s = ++p;
   bool escaped = false;
+  unsigned char high = 0;
   for (;;) {
     if (p >= end_) throw NeedMore{};
-    char c = *p;
+    unsigned char c = static_cast<unsigned char>(*p);
     if (c == '"') break;
+    if (c < 0x20) throw Decline{"a control character in a string"};
+    high |= c;
     if (c == '\\') {
       escaped = true;
       if (p + 1 >= end_) throw NeedMore{};
@@ -389,60 +414,77 @@ const char* TraceReader::string(const char* p, Val& v) {
   v.b = s;
   v.n = size_t(p - s);
   v.truthy = v.n > 0;
+  if ((high & 0x80) && !valid_utf8(reinterpret_cast<const unsigned char*>(s), v.n))
+    throw Decline{"a string that is not valid UTF-8"};
+  if (escaped) decode(v);  // declines on lone surrogates, as orjson refuses them
   return p + 1;
 }
 
+// A JSON number, checked against JSON's grammar (orjson refuses "01", "1.", "1e"): an int64, a big
+// integer (BIG: orjson reads it, as an int up to 2**64 and a float beyond, but no int64 column can
+// hold it) or a double.
 const char* TraceReader::number(const char* p, Val& v) {
   const char* s = p;
-  bool is_float = false;
-  if (*p == '-') ++p;
-  for (;; ++p) {
-    if (p >= end_) throw NeedMore{};
-    char c = *p;
-    if (c >= '0' && c <= '9') continue;
-    if (c == '.' || c == 'e' || c == 'E' || ((c == '+' || c == '-') && (p[-1] == 'e' || p[-1] == 'E'))) {
-      is_float = true;
-      continue;
+  auto digits = [&](const char* q) {
+    const char* start = q;
+    for (;; ++q) {
+      if (q >= end_) throw NeedMore{};
+      if (*q < '0' || *q > '9') break;
     }
-    break;
+    if (q == start) throw Decline{"bad number"};
+    return q;
+  };
+  if (*p == '-') ++p;
+  if (p >= end_) throw NeedMore{};
+  const char* int_start = p;
+  p = digits(p);
+  if (*int_start == '0' && p - int_start > 1) throw Decline{"a number with a leading zero"};
+  bool is_float = false;
+  if (*p == '.') {
+    is_float = true;
+    p = digits(p + 1);
+  }
+  if (*p == 'e' || *p == 'E') {
+    is_float = true;
+    ++p;
+    if (p >= end_) throw NeedMore{};
+    if (*p == '+' || *p == '-') ++p;
+    p = digits(p);
   }
   v.b = s;
   v.n = size_t(p - s);
   if (!is_float) {
     auto [end, ec] = std::from_chars(s, p, v.i);
-    if (ec == std::errc::result_out_of_range) {
-      v.tag = BIG;
-    } else if (ec != std::errc() || end != p) {
-      throw Decline{"bad number"};
-    } else {
-      v.tag = INT;
-    }
+    v.tag = ec == std::errc() ? INT : BIG;
     v.truthy = v.tag == BIG || v.i != 0;
     return p;
   }
   auto [end, ec] = std::from_chars(s, p, v.d);
-  if (ec != std::errc() || end != p) throw Decline{"bad number"};
+  if (ec != std::errc() || end != p) throw Decline{"a number out of a double's range"};
   v.tag = FLT;
   v.truthy = v.d != 0;
   return p;
 }
 
-const char* TraceReader::skip_container(const char* p) {
-  int depth = 0;
+// A whole array or object, checked against JSON's grammar but not kept.
+const char* TraceReader::skip_container(const char* p, int depth) {
+  if (depth > 256) throw Decline{"nested too deeply"};
+  char close = *p == '{' ? '}' : ']';
+  bool object = close == '}';
+  p = ws(p + 1);
+  if (*p == close) return p + 1;
   for (;;) {
-    if (p >= end_) throw NeedMore{};
-    char c = *p;
-    if (c == '"') {
-      Val ignored;
-      p = string(p, ignored);
-      continue;
+    Val ignored;
+    if (object) {
+      p = ws(string(p, ignored));
+      if (*p != ':') throw Decline{"no colon after a key"};
+      p = ws(p + 1);
     }
-    if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return p + 1;
-    }
-    ++p;
+    p = (*p == '{' || *p == '[') ? skip_container(p, depth + 1) : value(p, ignored);
+    p = ws(p);
+    if (*p == close) return p + 1;
+    if (*p != ',') throw Decline{"bad separator"};
+    p = ws(p + 1);
   }
 }
 
@@ -451,7 +493,7 @@ const char* TraceReader::value(const char* p, Val& v) {
     case '"': return string(p, v);
     case '{':
     case '[': {
-      const char* done = skip_container(p);
+      const char* done = skip_container(p, 0);
       v.tag = *p == '{' ? OBJ : ARR;
       v.b = p;
       v.n = size_t(done - p);

@@ -47,13 +47,15 @@ def _blocks(path: Path, progress: Progress | None) -> Iterator[bytes | memoryvie
         inflate = zlib.decompressobj(31)
         while data := raw.read(BLOCK_BYTES // 4):
             while data:
-                yield inflate.decompress(data, BLOCK_BYTES)
-                data = inflate.unconsumed_tail
                 if inflate.eof:  # a file of several gzip members, as gzip.open reads them
-                    data, inflate = inflate.unused_data + data, zlib.decompressobj(31)
+                    inflate = zlib.decompressobj(31)
+                yield inflate.decompress(data, BLOCK_BYTES)
+                data = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
             if progress is not None:
                 progress(raw.tell(), size)
-        if not inflate.eof and inflate.flush():
+        while not inflate.eof and (rest := inflate.decompress(b"", BLOCK_BYTES)):
+            yield rest  # output held back by the block limit
+        if not inflate.eof:  # cut short: the Python path keeps what came before the damage
             raise Declined("gzip stream cut short")
 
 

@@ -5,8 +5,12 @@ with shapes and concrete inputs, runtime launches, kernels linked by correlation
 backward nodes with sequence numbers, and memory events. ``analyze`` runs in a fresh process so its
 peak RSS is its own.
 
-    python benchmarks/analyze.py --size-mb 100
-    python benchmarks/analyze.py --size-mb 1000
+    python benchmarks/analyze.py --size-mb 100                  # both readers: read alone, analyze
+    python benchmarks/analyze.py --size-mb 1000 --reader native
+    python benchmarks/analyze.py --trace some.json.gz           # an existing trace
+
+Times exclude importing layerscope and torch (torch is imported up front, for the FLOP formulas;
+the import time and the RSS after imports are printed beside them).
 """
 
 from __future__ import annotations
@@ -132,46 +136,75 @@ def generate(path: Path, size_mb: float, layers: int = 24) -> int:
 
 
 CHILD = """
-import json, resource, sys, time
+import json, os, resource, sys, time
 t0 = time.perf_counter()
-from layerscope.loading import analyze
-result = analyze(sys.argv[1])
-elapsed = time.perf_counter() - t0
+from pathlib import Path
+from layerscope.loading import _read, analyze
+from layerscope.events import native_trace
+if os.environ.get("BENCH_TORCH") == "1":
+    import torch  # FLOP formulas need it: imported up front so read and analyze times exclude it
+t1 = time.perf_counter()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+if sys.argv[2] == "read":
+    table = _read(Path(sys.argv[1]))
+    facts = {"events": table.event_count}
+else:
+    result = analyze(sys.argv[1])
+    facts = {"events": result.profile.meta.event_count, "steps": len(result.profile.steps),
+             "modules": sum(1 for _ in result.profile.modules()),
+             "device_busy_us": result.device.busy_us if result.device else 0,
+             "advice": [a.rule for a in result.advice]}
+t2 = time.perf_counter()
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"seconds": elapsed, "peak_rss_mib": peak,
-                  "events": result.profile.meta.event_count, "steps": len(result.profile.steps),
-                  "modules": sum(1 for _ in result.profile.modules()),
-                  "device_busy_us": result.device.busy_us if result.device else 0,
-                  "advice": [a.rule for a in result.advice]}))
+print(json.dumps({"seconds": t2 - t1, "import_seconds": t1 - t0, "peak_rss_mib": peak,
+                  "rss_after_imports_mib": before, "declined": native_trace.last_decline, **facts}))
 """
+
+
+def run_child(path: Path, what: str, reader: str) -> dict[str, object]:
+    """``what`` (read or analyze) of ``path`` in a fresh process with ``reader`` (native or python)."""
+    env = dict(os.environ, BENCH_TORCH="1")
+    if reader == "python":
+        env["LAYERSCOPE_NATIVE"] = "0"
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), what], capture_output=True, text=True, check=True, env=env
+    )
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=100.0)
     parser.add_argument("--keep", metavar="PATH", help="write the trace here and keep it")
+    parser.add_argument("--trace", metavar="PATH", help="time this trace instead of generating one")
+    parser.add_argument(
+        "--reader", choices=("native", "python", "both"), default="both", help="which trace reader to time"
+    )
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="layerscope-bench-")
-    path = Path(args.keep) if args.keep else Path(folder) / "synthetic.json"
-    t0 = time.perf_counter()
-    steps = generate(path, args.size_mb)
-    generated = time.perf_counter() - t0
-    size = path.stat().st_size
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True
-    )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    if not args.keep:
-        os.unlink(path)
-        os.rmdir(folder)
-    mb = size / 1e6
-    print(f"trace {mb:.0f} MB ({steps} steps, {result['events']} events; generated in {generated:.1f}s)")
-    print(
-        f"analyze: {result['seconds']:.1f}s = {mb / result['seconds']:.1f} MB/s, "
-        f"{result['events'] / result['seconds'] / 1e3:.0f}k events/s, "
-        f"peak RSS {result['peak_rss_mib']:.0f} MiB"
-    )
-    print(json.dumps({"benchmark": "analyze", "size_mb": mb, **result}))
+    path = Path(args.trace or args.keep or Path(folder) / "synthetic.json")
+    if not args.trace:
+        t0 = time.perf_counter()
+        steps = generate(path, args.size_mb)
+        print(f"generated {steps} steps in {time.perf_counter() - t0:.1f}s")
+    mb = path.stat().st_size / 1e6
+    try:
+        for reader in ("native", "python") if args.reader == "both" else (args.reader,):
+            for what in ("read", "analyze"):
+                result = run_child(path, what, reader)
+                seconds = float(result["seconds"])  # type: ignore[arg-type]
+                print(
+                    f"{reader:6} {what:7}: {seconds:5.2f}s = {mb / seconds:6.1f} MB/s "
+                    f"({int(result['events']) / seconds / 1e3:.0f}k events/s), "  # type: ignore[call-overload]
+                    f"peak RSS {result['peak_rss_mib']:.0f} MiB "
+                    f"({result['rss_after_imports_mib']:.0f} after imports; imports {result['import_seconds']:.1f}s)"
+                    + (f"; declined: {result['declined']}" if result["declined"] and reader == "native" else "")
+                )
+                print(json.dumps({"benchmark": "analyze", "reader": reader, "what": what, "size_mb": mb, **result}))
+    finally:
+        if not args.keep and not args.trace:
+            os.unlink(path)
+            os.rmdir(folder)
 
 
 if __name__ == "__main__":

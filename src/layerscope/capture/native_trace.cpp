@@ -73,16 +73,33 @@ enum Arg {
   A_SEQ, A_FWD, A_CORR, A_EXT, A_DIMS, A_CONC, A_TYPES, A_FLOPS, A_PYID, A_PYPARENT, A_BYTES_LOWER,
   A_WAIT_STREAM, A_WAIT_CORR, A_RFID, A_DEVTYPE, A_TOTAL, A_BYTES, A_ADDR, A_COUNT
 };
-int arg_of(std::string_view key) {
-  static const std::unordered_map<std::string_view, int> args = {
-      {"Sequence number", A_SEQ}, {"Fwd thread id", A_FWD}, {"correlation", A_CORR},
-      {"External id", A_EXT}, {"Input Dims", A_DIMS}, {"Concrete Inputs", A_CONC},
-      {"Input type", A_TYPES}, {"flops", A_FLOPS}, {"Python id", A_PYID},
-      {"Python parent id", A_PYPARENT}, {"bytes", A_BYTES_LOWER}, {"wait_on_stream", A_WAIT_STREAM},
-      {"wait_on_cuda_event_record_corr_id", A_WAIT_CORR}, {"Record function id", A_RFID},
-      {"Device Type", A_DEVTYPE}, {"Total Allocated", A_TOTAL}, {"Bytes", A_BYTES}, {"Addr", A_ADDR}};
-  auto found = args.find(key);
-  return found == args.end() ? -1 : found->second;
+// A switch on length and a comparison, not a hash: most events carry several args keys.
+int arg_of(std::string_view k) {
+  switch (k.size()) {
+    case 4: return k == "Addr" ? A_ADDR : -1;
+    case 5:
+      if (k == "flops") return A_FLOPS;
+      if (k == "bytes") return A_BYTES_LOWER;
+      return k == "Bytes" ? A_BYTES : -1;
+    case 9: return k == "Python id" ? A_PYID : -1;
+    case 10:
+      if (k == "Input Dims") return A_DIMS;
+      return k == "Input type" ? A_TYPES : -1;
+    case 11:
+      if (k == "correlation") return A_CORR;
+      if (k == "External id") return A_EXT;
+      return k == "Device Type" ? A_DEVTYPE : -1;
+    case 13: return k == "Fwd thread id" ? A_FWD : -1;
+    case 14: return k == "wait_on_stream" ? A_WAIT_STREAM : -1;
+    case 15:
+      if (k == "Sequence number") return A_SEQ;
+      if (k == "Concrete Inputs") return A_CONC;
+      return k == "Total Allocated" ? A_TOTAL : -1;
+    case 16: return k == "Python parent id" ? A_PYPARENT : -1;
+    case 18: return k == "Record function id" ? A_RFID : -1;
+    case 33: return k == "wait_on_cuda_event_record_corr_id" ? A_WAIT_CORR : -1;
+    default: return -1;
+  }
 }
 
 struct Event {
@@ -201,13 +218,36 @@ class TraceReader {
  public:
   explicit TraceReader(bool flops_arg) : flops_arg_(flops_arg) {}
 
-  // Parse what `chunk` completes; the bytes of an unfinished unit wait for the next feed.
+  // Parse what `chunk` completes; the bytes of an unfinished unit wait for the next feed. Units are
+  // parsed in the chunk itself: only the unfinished unit's bytes are copied (and what it takes from
+  // the next chunk to finish it).
   void feed(py::buffer chunk) {
     py::buffer_info info = chunk.request();
     if (!why_.empty()) return;
-    buf_.append(static_cast<const char*>(info.ptr), size_t(info.size));
+    const char* data = static_cast<const char*>(info.ptr);
+    size_t n = size_t(info.size), off = 0;
     py::gil_scoped_release release;
-    run();
+    if (!buf_.empty()) {
+      size_t old = buf_.size(), taken = 0;
+      for (;;) {
+        size_t more = std::min(n - taken, std::max<size_t>(taken, 1 << 16));
+        buf_.append(data + taken, more);
+        taken += more;
+        size_t used = run(buf_.data(), buf_.size());
+        if (!why_.empty()) return;
+        if (used >= old) {  // the unfinished unit is done: go on in the chunk
+          off = used - old;
+          buf_.clear();
+          break;
+        }
+        if (taken == n) {
+          buf_.erase(0, used);
+          return;
+        }
+      }
+    }
+    size_t used = run(data + off, n - off);
+    if (why_.empty()) buf_.assign(data + off + used, n - off - used);
   }
 
   // Stop early (the caller gave up): the reason is kept for finish().
@@ -219,9 +259,9 @@ class TraceReader {
  private:
   enum State { START, KEYS_FIRST, KEYS_NEXT, EVENTS_FIRST, EVENTS_NEXT, DONE };
 
-  void run() {
-    const char* base = buf_.data();
-    end_ = base + buf_.size();
+  // Parse the units complete in [base, base + n); returns how many bytes they took.
+  size_t run(const char* base, size_t n) {
+    end_ = base + n;
     const char* p = base;
     try {
       while (state_ != DONE) {
@@ -240,9 +280,9 @@ class TraceReader {
     } catch (const Decline& d) {
       why_ = d.why.empty() ? "declined" : d.why;
       buf_.clear();
-      return;
+      return 0;
     }
-    buf_.erase(0, size_t(p - base));
+    return size_t(p - base);
   }
 
   const char* ws(const char* p) const {
@@ -389,6 +429,16 @@ const char* TraceReader::string(const char* p, Val& v) {
   bool escaped = false;
   unsigned char high = 0;
   for (;;) {
+    // eight plain bytes at a time: no quote, backslash, control or non-ASCII byte among them
+    while (p + 8 <= end_) {
+      uint64_t w;
+      std::memcpy(&w, p, 8);
+      constexpr uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+      uint64_t quote = w ^ (ones * '"'), slash = w ^ (ones * '\\');
+      uint64_t special = ((quote - ones) & ~quote) | ((slash - ones) & ~slash) | (w - ones * 0x20) | w;
+      if (special & highs) break;
+      p += 8;
+    }
     if (p >= end_) throw NeedMore{};
     unsigned char c = static_cast<unsigned char>(*p);
     if (c == '"') break;

@@ -128,7 +128,10 @@ def test_every_real_trace_reads_identically(reader: ModuleType, real_traces: Pat
 
 
 @pytest.mark.parametrize(
-    "path", traces_under(FIXTURES / "critical_path") + traces_under(FIXTURES / "gpu") + [FIXTURES / "stack_trace.json.gz"],
+    "path",
+    traces_under(FIXTURES / "critical_path")
+    + traces_under(FIXTURES / "gpu")
+    + [FIXTURES / "stack_trace.json.gz"],
     ids=lambda p: p.name,
 )
 def test_fixture_traces_read_identically(reader: ModuleType, path: Path) -> None:
@@ -176,15 +179,73 @@ def test_header_escapes_threads_and_side_tables(reader: ModuleType, tmp_path: Pa
         "deviceProperties": [{"id": 0, "name": "GPU é"}],
         "traceEvents": [
             {**op, "name": 'a\\"b\u00e9\U0001f600', "args": {"Record function id": 7, "External id": 3}},
-            {**op, "name": "aten::mm", "ts": 1.0000005, "args": {"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"], "Concrete Inputs": ["", ""], "Sequence number": 4}},
-            {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": 20, "dur": 5, "args": {"Collective name": "allreduce", "In msg nelems": 10, "dtype": "Float"}},
-            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 21, "dur": 1, "pid": 0, "tid": 7, "args": {"bytes": 64}},
-            {"ph": "X", "cat": "cuda_sync", "name": "Event Sync", "ts": 22, "dur": 1, "args": {"wait_on_stream": 7}},
-            {"ph": "X", "cat": "python_function", "name": "nn.Module: Linear_0", "ts": 9, "dur": 9, "args": {"Python id": 2, "Python parent id": 1}},
-            {"ph": "X", "cat": "python_function", "name": "nn.Module: Net_0", "ts": 8, "dur": 20, "args": {"Python id": 1, "Python parent id": None}},
-            {"ph": "i", "name": "[memory]", "ts": 11, "pid": 1, "args": {"Bytes": 512, "Total Allocated": 512, "Device Type": 1, "Addr": 99}},
+            {
+                **op,
+                "name": "aten::mm",
+                "ts": 1.0000005,
+                "args": {
+                    "Input Dims": [[2, 3], [3, 4]],
+                    "Input type": ["float", "float"],
+                    "Concrete Inputs": ["", ""],
+                    "Sequence number": 4,
+                },
+            },
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "record_param_comms",
+                "ts": 20,
+                "dur": 5,
+                "args": {"Collective name": "allreduce", "In msg nelems": 10, "dtype": "Float"},
+            },
+            {
+                "ph": "X",
+                "cat": "gpu_memcpy",
+                "name": "Memcpy HtoD",
+                "ts": 21,
+                "dur": 1,
+                "pid": 0,
+                "tid": 7,
+                "args": {"bytes": 64},
+            },
+            {
+                "ph": "X",
+                "cat": "cuda_sync",
+                "name": "Event Sync",
+                "ts": 22,
+                "dur": 1,
+                "args": {"wait_on_stream": 7},
+            },
+            {
+                "ph": "X",
+                "cat": "python_function",
+                "name": "nn.Module: Linear_0",
+                "ts": 9,
+                "dur": 9,
+                "args": {"Python id": 2, "Python parent id": 1},
+            },
+            {
+                "ph": "X",
+                "cat": "python_function",
+                "name": "nn.Module: Net_0",
+                "ts": 8,
+                "dur": 20,
+                "args": {"Python id": 1, "Python parent id": None},
+            },
+            {
+                "ph": "i",
+                "name": "[memory]",
+                "ts": 11,
+                "pid": 1,
+                "args": {"Bytes": 512, "Total Allocated": 512, "Device Type": 1, "Addr": 99},
+            },
             {"ph": "i", "name": "[memory]", "ts": 12, "pid": 1, "args": {"Bytes": -512, "Device Type": 0}},
-            {"ph": "i", "name": "[OutOfMemory]", "ts": 13, "args": {"Bytes": 1 << 40, "Total Allocated": 5, "Device Type": 1}},
+            {
+                "ph": "i",
+                "name": "[OutOfMemory]",
+                "ts": 13,
+                "args": {"Bytes": 1 << 40, "Total Allocated": 5, "Device Type": 1},
+            },
             {"ph": "s", "cat": "fwdbwd", "id": 5, "ts": 10.5, "pid": 1, "tid": "main"},
             {"ph": "f", "cat": "fwdbwd", "id": "5", "ts": 30},
             {"ph": "M", "name": "process_name", "args": {"name": [1, {"deep": [True, None, 1e-3]}]}},
@@ -209,7 +270,9 @@ def test_header_escapes_threads_and_side_tables(reader: ModuleType, tmp_path: Pa
         {"ph": "X", "cat": ["cpu_op"], "name": "a", "ts": 1},
     ],
 )
-def test_declines_what_the_python_path_reads_otherwise(reader: ModuleType, tmp_path: Path, event: Any) -> None:
+def test_declines_what_the_python_path_reads_otherwise(
+    reader: ModuleType, tmp_path: Path, event: Any
+) -> None:
     good = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 5}
     path = write(tmp_path, {"traceEvents": [good, event]})
     with warnings.catch_warnings():  # the Python path's MalformedEventsWarning, where it finds one
@@ -253,7 +316,9 @@ def test_turned_off_reads_with_python(reader: ModuleType, python_only: None) -> 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(random_events, max_size=12))
-def test_random_events_read_identically_or_decline(reader: ModuleType, tmp_path: Path, trace_events: list[Any]) -> None:
+def test_random_events_read_identically_or_decline(
+    reader: ModuleType, tmp_path: Path, trace_events: list[Any]
+) -> None:
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": trace_events}, default=str))
     with warnings.catch_warnings():

@@ -136,7 +136,7 @@ def _pybind11_include() -> Path:
         spec = importlib.util.find_spec("torch")
         if spec is None or not spec.submodule_search_locations:
             raise LayerscopeError("pybind11's headers not found (install pybind11 or torch)") from None
-        return Path(list(spec.submodule_search_locations)[0]) / "include"
+        return Path(next(iter(spec.submodule_search_locations))) / "include"
 
 
 def compile_trace_command(output: Path) -> list[str]:

@@ -50,7 +50,9 @@ def _op_flops(found: dict[str, Any], builder: TraceTableBuilder, dims: list[Any]
     # one int64 key per (name, shapes, concrete inputs): a 1-d unique is ~10x one over rows
     packed = (name[picked] << 42) | (dims_id[picked] << 21) | (conc_id[picked] + 1)
     distinct_keys, inverse = np.unique(packed, return_inverse=True)
-    distinct = np.stack([distinct_keys >> 42, (distinct_keys >> 21) & 0x1FFFFF, (distinct_keys & 0x1FFFFF) - 1], 1)
+    distinct = np.stack(
+        [distinct_keys >> 42, (distinct_keys >> 21) & 0x1FFFFF, (distinct_keys & 0x1FFFFF) - 1], 1
+    )
     if max(len(names), len(found["dims"]), len(concrete) + 1) >= 1 << 21:  # would not pack: rows
         keys = np.stack([name[picked], dims_id[picked], conc_id[picked]], axis=1)
         distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
@@ -76,7 +78,9 @@ def _intern_in_order(
     vocabulary: dict[str, int] = {}
 
     def ids(texts: list[str | None]) -> np.ndarray:
-        return np.asarray([-1 if t is None else vocabulary.setdefault(t, len(vocabulary)) for t in texts] + [-1])
+        return np.asarray(
+            [-1 if t is None else vocabulary.setdefault(t, len(vocabulary)) for t in texts] + [-1]
+        )
 
     name_ids = ids(found["names"])
     shape_ids = ids([shapes_key(d) for d in dims])
@@ -108,7 +112,9 @@ def _span_at(kind: np.ndarray, tid: np.ndarray, ts: np.ndarray, keys: set[tuple[
     candidate = (kind == EventKind.CPU_OP) | (kind == EventKind.USER_ANNOTATION)
     picked = np.flatnonzero(candidate & np.isin(ts, wanted))
     found: dict[Any, int] = {}
-    for i, key in zip(picked.tolist(), zip(tid[picked].tolist(), ts[picked].tolist(), strict=True), strict=True):
+    for i, key in zip(
+        picked.tolist(), zip(tid[picked].tolist(), ts[picked].tolist(), strict=True), strict=True
+    ):
         if key in keys:
             found.setdefault(key, i)
     return found
@@ -156,7 +162,9 @@ def _memory(builder: TraceTableBuilder, found: dict[str, Any]) -> dict[str, np.n
         with_total = np.flatnonzero(mask & has_total)
         if with_total.size:
             earliest = int(with_total[np.argmin(ts[with_total])])
-            firsts.append((int(with_total[0]), where, (int(ts[earliest]), int(total[earliest] - nbytes[earliest]))))
+            firsts.append(
+                (int(with_total[0]), where, (int(ts[earliest]), int(total[earliest] - nbytes[earliest])))
+            )
     builder.peak_allocated = {where: value for _, where, value in sorted(peaks)}
     builder.first_allocated = {where: value for _, where, value in sorted(firsts)}
     oom = _i64(found, "oom").reshape(-1, 5).tolist()

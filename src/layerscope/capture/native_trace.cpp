@@ -28,6 +28,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -372,6 +373,12 @@ class TraceReader {
   std::vector<std::string> flow_ids_;
   // interned text
   Interner names_map_, dims_map_, conc_map_, types_map_, threads_map_;
+  struct PairHash {
+    size_t operator()(const std::pair<int64_t, int64_t>& k) const noexcept {
+      return std::hash<int64_t>{}(k.first * 1000003 ^ k.second);
+    }
+  };
+  std::unordered_map<std::pair<int64_t, int64_t>, int32_t, PairHash> int_threads_;
   std::vector<std::string> names_, dims_text_, conc_text_, types_text_, threads_;
 };
 
@@ -683,6 +690,11 @@ int64_t TraceReader::ns(const Val& v) const {
 }
 
 int32_t TraceReader::thread(const Event& ev) {
+  // integer pid and tid (most traces): a lookup with no string made; ids shared with the other map
+  if (ev.pid.tag == INT && ev.tid.tag == INT) {
+    auto found = int_threads_.find({ev.pid.i, ev.tid.i});
+    if (found != int_threads_.end()) return found->second;
+  }
   std::string key = id_key(ev.pid);
   key += '\0';
   key += id_key(ev.tid);
@@ -691,6 +703,7 @@ int32_t TraceReader::thread(const Event& ev) {
   int32_t id = static_cast<int32_t>(threads_.size()) + 1;  // the Python path counts threads from 1
   threads_.push_back(key);
   threads_map_.emplace(key, id);
+  if (ev.pid.tag == INT && ev.tid.tag == INT) int_threads_.emplace(std::make_pair(ev.pid.i, ev.tid.i), id);
   return id;
 }
 
@@ -734,7 +747,8 @@ void TraceReader::keep_span(const Event& ev, int kind) {
   int64_t ts = ns(ev.ts);
   int64_t dur = ev.dur.tag == ABSENT ? 0 : std::max<int64_t>(0, ns(ev.dur));
   if (ev.name.tag != ABSENT && ev.name.tag != STR) throw Decline{"a name that is not a string"};
-  std::string name = ev.name.tag == STR ? decode(ev.name) : std::string();
+  std::string decoded = ev.name.escaped ? decode(ev.name) : std::string();
+  std::string_view name = ev.name.tag != STR ? std::string_view() : ev.name.escaped ? decoded : ev.name.view();
   int64_t seq = int_default(a[A_SEQ], -1);
   int64_t fwd = seq >= 0 ? int_default(a[A_FWD], 0) : 0;
   int64_t corr = kind != CPU_OP ? int_or0(a[A_CORR]) : 0;

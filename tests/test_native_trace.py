@@ -324,3 +324,17 @@ def test_random_events_read_identically_or_decline(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _read_both_ways(path)
+
+
+def test_reading_with_the_native_reader_does_not_import_torch(reader: ModuleType, tmp_path: Path) -> None:
+    """The trace reader is its own module, linked against nothing of torch: a trace without shapes
+    (no FLOP formulas) is analysed without importing torch."""
+    import subprocess
+
+    path = write(tmp_path, {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 2}]})
+    code = (
+        "import sys; from layerscope.loading import analyze; from layerscope.events import native_trace; "
+        f"analyze({str(path)!r}); print(native_trace.last_decline, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["None", "False"]

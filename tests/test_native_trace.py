@@ -338,3 +338,28 @@ def test_reading_with_the_native_reader_does_not_import_torch(reader: ModuleType
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["None", "False"]
+
+
+def test_progress_reaches_the_file_size(
+    reader: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Progress as the Python path reports it: bytes read from disk, up to the file's size, from the
+    reading thread (gzip inflates in another)."""
+    import threading
+
+    path = tmp_path / "synthetic.json"
+    _generator().generate(path, 0.2)
+    packed = tmp_path / "synthetic.json.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    monkeypatch.setattr(native_trace, "BLOCK_BYTES", 1 << 14)
+    for trace in (path, packed):
+        seen: list[tuple[int, int, threading.Thread]] = []
+        _read(
+            trace,
+            progress=lambda done, size, seen=seen: seen.append((done, size, threading.current_thread())),
+        )
+        assert native_trace.last_decline is None
+        size = trace.stat().st_size
+        assert len(seen) > 1 and seen[-1][:2] == (size, size)
+        assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
+        assert {thread for _, _, thread in seen} == {threading.current_thread()}

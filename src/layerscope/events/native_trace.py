@@ -30,48 +30,47 @@ BLOCK_BYTES = 8 << 20
 last_decline: str | None = None
 
 
-def _blocks(path: Path, progress: Progress | None) -> Iterator[bytes | memoryview]:
+#: A block of the file's JSON and how far into the file (on disk) it reaches, for progress.
+Block = tuple[bytes | memoryview, int]
+
+
+def _blocks(path: Path) -> Iterator[Block]:
     """The file's bytes in blocks, inflated when gzip (detected by content, as ``stream.py`` does)."""
     with path.open("rb") as raw:
-        size = path.stat().st_size
         compressed = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
         if not compressed:
             block = bytearray(BLOCK_BYTES)
             view = memoryview(block)
             while n := raw.readinto(block):
-                yield view[:n]
-                if progress is not None:
-                    progress(raw.tell(), size)
+                yield view[:n], raw.tell()
             return
         inflate = zlib.decompressobj(31)
         while data := raw.read(BLOCK_BYTES // 4):
             while data:
                 if inflate.eof:  # a file of several gzip members, as gzip.open reads them
                     inflate = zlib.decompressobj(31)
-                yield inflate.decompress(data, BLOCK_BYTES)
+                yield inflate.decompress(data, BLOCK_BYTES), raw.tell()
                 data = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
-            if progress is not None:
-                progress(raw.tell(), size)
         while not inflate.eof and (rest := inflate.decompress(b"", BLOCK_BYTES)):
-            yield rest  # output held back by the block limit
+            yield rest, raw.tell()  # output held back by the block limit
         if not inflate.eof:  # cut short: the Python path keeps what came before the damage
             raise Declined("gzip stream cut short")
 
 
-def _overlapped(blocks: Iterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+def _overlapped(blocks: Iterator[Block]) -> Iterator[Block]:
     """``blocks`` made by a second thread, two ahead: inflating (zlib releases the GIL) runs while the
     reader parses (it releases the GIL too). Plain files need no thread: the reader's copy of each
-    block is the only work besides parsing."""
+    block's unfinished end is the only work besides parsing."""
     ready: queue.Queue[Any] = queue.Queue(maxsize=2)
     stop = threading.Event()
 
     def produce() -> None:
         try:
-            for block in blocks:
+            for block, position in blocks:
                 if stop.is_set():
                     return
-                ready.put(bytes(block))
+                ready.put((bytes(block), position))
             ready.put(None)
         except BaseException as exc:  # handed to the reading thread
             ready.put(exc)
@@ -101,11 +100,14 @@ def read_native(
     try:
         with open(path, "rb") as probe:
             gz = probe.read(2) == b"\x1f\x8b"
-        blocks = _blocks(path, progress)
-        for block in _overlapped(blocks) if gz else blocks:
+        size = path.stat().st_size
+        blocks = _blocks(path)
+        for block, position in _overlapped(blocks) if gz else blocks:
             reader.feed(block)
             if reader.declined():
                 break
+            if progress is not None:  # called from this thread only, as the Python path does
+                progress(position, size)
         found = reader.finish()
         if isinstance(found, str):
             raise Declined(found)

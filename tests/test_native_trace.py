@@ -268,6 +268,7 @@ def test_header_escapes_threads_and_side_tables(reader: ModuleType, tmp_path: Pa
         {"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "args": {"External id": 2**70}},
         {"ph": "i", "name": "[memory]", "ts": 1, "args": {"Bytes": None}},
         {"ph": "X", "cat": ["cpu_op"], "name": "a", "ts": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "pid": "a\u0000b"},  # NUL in a thread key
     ],
 )
 def test_declines_what_the_python_path_reads_otherwise(

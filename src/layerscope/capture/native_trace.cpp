@@ -204,7 +204,12 @@ std::string id_key(const Val& v) {
     case ABSENT:
     case NUL: return "n";
     case INT: return "i" + std::to_string(v.i);
-    case STR: return "s" + decode(v);
+    case STR: {
+      std::string text = decode(v);
+      // the thread key joins pid and tid with a NUL: one inside would split it wrongly
+      if (text.find('\0') != std::string::npos) throw Decline{"a NUL in a pid, tid or flow id"};
+      return "s" + text;
+    }
     default: throw Decline{"a pid, tid or flow id that is not an int or a string"};
   }
 }

@@ -5,8 +5,14 @@ with shapes and concrete inputs, runtime launches, kernels linked by correlation
 backward nodes with sequence numbers, and memory events. ``analyze`` runs in a fresh process so its
 peak RSS is its own.
 
-    python benchmarks/analyze.py --size-mb 100
-    python benchmarks/analyze.py --size-mb 1000
+    python benchmarks/analyze.py --size-mb 100                  # both readers: read alone, analyze
+    python benchmarks/analyze.py --size-mb 1000 --reader native
+    python benchmarks/analyze.py --trace some.json.gz           # an existing trace
+    python benchmarks/analyze.py --replicate ../shared/traces/cuda_nccl_distributed.json.gz --size-mb 200
+
+Wall and CPU time (user + system: on a shared machine, the time this process ran) exclude importing
+layerscope and torch (torch is imported up front, for the FLOP formulas; the import time and the RSS
+after imports are printed beside them).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HEADER = (
     '{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, "name": "Synthetic GPU", '
@@ -131,47 +138,138 @@ def generate(path: Path, size_mb: float, layers: int = 24) -> int:
     return steps
 
 
+_SHIFTED_IDS = ("External id", "correlation", "Record function id", "Ev Idx")
+
+
+def replicate(source: Path, path: Path, size_mb: float) -> int:
+    """Write ``source`` (a real trace) repeated to about ``size_mb`` MB: each copy later in time by the
+    trace's length and with its ids (external, correlation, flow, record function) moved past the
+    previous copy's, so links stay one to one. Returns the number of copies."""
+    import gzip
+
+    import orjson
+
+    raw = source.read_bytes()
+    trace = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    events = trace.pop("traceEvents")
+    times = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
+    length = max(times) - min(times) + 1000
+    copies = 0
+    with path.open("wb") as out:
+        out.write(orjson.dumps(trace)[:-1] + b',"traceEvents":[\n')
+        while out.tell() < size_mb * 1e6:
+            for k, event in enumerate(events):
+                moved = dict(event)
+                if isinstance(moved.get("ts"), (int, float)):
+                    moved["ts"] = moved["ts"] + copies * length
+                if isinstance(moved.get("id"), int):
+                    moved["id"] = moved["id"] + copies * 10_000_000
+                if isinstance(moved.get("args"), dict):
+                    moved["args"] = dict(moved["args"])
+                    for key in _SHIFTED_IDS:
+                        if isinstance(moved["args"].get(key), int) and moved["args"][key] > 0:
+                            moved["args"][key] += copies * 10_000_000
+                out.write((b",\n" if copies or k else b"") + orjson.dumps(moved))
+            copies += 1
+        out.write(b"\n]}\n")
+    return copies
+
+
 CHILD = """
-import json, resource, sys, time
+import json, os, resource, sys, time
 t0 = time.perf_counter()
-from layerscope.loading import analyze
-result = analyze(sys.argv[1])
-elapsed = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"seconds": elapsed, "peak_rss_mib": peak,
-                  "events": result.profile.meta.event_count, "steps": len(result.profile.steps),
-                  "modules": sum(1 for _ in result.profile.modules()),
-                  "device_busy_us": result.device.busy_us if result.device else 0,
-                  "advice": [a.rule for a in result.advice]}))
+from pathlib import Path
+from layerscope.loading import _read, analyze
+from layerscope.events import native_trace
+if os.environ.get("BENCH_TORCH") == "1":
+    import torch  # FLOP formulas need it: imported up front so read and analyze times exclude it
+t1 = time.perf_counter()
+usage = resource.getrusage(resource.RUSAGE_SELF)
+before, cpu0 = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+if sys.argv[2] == "read":
+    table = _read(Path(sys.argv[1]))
+    facts = {"events": table.event_count}
+else:
+    result = analyze(sys.argv[1])
+    facts = {"events": result.profile.meta.event_count, "steps": len(result.profile.steps),
+             "modules": sum(1 for _ in result.profile.modules()),
+             "device_busy_us": result.device.busy_us if result.device else 0,
+             "advice": [a.rule for a in result.advice]}
+t2 = time.perf_counter()
+usage = resource.getrusage(resource.RUSAGE_SELF)
+peak, cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime - cpu0
+print(json.dumps({"seconds": t2 - t1, "cpu_seconds": cpu, "import_seconds": t1 - t0, "peak_rss_mib": peak,
+                  "rss_after_imports_mib": before, "declined": native_trace.last_decline, **facts}))
 """
+
+
+def json_bytes(path: Path) -> int:
+    """The size of the JSON: the file's, or for gzip the trailer's (uncompressed size mod 4 GiB)."""
+    with path.open("rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return path.stat().st_size
+        f.seek(-4, os.SEEK_END)
+        return int.from_bytes(f.read(4), "little")
+
+
+def run_child(path: Path, what: str, reader: str) -> dict[str, Any]:
+    """``what`` (read or analyze) of ``path`` in a fresh process with ``reader`` (native or python)."""
+    env = dict(os.environ, BENCH_TORCH="1")
+    if reader == "python":
+        env["LAYERSCOPE_NATIVE"] = "0"
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), what], capture_output=True, text=True, check=True, env=env
+    )
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def summary_line(reader: str, what: str, mb: float, result: dict[str, Any]) -> str:
+    """One line per timed run: throughput, events per second, peak RSS."""
+    seconds, cpu = float(result["seconds"]), float(result["cpu_seconds"])
+    declined = f"; declined: {result['declined']}" if result["declined"] and reader == "native" else ""
+    return (
+        f"{reader:6} {what:7}: {seconds:5.2f}s = {mb / seconds:6.1f} MB/s of JSON "
+        f"(CPU {cpu:5.2f}s = {mb / cpu:6.1f} MB/s) "
+        f"({int(result['events']) / seconds / 1e3:.0f}k events/s), peak RSS {result['peak_rss_mib']:.0f} MiB "
+        f"({result['rss_after_imports_mib']:.0f} after imports, {result['import_seconds']:.1f}s){declined}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=100.0)
     parser.add_argument("--keep", metavar="PATH", help="write the trace here and keep it")
+    parser.add_argument("--trace", metavar="PATH", help="time this trace instead of generating one")
+    parser.add_argument("--replicate", metavar="TRACE", help="generate by repeating this real trace")
+    parser.add_argument(
+        "--reader", choices=("native", "python", "both"), default="both", help="which trace reader to time"
+    )
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="layerscope-bench-")
-    path = Path(args.keep) if args.keep else Path(folder) / "synthetic.json"
-    t0 = time.perf_counter()
-    steps = generate(path, args.size_mb)
-    generated = time.perf_counter() - t0
-    size = path.stat().st_size
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True
-    )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    if not args.keep:
-        os.unlink(path)
-        os.rmdir(folder)
-    mb = size / 1e6
-    print(f"trace {mb:.0f} MB ({steps} steps, {result['events']} events; generated in {generated:.1f}s)")
-    print(
-        f"analyze: {result['seconds']:.1f}s = {mb / result['seconds']:.1f} MB/s, "
-        f"{result['events'] / result['seconds'] / 1e3:.0f}k events/s, "
-        f"peak RSS {result['peak_rss_mib']:.0f} MiB"
-    )
-    print(json.dumps({"benchmark": "analyze", "size_mb": mb, **result}))
+    path = Path(args.trace or args.keep or Path(folder) / "synthetic.json")
+    if not args.trace:
+        t0 = time.perf_counter()
+        if args.replicate:
+            copies = replicate(Path(args.replicate), path, args.size_mb)
+            print(f"{copies} copies of {args.replicate} in {time.perf_counter() - t0:.1f}s")
+        else:
+            steps = generate(path, args.size_mb)
+            print(f"generated {steps} steps in {time.perf_counter() - t0:.1f}s")
+    mb = json_bytes(path) / 1e6
+    try:
+        for reader in ("native", "python") if args.reader == "both" else (args.reader,):
+            for what in ("read", "analyze"):
+                result = run_child(path, what, reader)
+                print(summary_line(reader, what, mb, result))
+                print(
+                    json.dumps(
+                        {"benchmark": "analyze", "reader": reader, "what": what, "size_mb": mb, **result}
+                    )
+                )
+    finally:
+        if not args.keep and not args.trace:
+            os.unlink(path)
+            os.rmdir(folder)
 
 
 if __name__ == "__main__":

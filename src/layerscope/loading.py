@@ -13,9 +13,11 @@ from layerscope.analysis.advice import Advice, advise
 from layerscope.analysis.device import DeviceReport
 from layerscope.analysis.device_summary import summarize_device
 from layerscope.attribution.attribute import build_profile
+from layerscope.capture import native
 from layerscope.errors import LayerscopeWarning, TraceFormatError, UsageError
 from layerscope.events.chrome import FlopCounter, TraceTableBuilder
 from layerscope.events.names import profiler_step_number
+from layerscope.events.native_trace import read_native
 from layerscope.events.stream import Progress, stream_trace
 from layerscope.events.table import EventTable
 from layerscope.filemap import FileResults, map_files
@@ -55,8 +57,20 @@ class MalformedEventsWarning(LayerscopeWarning):
 
 def _read(path: Path, progress: Progress | None = None, strict: bool = False) -> Profile | EventTable:
     """A saved profile, or a trace's EventTable (read in blocks; a cut file keeps what survives;
-    malformed events are skipped and counted unless ``strict``)."""
-    builder = TraceTableBuilder(flops=_flop_counter(), source=str(path), strict=strict)
+    malformed events are skipped and counted unless ``strict``). The native reader reads it when it
+    is built and accepts the file; the Python path reads whatever it declines."""
+    flops = _flop_counter()
+    module = native.load_trace_reader()
+    if module is not None:
+        with gc_paused():
+            found = read_native(path, module, flops, progress)
+        if found is not None:
+            found.meta["truncated"] = False
+            found.meta["lost_bytes"] = 0
+            if not found.span_count and not found.mem_ts:
+                raise TraceFormatError(f"{path}: the trace holds no profiler events")
+            return found
+    builder = TraceTableBuilder(flops=flops, source=str(path), strict=strict)
     try:
         with gc_paused():
             result = stream_trace(path, builder, progress)

@@ -8,7 +8,12 @@ cache folder. Profiling never compiles: without a built module, or when it fails
 reads through torch's Python bindings (the same table, slower to make) and scopes modules with
 profiler ranges.
 
-``LAYERSCOPE_NATIVE=0`` turns the native module off; ``LAYERSCOPE_CACHE`` moves the cache folder
+The same build makes a second, smaller module from ``native_trace.cpp``: the trace-file reader. It
+does not link torch (only pybind11's headers, found beside torch or the ``pybind11`` package), so it is
+keyed by its source, Python and platform alone, and reading a trace file loads it without importing
+torch (``load_trace_reader``).
+
+``LAYERSCOPE_NATIVE=0`` turns both off; ``LAYERSCOPE_CACHE`` moves the cache folder
 (default ``~/.cache/layerscope``).
 """
 
@@ -26,6 +31,7 @@ import sysconfig
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -42,12 +48,17 @@ SOURCES = (
     Path(__file__).with_name("native_objects.cpp"),
 )
 _MODULE_PREFIX = "_layerscope_native_"
+#: The trace-file reader: its own module, built by the same ``build``, linked against nothing of torch.
+TRACE_SOURCE = Path(__file__).with_name("native_trace.cpp")
+_TRACE_PREFIX = "_layerscope_trace_"
 
 #: The loaded module, or the reason there is none; looked up once per process.
 _loaded: ModuleType | None = None
 _why_not: str | None = None
 _looked = False
 _lock = threading.Lock()  # two threads building profiles at once load the module once
+_trace_reader: ModuleType | None = None
+_trace_looked = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,52 @@ def _build_key() -> str:
 
 def _module_name() -> str:
     return _MODULE_PREFIX + _build_key()
+
+
+def _trace_module_name() -> str:
+    """The trace reader's name: its source, how it is compiled, this Python and platform (no torch)."""
+    digest = hashlib.sha256()
+    for part in (
+        TRACE_SOURCE.read_bytes(),
+        Path(__file__).read_bytes(),
+        sys.version.encode(),
+        platform.machine().encode(),
+        str(sysconfig.get_config_var("EXT_SUFFIX")).encode(),
+    ):
+        digest.update(part)
+        digest.update(b"\0")
+    return _TRACE_PREFIX + digest.hexdigest()[:16]
+
+
+def trace_binary_path() -> Path:
+    """Where the trace-file reader is (or would be) built."""
+    return cache_dir() / (_trace_module_name() + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+
+
+def _pybind11_include() -> Path:
+    """pybind11's headers: the ``pybind11`` package's, else the copy torch ships (found without
+    importing torch)."""
+    try:
+        import pybind11  # type: ignore[import-not-found,unused-ignore]
+
+        return Path(pybind11.get_include())
+    except ImportError:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            raise LayerscopeError("pybind11's headers not found (install pybind11 or torch)") from None
+        return Path(next(iter(spec.submodule_search_locations))) / "include"
+
+
+def compile_trace_command(output: Path) -> list[str]:
+    """The compiler command that builds the trace-file reader into ``output``."""
+    command = [_compiler(), "-O2", "-std=c++20", "-fPIC", "-shared", "-w"]
+    command.append(f"-DLAYERSCOPE_TRACE_MODULE={_trace_module_name()}")
+    for include in (_pybind11_include(), sysconfig.get_paths()["include"]):
+        command += ["-isystem", str(include)]
+    command += [str(TRACE_SOURCE), "-o", str(output)]
+    if sys.platform == "darwin":
+        command += ["-undefined", "dynamic_lookup"]
+    return command
 
 
 def binary_path() -> Path:
@@ -149,16 +206,33 @@ def _first_error(output: str) -> str:
 
 
 def build(force: bool = False) -> tuple[Path, float]:
-    """Compile the reader for the installed torch (skipped when already built, unless ``force``).
+    """Compile the native module for the installed torch and the trace-file reader (each skipped
+    when already built, unless ``force``).
 
-    Returns the binary's path and the seconds spent compiling (0 when it was there). The binary
-    appears whole or not at all (compiled under a temporary name, then renamed).
+    Returns the native module's path and the seconds spent compiling (0 when both were there). A
+    binary appears whole or not at all (compiled under a temporary name, then renamed).
     """
     if sys.platform == "win32":
         raise LayerscopeError("the native module is not supported on Windows; the Python reader is used")
     target = binary_path()
-    if target.exists() and not force:
-        return target, 0.0
+    seconds = _compile(target, compile_command) if force or not target.exists() else 0.0
+    seconds += build_trace_reader(force)[1]
+    if seconds:
+        forget()  # the next load() looks again
+    return target, seconds
+
+
+def build_trace_reader(force: bool = False) -> tuple[Path, float]:
+    """Compile the trace-file reader alone (``build`` does it too); its path and the seconds taken."""
+    target = trace_binary_path()
+    seconds = _compile(target, compile_trace_command) if force or not target.exists() else 0.0
+    if seconds:
+        forget()
+    return target, seconds
+
+
+def _compile(target: Path, command_for: Callable[[Path], list[str]]) -> float:
+    """Run one compile into ``target``; the seconds it took."""
     target.parent.mkdir(parents=True, exist_ok=True)
     # The compiler creates the binary in a private folder, with the mode its umask gives (an mkstemp
     # file would stay 0600 plus execute bits: unreadable to the other users of a shared cache).
@@ -166,7 +240,7 @@ def build(force: bool = False) -> tuple[Path, float]:
     scratch = os.path.join(workdir, target.name)
     started = time.perf_counter()
     try:
-        command = compile_command(Path(scratch))
+        command = command_for(Path(scratch))
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise LayerscopeError(
@@ -176,8 +250,7 @@ def build(force: bool = False) -> tuple[Path, float]:
         os.replace(scratch, target)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    forget()  # the next load() looks again
-    return target, time.perf_counter() - started
+    return time.perf_counter() - started
 
 
 def load() -> ModuleType | None:
@@ -211,10 +284,25 @@ def _load_binary(path: Path) -> tuple[ModuleType | None, str | None]:
     return module, None
 
 
+def load_trace_reader() -> ModuleType | None:
+    """The trace-file reader when it is built, enabled and loads; else None (the Python reader is
+    used). Never imports torch."""
+    global _trace_reader, _trace_looked
+    if not enabled():
+        return None
+    if not _trace_looked:
+        with _lock:
+            if not _trace_looked:
+                _trace_reader = _load_binary(trace_binary_path())[0]
+                _trace_looked = True
+    return _trace_reader
+
+
 def forget() -> None:
     """Look for the reader again at the next :func:`load` (after ``LAYERSCOPE_*`` changed)."""
-    global _loaded, _why_not, _looked
+    global _loaded, _why_not, _looked, _trace_reader, _trace_looked
     _loaded, _why_not, _looked = None, None, False
+    _trace_reader, _trace_looked = None, False
 
 
 def disable_for_process(reason: str) -> None:

@@ -312,6 +312,12 @@ class TraceTableBuilder:
         table.span_fwd_tid = resolve_forward_threads(
             table, self.raw_fwd_tid, self.span_at, self.flow_starts, self.flow_ends
         )
+        return self.finish_meta(header)
+
+    def finish_meta(self, header: dict[str, Any]) -> EventTable:
+        """The table's threads, meta and call lines, from what was gathered while reading (also the
+        last step of the native reader's path, ``native_columns.py``, which fills the same fields)."""
+        table = self.table
         table.threads = {tid: key for key, tid in self.thread_ids.items()}
         table.meta = {
             "source": self.source,

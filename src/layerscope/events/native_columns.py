@@ -1,0 +1,246 @@
+"""The native trace reader's columns (``capture/native_trace.cpp``) into the EventTable that
+``chrome.TraceTableBuilder`` makes from the same file, equal field for field.
+
+Per-event work is numpy; what the Python path computes per event from a distinct value (shapes
+strings, FLOP formulas, dtypes) is computed once per distinct value. Names are interned in the Python
+path's order: for each kept span its name, then its shapes, then its FLOPs' dtype.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import numpy as np
+import orjson
+
+from layerscope.events import names as event_names
+from layerscope.events.chrome import FlopCounter, TraceTableBuilder
+from layerscope.events.chrome_links import module_ranges_from_python_events
+from layerscope.events.shapes import first_input_dtype, shapes_key
+from layerscope.events.table import EventKind, EventTable, OutOfMemory
+
+_NONE = np.iinfo(np.int64).min  # the reader's None in its Python-id columns
+_INT64_MAX = (1 << 63) - 1
+
+
+class Declined(Exception):
+    """The columns cannot stand for the Python path's reading; the Python path reads the file."""
+
+
+def _i64(found: dict[str, Any], key: str) -> np.ndarray:
+    return np.frombuffer(found[key], dtype=np.int64)
+
+
+def _i32(found: dict[str, Any], key: str) -> np.ndarray:
+    return np.frombuffer(found[key], dtype=np.int32).astype(np.int64)
+
+
+def _op_flops(found: dict[str, Any], builder: TraceTableBuilder, dims: list[Any]) -> np.ndarray:
+    """Each span's FLOPs: the formula per distinct (name, shapes, concrete inputs), or the trace's own
+    ``flops`` where there is no FLOP counter."""
+    if builder.flops is None:
+        return _i64(found, "flops").copy()
+    name, dims_id, conc_id = _i32(found, "name"), _i32(found, "dims_id"), _i32(found, "concrete_id")
+    out = np.zeros(name.size, dtype=np.int64)
+    picked = np.flatnonzero(dims_id >= 0)
+    if not picked.size:
+        return out
+    names, concrete = found["names"], found["concrete"]
+    # one int64 key per (name, shapes, concrete inputs): a 1-d unique is ~10x one over rows
+    packed = (name[picked] << 42) | (dims_id[picked] << 21) | (conc_id[picked] + 1)
+    distinct_keys, inverse = np.unique(packed, return_inverse=True)
+    distinct = np.stack(
+        [distinct_keys >> 42, (distinct_keys >> 21) & 0x1FFFFF, (distinct_keys & 0x1FFFFF) - 1], 1
+    )
+    if max(len(names), len(found["dims"]), len(concrete) + 1) >= 1 << 21:  # would not pack: rows
+        keys = np.stack([name[picked], dims_id[picked], conc_id[picked]], axis=1)
+        distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
+    values: list[int] = []
+    for n, d, c in distinct.tolist():
+        try:
+            value = builder._flops(names[n], dims[d], None if c < 0 else orjson.loads(concrete[c]))
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+            raise Declined(f"a FLOP formula failed: {exc}") from None
+        if type(value) is not int or not -_INT64_MAX <= value <= _INT64_MAX:
+            raise Declined("a FLOP count that is not an int64")
+        values.append(value)
+    out[picked] = np.asarray(values, dtype=np.int64)[inverse.reshape(-1)]
+    return out
+
+
+def _intern_in_order(
+    table: EventTable, found: dict[str, Any], dims: list[Any], op_flops: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Fill ``table.names`` as the Python path would have (each span's name, shapes, then dtype, in
+    span order); returns span_name, span_shapes and span_dtype (None when no span has one)."""
+    name, dims_id, types_id = _i32(found, "name"), _i32(found, "dims_id"), _i32(found, "types_id")
+    vocabulary: dict[str, int] = {}
+
+    def ids(texts: list[str | None]) -> np.ndarray:
+        return np.asarray(
+            [-1 if t is None else vocabulary.setdefault(t, len(vocabulary)) for t in texts] + [-1]
+        )
+
+    name_ids = ids(found["names"])
+    shape_ids = ids([shapes_key(d) for d in dims])
+    type_ids = ids([first_input_dtype(orjson.loads(t)) for t in found["types"]])
+    slots = np.full((name.size, 3), -1, dtype=np.int64)
+    slots[:, 0] = name_ids[name]
+    slots[:, 1] = shape_ids[dims_id]  # -1 (no shapes) picks the trailing -1
+    with_dtype = (op_flops != 0) & (types_id >= 0)
+    slots[with_dtype, 2] = type_ids[types_id[with_dtype]]
+    flat = slots.reshape(-1)
+    used, first = np.unique(flat[flat >= 0], return_index=True)
+    order = used[np.argsort(first, kind="stable")]
+    words = list(vocabulary)
+    table.names = [words[i] for i in order.tolist()]
+    table._name_ids = {word: i for i, word in enumerate(table.names)}
+    remap = np.full(len(words) + 1, -1, dtype=np.int64)
+    remap[order] = np.arange(order.size)
+    remapped = remap[slots]  # -1 stays -1 (remap's last entry)
+    dtype = remapped[:, 2].copy() if (remapped[:, 2] >= 0).any() else None
+    return remapped[:, 0], remapped[:, 1], dtype
+
+
+def _span_at(kind: np.ndarray, tid: np.ndarray, ts: np.ndarray, keys: set[tuple[int, int]]) -> dict[Any, int]:
+    """``TraceTableBuilder.span_at`` (the first op or annotation at each (thread, time)), for ``keys``
+    only: the flows' ends are all ``resolve_forward_threads`` looks up."""
+    if not keys:
+        return {}
+    wanted = np.asarray(sorted({t for _, t in keys}), dtype=np.int64)
+    candidate = (kind == EventKind.CPU_OP) | (kind == EventKind.USER_ANNOTATION)
+    picked = np.flatnonzero(candidate & np.isin(ts, wanted))
+    found: dict[Any, int] = {}
+    for i, key in zip(
+        picked.tolist(), zip(tid[picked].tolist(), ts[picked].tolist(), strict=True), strict=True
+    ):
+        if key in keys:
+            found.setdefault(key, i)
+    return found
+
+
+def _forward_threads(
+    kind: np.ndarray, tid: np.ndarray, ts: np.ndarray, seq: np.ndarray, raw: np.ndarray, found: dict[str, Any]
+) -> np.ndarray:
+    """``chrome_links.resolve_forward_threads`` on columns (same rules, same result)."""
+    flow_starts: dict[Any, tuple[int, int]] = {}
+    flow_ends: dict[Any, tuple[int, int]] = {}
+    starts = _i64(found, "flow_start").tolist()
+    flow_tid, flow_ts = _i64(found, "flow_tid").tolist(), _i64(found, "flow_ts").tolist()
+    for start, flow_id, t, s in zip(starts, found["flow_ids"], flow_tid, flow_ts, strict=True):
+        (flow_starts if start else flow_ends)[flow_id] = (t, s)
+    span_at = _span_at(kind, tid, ts, set(flow_starts.values()) | set(flow_ends.values()))
+    mapping: dict[int, int] = {}
+    for flow_id, start_at in flow_starts.items():
+        end = flow_ends.get(flow_id)
+        if end is None:
+            continue
+        fwd_span, bwd_span = span_at.get(start_at), span_at.get(end)
+        if fwd_span is None or bwd_span is None or raw[bwd_span] == 0:
+            continue
+        mapping.setdefault(int(raw[bwd_span]), int(tid[fwd_span]))
+    forward = np.unique(tid[(seq >= 0) & (raw == 0) & (kind == EventKind.CPU_OP)])
+    only = int(forward[0]) if forward.size == 1 else 0
+    out = np.zeros(raw.size, dtype=np.int64)
+    for f in np.unique(raw[raw != 0]).tolist():
+        out[raw == f] = mapping.get(f, only or -1)
+    return out
+
+
+def _memory(builder: TraceTableBuilder, found: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Allocation columns, refused allocations, and the running figures the Python path keeps per
+    event (highest ``Total Allocated``, the allocator's state before the earliest event)."""
+    on_device = np.frombuffer(found["mem_on_device"], dtype=np.uint8).astype(bool)
+    ts, nbytes, total = _i64(found, "mem_ts"), _i64(found, "mem_bytes"), _i64(found, "mem_total")
+    has_total = np.frombuffer(found["mem_has_total"], dtype=np.uint8).astype(bool)
+    peaks, firsts = [], []
+    for where, mask in (("cpu", ~on_device), ("device", on_device)):
+        positive = np.flatnonzero(mask & (total > 0))
+        if positive.size:  # the dict's order is the order each class first raised its peak
+            peaks.append((int(positive[0]), where, int(total[mask].max())))
+        with_total = np.flatnonzero(mask & has_total)
+        if with_total.size:
+            earliest = int(with_total[np.argmin(ts[with_total])])
+            firsts.append(
+                (int(with_total[0]), where, (int(ts[earliest]), int(total[earliest] - nbytes[earliest])))
+            )
+    builder.peak_allocated = {where: value for _, where, value in sorted(peaks)}
+    builder.first_allocated = {where: value for _, where, value in sorted(firsts)}
+    oom = _i64(found, "oom").reshape(-1, 5).tolist()
+    builder.table.out_of_memory = [OutOfMemory(t, s, r, bool(d), a) for t, s, r, d, a in oom]
+    return {
+        "mem_tid": _i32(found, "mem_tid"),
+        "mem_ts": ts,
+        "mem_bytes": nbytes,
+        "mem_on_device": on_device,
+        "mem_addr": _i64(found, "mem_addr"),
+    }
+
+
+def _side_tables(builder: TraceTableBuilder, found: dict[str, Any], dur: np.ndarray) -> None:
+    """What the Python path gathers from a few events: collectives (their args read as it reads
+    them), memory copies' bytes, syncs waiting on recorded events, ops' RecordFunction ids."""
+    for span, raw in zip(_i64(found, "comms_span").tolist(), found["comms_args"], strict=True):
+        try:
+            args = orjson.loads(raw)
+            builder._collective(args if isinstance(args, dict) else {}, int(dur[span]))
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+            raise Declined(f"a record_param_comms event the Python path finds malformed: {exc}") from None
+    names = found["names"]
+    copies = zip(_i32(found, "copy_name").tolist(), _i64(found, "copy_bytes").tolist(), strict=True)
+    builder.copy_bytes = {names[n]: b for n, b in copies}
+    sync = zip(_i64(found, "sync_stream").tolist(), _i64(found, "sync_corr").tolist(), strict=True)
+    builder.table.sync_waits = dict(zip(_i64(found, "sync_span").tolist(), sync, strict=True))
+    builder.handles.spans = array("q", found["handle_span"])
+    builder.handles.handles = array("q", found["handle"])
+
+
+def _python_ids(found: dict[str, Any]) -> dict[int, tuple[Any, Any]]:
+    ids = [None if v == _NONE else v for v in _i64(found, "py_id").tolist()]
+    parents = [None if v == _NONE else v for v in _i64(found, "py_parent").tolist()]
+    return dict(zip(_i64(found, "py_span").tolist(), zip(ids, parents, strict=True), strict=True))
+
+
+def table_from_columns(found: dict[str, Any], flops: FlopCounter | None, source: str) -> EventTable:
+    """The EventTable of the reader's ``finish()`` result (raises Declined where the Python path
+    would have read the trace differently)."""
+    try:
+        header = orjson.loads(found["header"])
+        dims = [orjson.loads(t) for t in found["dims"]]
+    except orjson.JSONDecodeError as exc:
+        raise Declined(f"invalid JSON: {exc}") from None
+    builder = TraceTableBuilder(flops, source)
+    table = builder.table
+    builder.skipped = int(found["skipped"])
+    kind, tid, ts = _i32(found, "kind"), _i32(found, "tid"), _i64(found, "ts")
+    seq, dur = _i64(found, "seq"), _i64(found, "dur")
+    op_flops = _op_flops(found, builder, dims)
+    span_name, span_shapes, span_dtype = _intern_in_order(table, found, dims, op_flops)
+    table.span_name, table.span_kind = span_name.tolist(), kind.tolist()
+    _side_tables(builder, found, dur)
+    builder.thread_ids = {key: i + 1 for i, key in enumerate(found["threads"])}
+    table.span_dtype = span_dtype
+    python_ids = _python_ids(found) if not _has_module_ranges(table) else {}
+    module_ranges_from_python_events(table, python_ids)
+    fwd = _forward_threads(kind, tid, ts, seq, _i64(found, "fwd"), found)
+    columns = {
+        "span_tid": tid,
+        "span_ts": ts,
+        "span_dur": dur,
+        "span_seq": seq,
+        "span_fwd_tid": fwd,
+        "span_corr": _i64(found, "corr"),
+        "span_ext": _i64(found, "ext"),
+        "span_shapes": span_shapes,
+        "span_flops": op_flops,
+        **_memory(builder, found),
+    }
+    if not python_ids:  # module ranges renamed nothing: the name and kind arrays are still right
+        columns.update(span_name=span_name, span_kind=kind)
+    table.set_columns(columns)
+    return builder.finish_meta(header)
+
+
+def _has_module_ranges(table: EventTable) -> bool:
+    return any(name.startswith(event_names.MODULE_RANGE_PREFIX) for name in table.names)

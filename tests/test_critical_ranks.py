@@ -191,11 +191,7 @@ def test_analyze_folder_critical_path(tmp_path: Path, capsys: pytest.CaptureFixt
     import layerscope as ls
     from layerscope.cli import main
 
-    folder = tmp_path / "job"
-    folder.mkdir()
-    for k, trace in enumerate(traces()):
-        with gzip.open(folder / f"rank-{k}.json.gz", "wt") as f:
-            json.dump(trace, f)
+    folder = write_job(tmp_path / "job")
     out = tmp_path / "path.json"
     assert main(["analyze", str(folder), "--critical-path", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -206,3 +202,50 @@ def test_analyze_folder_critical_path(tmp_path: Path, capsys: pytest.CaptureFixt
     assert written["length_us"] == 1090 and written["ranks"] == {"0": 550, "1": 540}
     assert all("rank" in entry for entry in written["top"])
     assert ls.critical_path(folder) == ranks_critical_path(two_ranks())
+
+
+def write_job(folder: Path) -> Path:
+    """The hand-checked job as a folder of rank traces."""
+    folder.mkdir()
+    for k, trace in enumerate(traces()):
+        with gzip.open(folder / f"rank-{k}.json.gz", "wt") as f:
+            json.dump(trace, f)
+    return folder
+
+
+def test_merge_names_the_rank_and_op_holding_the_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``layerscope merge`` of rank traces: one line with the rank holding most of the path and
+    its heaviest op (no module ranges here), the path itself in ``-o merge.json``; the merge
+    computes the path once, through the ranks (the same as ``critical_path(FOLDER)``). Saved
+    profiles keep no events: no path, no line."""
+    import layerscope as ls
+    from layerscope.cli import main
+
+    folder = write_job(tmp_path / "job")
+    merged = ls.merge(folder)
+    assert merged.critical_path == ranks_critical_path(two_ranks())
+    out = tmp_path / "merge.json"
+    assert main(["merge", str(folder), "-o", str(out)]) == 0
+    line = "Critical path: 1.09ms through 2 ranks; rank 0 holds 550.0µs (50.5%); most in B0 (300.0µs"
+    assert line in capsys.readouterr().out
+    assert json.loads(out.read_text(encoding="utf-8"))["critical_path"]["ranks"] == {"0": 550, "1": 540}
+    saved = []
+    for k in (0, 1):
+        saved.append(tmp_path / f"p{k}.json.gz")
+        ls.load(folder / f"rank-{k}.json.gz").save(saved[-1])
+    assert ls.merge(saved).critical_path is None
+
+
+def test_merge_real_two_ranks_names_the_path(real_traces: Path) -> None:
+    """On the shared two-rank job the path stays on rank 1, the straggler (the rank late to
+    collectives), and its heaviest op is named."""
+    import layerscope as ls
+    from layerscope.render.ranks import critical_path_line
+
+    merged = ls.merge(real_traces / "two_ranks")
+    line = critical_path_line(merged)
+    assert merged.critical_path is not None and line is not None
+    assert merged.straggler is not None and merged.straggler.late is not None
+    assert f"rank {merged.straggler.late.rank} holds" in line and "most in aten::_foreach_mul_" in line

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from layerscope.analysis.ranks import RankMerge, merge_profiles
-from layerscope.errors import TraceFormatError
-from layerscope.loading import load_many, trace_files
+from layerscope.errors import LayerscopeWarning, TraceFormatError, UsageError
+from layerscope.loading import load_many, rank_critical_path, trace_files
+from layerscope.model.critical_path import CriticalPath
 from layerscope.model.profile import Profile
 
 if TYPE_CHECKING:
@@ -21,6 +23,7 @@ def merge(
     ranks: Sequence[int] | None = None,
     scheduler: str | Client | None = None,
     workers: int | None = None,
+    critical_path: bool = True,
 ) -> RankMerge:
     """Merge one profile per rank: spread of every module across ranks, per-rank step split, straggler.
 
@@ -29,6 +32,10 @@ def merge(
     cluster at ``scheduler`` (``"tcp://host:8786"`` or a ``distributed.Client``; workers read the
     files by path, so they must see the same filesystem). Files that fail to load are listed in
     ``RankMerge.failed`` and the others still merge.
+
+    ``critical_path``: when every source is a trace, also the critical path through all ranks
+    (``RankMerge.critical_path``; the traces are read once more, here, all at once: the path
+    needs every rank's events together).
     """
     items: list[Profile | str | Path] = [sources] if isinstance(sources, str | Path) else list(sources)
     # in input order: a Profile stands for itself, a path for its files (each path expanded once)
@@ -49,4 +56,19 @@ def merge(
     merged = merge_profiles(profiles, ranks)
     if loaded and loaded.failures:
         merged = dataclasses.replace(merged, failed=tuple((str(p), why) for p, why in loaded.failures))
+    traces = [
+        e for e in entries if isinstance(e, Path) and e in by_path and by_path[e].meta.trace_file == str(e)
+    ]
+    if critical_path and len(traces) == len(profiles) and ranks is None:
+        merged = dataclasses.replace(merged, critical_path=_rank_path(traces))
     return merged
+
+
+def _rank_path(traces: list[Path]) -> CriticalPath | None:
+    """The critical path through the ranks' traces; None (with a warning) where it cannot be
+    computed (no CPU op or device work in some trace, a window missing)."""
+    try:
+        return rank_critical_path(traces)
+    except (UsageError, TraceFormatError, ValueError) as exc:
+        warnings.warn(f"no critical path through the ranks: {exc}", LayerscopeWarning, stacklevel=3)
+        return None

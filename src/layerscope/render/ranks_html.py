@@ -9,6 +9,7 @@ import statistics
 from html import escape
 
 from layerscope.analysis.ranks import ModuleAcrossRanks, RankMerge, RankSummary
+from layerscope.render.critical_path_html import critical_path_section_html
 from layerscope.render.html import asset_text
 from layerscope.render.ranks import collectives_title, critical_path_line, late_line, straggler_line
 from layerscope.units import fmt_time_us
@@ -140,5 +141,6 @@ vertical-align: middle; }} #heatmap td.cell {{ text-align: right; }} th.rank {{ 
 ranks; red: slower than the module's median across ranks (full red at 2x), blue: faster;
 outlined: the straggler's module.</p>
 <div class="scroll">{_heatmap(merged, top)}</div>{gaps}</section>
+{critical_path_section_html(merged.critical_path) if merged.critical_path is not None else ""}
 </main></body></html>
 """

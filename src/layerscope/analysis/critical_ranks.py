@@ -32,6 +32,7 @@ from layerscope.analysis.critical_edges import OPERATOR
 from layerscope.analysis.critical_graph import Graph, Window, build_graph
 from layerscope.analysis.device import KERNEL_KINDS
 from layerscope.errors import UsageError
+from layerscope.events.names import MODULE_RANGE_PREFIX
 from layerscope.events.table import EventKind, EventTable
 from layerscope.model.critical_path import CriticalPath, PathSegment, PathShare
 
@@ -98,8 +99,10 @@ def ranks_critical_path(
 def _comm_kernels(table: EventTable, graph: Graph) -> RankKernels:
     """The communication kernels with nodes in ``graph``."""
     kinds, name_of = table.array("span_kind"), table.array("span_name")
-    comm = np.asarray([bool(_COMMUNICATION.search(n)) for n in table.names], dtype=bool)
-    spans = graph.spans[(kinds[graph.spans] == EventKind.KERNEL) & comm[name_of[graph.spans]]]
+    kernels = graph.spans[kinds[graph.spans] == EventKind.KERNEL]
+    ids = np.unique(name_of[kernels])  # the kernels' names only: the string table holds shapes too
+    comm = ids[np.asarray([bool(_COMMUNICATION.search(table.names[k])) for k in ids.tolist()], dtype=bool)]
+    spans = kernels[np.isin(name_of[kernels], comm)]
     ts, dur = table.array("span_ts"), table.array("span_dur")
     names = tuple(table.names[k] for k in name_of[spans].tolist())
     return RankKernels(spans, names, ts[spans], ts[spans] + dur[spans])
@@ -194,7 +197,8 @@ def _result(
             by_type[category] = by_type.get(category, 0) + ns
         for name, ns in names.items():
             by_name[(name, r.rank)] = ns
-        found = single._modules(r.table, owners)
+        # a rank off the path has no module time on it: its attribution sweep is skipped
+        found = single._modules(r.table, owners) if owners[0].size else _no_modules(r.table)
         if found is not None:
             modules = (modules or []) + [PathShare(m.name, m.us, m.phase, r.rank) for m in found]
     ranked = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
@@ -210,6 +214,11 @@ def _result(
         segments=_segments(ranks, joined, on, weight),
         clock_offsets_us={r.rank: clocks.offset_ns[k] / 1000.0 for k, r in enumerate(ranks)},
     )
+
+
+def _no_modules(table: EventTable) -> tuple[PathShare, ...] | None:
+    """No module on the path: empty when the trace has module ranges, else None (as one rank's)."""
+    return () if any(n.startswith(MODULE_RANGE_PREFIX) for n in table.names) else None
 
 
 def _segments(

@@ -33,9 +33,9 @@ def merge(
     files by path, so they must see the same filesystem). Files that fail to load are listed in
     ``RankMerge.failed`` and the others still merge.
 
-    ``critical_path``: when every source is a trace, also the critical path through all ranks
-    (``RankMerge.critical_path``; the traces are read once more, here, all at once: the path
-    needs every rank's events together).
+    ``critical_path``: when every source is a trace (and no ``scheduler``: this machine need not
+    see the files), also the critical path through all ranks (``RankMerge.critical_path``; the
+    traces are read once more, here, all at once: the path needs every rank's events together).
     """
     items: list[Profile | str | Path] = [sources] if isinstance(sources, str | Path) else list(sources)
     # in input order: a Profile stands for itself, a path for its files (each path expanded once)
@@ -59,7 +59,8 @@ def merge(
     traces = [
         e for e in entries if isinstance(e, Path) and e in by_path and by_path[e].meta.trace_file == str(e)
     ]
-    if critical_path and len(traces) == len(profiles) and ranks is None:
+    # on a Dask cluster this machine need not see the files: the path is left out there
+    if critical_path and scheduler is None and len(traces) == len(profiles) and ranks is None:
         merged = dataclasses.replace(merged, critical_path=_rank_path(traces))
     return merged
 
@@ -69,6 +70,6 @@ def _rank_path(traces: list[Path]) -> CriticalPath | None:
     computed (no CPU op or device work in some trace, a window missing)."""
     try:
         return rank_critical_path(traces)
-    except (UsageError, TraceFormatError, ValueError) as exc:
+    except (UsageError, TraceFormatError, ValueError, OSError) as exc:
         warnings.warn(f"no critical path through the ranks: {exc}", LayerscopeWarning, stacklevel=3)
         return None

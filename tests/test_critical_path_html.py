@@ -95,7 +95,10 @@ def test_merge_page_has_the_path_through_the_ranks(browser: Any, tmp_path: Path)
     ranks, ops = rows(page, 1), rows(page, 2)
     page.close()
     assert page.problems == []
-    assert "Through 2 ranks: rank 0 550.0µs (50.5%), rank 1 540.0µs (49.5%)." in text
+    assert (
+        "Through 2 ranks (2 collectives matched across them): rank 0 550.0µs (50.5%), rank 1 540.0µs (49.5%)."
+        in text
+    )
     assert ranks == ["0 550.0µs 50.5% 0", "1 540.0µs 49.5% 5.00ms"]
     assert ops[:2] == ["A1 1 490.0µs 45.0%", "B0 0 300.0µs 27.5%"]
 

@@ -109,7 +109,7 @@ def test_hand_checked_path_crosses_ranks() -> None:
         "gpu_kernel_launch_overhead": 56,
     }
     assert path.ranks == {0: 550, 1: 540}
-    assert path.clock_offsets_us == {0: 0, 1: SKEW_US}
+    assert path.clock_offsets_us == {0: 0, 1: SKEW_US} and path.collectives == 2
     assert [(s.rank, s.start_us, s.end_us, s.us) for s in path.segments] == [
         (1, 0, 550, 540),
         (0, 550, 1150, 550),
@@ -179,6 +179,9 @@ def test_real_two_ranks(real_traces: Path) -> None:
         assert sum(s.us for s in path.segments if s.rank == rank) == pytest.approx(us)
     assert all(s.rank in (0, 1) for s in path.top)
     assert path.clock_offsets_us is not None and abs(path.clock_offsets_us[1]) < 100
+    # the collectives joining the ranks are those the straggler report matches (rank 1 late to 5)
+    late = ls.merge(real_traces / "two_ranks", critical_path=False).straggler
+    assert late is not None and late.late is not None and path.collectives == late.late.matched == 5
     alone = [ls.critical_path(real_traces / f"two_ranks/rank-{r}.json.gz") for r in (0, 1)]
     # waiting in collectives is off the joined path: it is no longer than the longer rank's own
     assert path.length_us <= max(p.length_us for p in alone) + 1e-6
@@ -195,7 +198,10 @@ def test_analyze_folder_critical_path(tmp_path: Path, capsys: pytest.CaptureFixt
     out = tmp_path / "path.json"
     assert main(["analyze", str(folder), "--critical-path", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "Through 2 ranks: rank 0 550.0µs (50.5%), rank 1 540.0µs (49.5%)." in printed
+    assert (
+        "Through 2 ranks (2 collectives matched across them): rank 0 550.0µs (50.5%), rank 1 540.0µs (49.5%)."
+        in printed
+    )
     assert "Clocks aligned by the collectives' ends: rank 1 +5.00ms" in printed
     assert "Path: rank 1 (540.0µs) → rank 0 (550.0µs)" in printed
     written = json.loads(out.read_text(encoding="utf-8"))["critical_path"]

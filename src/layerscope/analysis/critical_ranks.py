@@ -21,6 +21,7 @@ first rank's clock; the path's time goes to the rank each edge ends on.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -91,9 +92,11 @@ def ranks_critical_path(
     kernels = [_comm_kernels(r.table, g) for r, g in zip(ranks, graphs, strict=True)]
     clocks = align_clocks(kernels)
     joined = _join(graphs, clocks)
-    _collective_edges(joined, graphs, kernels, clocks, match_collectives(kernels, clocks))
+    groups = match_collectives(kernels, clocks)
+    _collective_edges(joined, graphs, kernels, clocks, groups)
     edges = single.longest_path(joined.graph)
-    return _result(ranks, joined, edges, clocks, tuple(data_load), top)
+    path = _result(ranks, joined, edges, clocks, tuple(data_load), top)
+    return dataclasses.replace(path, collectives=len(groups))
 
 
 def _comm_kernels(table: EventTable, graph: Graph) -> RankKernels:

@@ -68,10 +68,11 @@ class CriticalPath:
     ranks: dict[int, float] | None = None
     segments: tuple[PathSegment, ...] = ()
     clock_offsets_us: dict[int, float] | None = None
+    collectives: int = 0  # paths through ranks: the collectives matched across ranks (joining them)
 
     def to_json(self) -> dict[str, Any]:
-        """The ``critical_path`` object of ``analyze --json`` (with ``ranks``, ``segments`` and
-        ``clock_offsets_us`` for a path through several ranks)."""
+        """The ``critical_path`` object of ``analyze --json`` (with ``ranks``, ``segments``,
+        ``clock_offsets_us`` and ``collectives`` for a path through several ranks)."""
         found: dict[str, Any] = {
             "length_us": self.length_us,
             "by_type": dict(self.by_type),
@@ -84,6 +85,7 @@ class CriticalPath:
             found["ranks"] = {str(r): us for r, us in self.ranks.items()}
             found["segments"] = [s.to_json() for s in self.segments]
             found["clock_offsets_us"] = {str(r): us for r, us in (self.clock_offsets_us or {}).items()}
+            found["collectives"] = self.collectives
         return found
 
 

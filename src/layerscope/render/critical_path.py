@@ -72,7 +72,8 @@ def rank_lines(path: CriticalPath, ascii_only: bool = False) -> list[str]:
     shares = ", ".join(
         f"rank {r} {fmt_time_us(us) or '0'} ({fmt_share(us, path.length_us)})" for r, us in ranks
     )
-    lines = [f"Through {len(ranks)} ranks: {shares}."]
+    joined = f"{path.collectives} collective{'s' if path.collectives != 1 else ''} matched across them"
+    lines = [f"Through {len(ranks)} ranks ({joined}): {shares}."]
     offsets = {r: us for r, us in (path.clock_offsets_us or {}).items() if us}
     if offsets:
         told = ", ".join(

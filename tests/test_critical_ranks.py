@@ -161,6 +161,17 @@ def test_clock_offset_is_what_most_collectives_agree_on() -> None:
     assert clock_offset(ref, kernels([2100, 2403], name="other")) == (0, 0)
 
 
+def test_clock_offset_of_many_collectives() -> None:
+    """3,000 collectives at irregular times, rank 1's clock 2 s ahead with a few µs of jitter, and
+    500 kernels of its own: the reference's kernels are sampled, the offset still found."""
+    rng = np.random.default_rng(0)
+    ends = np.cumsum(rng.uniform(100, 5000, 3000))
+    jitter = rng.uniform(-3, 3, ends.size)
+    extra = rng.uniform(0, ends[-1], 500)
+    offset, votes = clock_offset(kernels(list(ends)), kernels([*(ends + 2e6 + jitter), *extra]))
+    assert abs(offset - 2_000_000_000) < 3_000 and votes > 20
+
+
 def test_real_two_ranks(real_traces: Path) -> None:
     """The shared two-rank job (HTA's traces): the path's time adds up by type and by rank, its
     stretches follow each other in time, each rank's part is the sum of its stretches, every top

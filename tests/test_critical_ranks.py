@@ -266,3 +266,18 @@ def test_merge_real_two_ranks_names_the_path(real_traces: Path) -> None:
     assert merged.critical_path is not None and line is not None
     assert merged.straggler is not None and merged.straggler.late is not None
     assert f"rank {merged.straggler.late.rank} holds" in line and "most in aten::_foreach_mul_" in line
+
+
+def test_merge_leaves_the_path_out_of_big_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
+) -> None:
+    """Beyond ``PATH_MAX_BYTES`` of traces the merge warns and leaves the path out (one process
+    would hold every rank's events); ``critical_path=True`` computes it anyway."""
+    import layerscope as ls
+    from layerscope import merging
+
+    folder = write_job(tmp_path / "job")
+    monkeypatch.setattr(merging, "PATH_MAX_BYTES", 100)
+    assert ls.merge(folder).critical_path is None
+    assert any("no critical path through the ranks" in str(w.message) for w in recwarn)
+    assert ls.merge(folder, critical_path=True).critical_path == ranks_critical_path(two_ranks())

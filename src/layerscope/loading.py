@@ -225,7 +225,7 @@ def trace_critical_path(
 
 
 def rank_critical_path(
-    files: Sequence[Path],
+    files: Sequence[str | Path],
     step: int | None = None,
     annotation: str | None = None,
     instance: int = 0,

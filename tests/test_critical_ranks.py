@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from layerscope.analysis.critical_clocks import RankKernels, clock_offset
+from layerscope.analysis.critical_clocks import RankKernels, align_clocks, clock_offset
 from layerscope.analysis.critical_path import critical_path
 from layerscope.analysis.critical_ranks import RankTable, ranks_critical_path
 from layerscope.events.chrome import table_from_trace
@@ -172,6 +172,20 @@ def test_clock_offset_of_many_collectives() -> None:
     assert abs(offset - 2_000_000_000) < 3_000 and votes > 20
 
 
+def test_subgroups_align_through_a_rank_in_both() -> None:
+    """Ranks 0 and 1 share two collectives, ranks 1 and 2 two others, rank 3 none: rank 2's clock is
+    aligned through rank 1's, rank 3 keeps its own."""
+    clocks = align_clocks(
+        [
+            kernels([100, 700]),
+            kernels([5100, 5700, 5900, 6600], name="nccl"),
+            kernels([7900, 8600]),
+            kernels([300, 900], name="other"),
+        ]
+    )
+    assert clocks.offset_ns == (0, 5_000_000, 7_000_000, 0) and clocks.votes == (0, 2, 2, 0)
+
+
 def test_real_two_ranks(real_traces: Path) -> None:
     """The shared two-rank job (HTA's traces): the path's time adds up by type and by rank, its
     stretches follow each other in time, each rank's part is the sum of its stretches, every top
@@ -219,6 +233,7 @@ def test_analyze_folder_critical_path(tmp_path: Path, capsys: pytest.CaptureFixt
     assert written["length_us"] == 1090 and written["ranks"] == {"0": 550, "1": 540}
     assert all("rank" in entry for entry in written["top"])
     assert ls.critical_path(folder) == ranks_critical_path(two_ranks())
+    assert ls.critical_path(sorted(folder.iterdir())[::-1]) == ls.critical_path(folder)  # ranks, not order
 
 
 def write_job(folder: Path) -> Path:

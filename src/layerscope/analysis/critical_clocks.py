@@ -4,7 +4,8 @@ for the critical path through all ranks (``critical_ranks.py``).
 A collective ends on every rank at about the same moment: no rank's kernel can finish before the
 last participant has joined. So the same collective's ends, read on two ranks' clocks, differ by
 the two clocks' offset. Each rank's offset from the reference rank (the first) is estimated from
-the communication kernels of the same name on both: every pair's end difference is a candidate,
+the communication kernels of the same name on both (or on a rank already aligned, when the two
+share no collective): every pair's end difference is a candidate,
 the candidates vote (each counts the others within :data:`~layerscope.analysis.collectives.MATCH_US`
 of it), and the offset is the median of the largest cluster (ties: the one nearest zero, since
 Kineto already writes wall-clock time on every host). A cluster of one pair is no evidence:
@@ -85,12 +86,25 @@ def clock_offset(ref: RankKernels, other: RankKernels) -> tuple[int, int]:
 
 
 def align_clocks(kernels: Sequence[RankKernels]) -> RankClocks:
-    """Every rank's offset from the first rank's clock (see the module's text)."""
-    offsets, votes = [0], [0]
-    for other in kernels[1:]:
-        offset, vote = clock_offset(kernels[0], other)
-        offsets.append(offset)
-        votes.append(vote)
+    """Every rank's offset from the first rank's clock (see the module's text): from the first rank
+    where they share collectives, else through a rank already aligned (subgroups: ranks 0-1 share
+    collectives, 1-2 others)."""
+    offsets, votes = [0] * len(kernels), [0] * len(kernels)
+    aligned = [0]
+    pending = list(range(1, len(kernels)))
+    while pending:
+        found = False
+        for r in list(pending):
+            for a in aligned:
+                offset, vote = clock_offset(kernels[a], kernels[r])
+                if vote >= 2:
+                    offsets[r], votes[r] = offsets[a] + offset, vote
+                    aligned.append(r)
+                    pending.remove(r)
+                    found = True
+                    break
+        if not found:
+            break  # the rest share no collectives with the aligned ranks: their own clocks
     return RankClocks(tuple(offsets), tuple(votes))
 
 

@@ -97,41 +97,36 @@ def two_ranks(skew: float = SKEW_US) -> list[RankTable]:
 def test_hand_checked_path_crosses_ranks() -> None:
     """Rank 1 is slow (A1, 500 µs) and joins the first all-reduce last (at 550, rank 0's clock):
     the path runs on rank 1 to that kernel's start (A1 490 + its launch call 10 + the all-reduce
-    op 2 + the launch delay 38 = 540), crosses to rank 0 at the collective's end (its last 150
-    µs), then stays on rank 0: B0 300, the second all-reduce's op 2 and launch delay 18, the
-    kernel 50 (rank 0 is the last arriver there: rank 1's kernel waits 800-1050, off the path),
-    C0 30. 1,090 µs, rank 1's clock moved back 5 ms by the collectives' ends."""
+    op 2 + the launch delay 38 = 540, and 10 idle from A1's end to the op), crosses to rank 0 at
+    the collective's end (its last 150 µs), then stays on rank 0: B0 300, the second all-reduce's
+    op 2 and launch delay 18, the kernel 50 (rank 0 is the last arriver there: rank 1's kernel
+    waits 800-1050, off the path), C0 30, and 50 idle (waking from the two synchronisations,
+    between top-level ops). 1,150 µs from 0 to C0's end, 1,090 of them work; rank 1's clock moved
+    back 5 ms by the collectives' ends. HTA's model counts no idle time: 1,090."""
     path = ranks_critical_path(two_ranks())
-    assert path.length_us == 1090
-    assert path.by_type == {
-        "cpu_bound": 834,
-        "gpu_communication_bound": 200,
-        "gpu_kernel_launch_overhead": 56,
-    }
-    assert path.ranks == {0: 550, 1: 540}
+    work = {"cpu_bound": 834, "gpu_communication_bound": 200, "gpu_kernel_launch_overhead": 56}
+    assert path.length_us == 1150 and path.by_type == work | {"idle": 60}
+    assert path.ranks == {0: 600, 1: 550}
     assert path.clock_offsets_us == {0: 0, 1: SKEW_US} and path.collectives == 2
-    assert [(s.rank, s.start_us, s.end_us, s.us) for s in path.segments] == [
-        (1, 0, 550, 540),
-        (0, 550, 1150, 550),
-    ]
+    hops = [(s.rank, s.start_us, s.end_us, s.us) for s in path.segments]
+    assert hops == [(1, 0, 550, 550), (0, 550, 1150, 600)]
     top = [(s.name, s.rank, s.us) for s in path.top]
     assert top[:4] == [("A1", 1, 490), ("B0", 0, 300), (NCCL, 0, 200), ("C0", 0, 30)]
     assert ("cudaLaunchKernel", 1, 10) in top and ("A0", 0, 10) not in top
     assert path.nodes == sum(s.nodes for s in path.segments) + 1
     written = path.to_json()
-    assert written["ranks"] == {"0": 550, "1": 540} and written["top"][0] == {
-        "name": "A1",
-        "us": 490,
-        "rank": 1,
-    }
+    assert written["ranks"] == {"0": 600, "1": 550}
+    assert written["top"][0] == {"name": "A1", "us": 490, "rank": 1}
     assert [s["rank"] for s in written["segments"]] == [1, 0]
+    hta = ranks_critical_path(two_ranks(), hta_compatible=True)
+    assert (hta.length_us, hta.by_type, hta.ranks) == (1090, work, {0: 550, 1: 540})
 
 
 def test_one_rank_alone_blames_the_collective() -> None:
     """Rank 0's own path has the same length but puts the 600 µs it waited in the all-reduce on
     the path as communication; across ranks that wait is rank 1's A1."""
     alone = critical_path(two_ranks()[0].table)
-    assert alone.length_us == 1090 and alone.by_type["gpu_communication_bound"] == 650
+    assert alone.length_us == 1150 and alone.by_type["gpu_communication_bound"] == 650
     assert "A1" not in {s.name for s in alone.top}
 
 
@@ -224,13 +219,13 @@ def test_analyze_folder_critical_path(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["analyze", str(folder), "--critical-path", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert (
-        "Through 2 ranks (2 collectives matched across them): rank 0 550.0µs (50.5%), rank 1 540.0µs (49.5%)."
+        "Through 2 ranks (2 collectives matched across them): rank 0 600.0µs (52.2%), rank 1 550.0µs (47.8%)."
         in printed
     )
     assert "Clocks aligned by the collectives' ends: rank 1 +5.00ms" in printed
-    assert "Path: rank 1 (540.0µs) → rank 0 (550.0µs)" in printed
+    assert "Path: rank 1 (550.0µs) → rank 0 (600.0µs)" in printed
     written = json.loads(out.read_text(encoding="utf-8"))["critical_path"]
-    assert written["length_us"] == 1090 and written["ranks"] == {"0": 550, "1": 540}
+    assert written["length_us"] == 1150 and written["ranks"] == {"0": 600, "1": 550}
     assert all("rank" in entry for entry in written["top"])
     assert ls.critical_path(folder) == ranks_critical_path(two_ranks())
     assert ls.critical_path(sorted(folder.iterdir())[::-1]) == ls.critical_path(folder)  # ranks, not order
@@ -260,9 +255,9 @@ def test_merge_names_the_rank_and_op_holding_the_path(
     assert merged.critical_path == ranks_critical_path(two_ranks())
     out = tmp_path / "merge.json"
     assert main(["merge", str(folder), "-o", str(out)]) == 0
-    line = "Critical path: 1.09ms through 2 ranks; rank 0 holds 550.0µs (50.5%); most in B0 (300.0µs"
+    line = "Critical path: 1.15ms through 2 ranks; rank 0 holds 600.0µs (52.2%); most in B0 (300.0µs"
     assert line in capsys.readouterr().out
-    assert json.loads(out.read_text(encoding="utf-8"))["critical_path"]["ranks"] == {"0": 550, "1": 540}
+    assert json.loads(out.read_text(encoding="utf-8"))["critical_path"]["ranks"] == {"0": 600, "1": 550}
     saved = []
     for k in (0, 1):
         saved.append(tmp_path / f"p{k}.json.gz")

@@ -78,24 +78,28 @@ def ranks_critical_path(
     data_load: tuple[str, ...] = (),
     zero_weight_launch_edges: bool = True,
     top: int = 20,
+    hta_compatible: bool = False,
 ) -> CriticalPath:
     """The critical path through every rank's trace (see the module's text): the same window on
-    each rank, the collectives joining them. ``top``, ``data_load`` and ``zero_weight_launch_edges``
-    as for one rank (``analysis.critical_path.critical_path``)."""
+    each rank, the collectives joining them. ``top``, ``data_load``, ``zero_weight_launch_edges``
+    and ``hta_compatible`` as for one rank (``analysis.critical_path.critical_path``): by default
+    the time the path spends in no op and no device work (a waiting kernel's time before the last
+    arrival included) is ``idle``, and ``by_type`` sums to ``length_us``."""
     if len(ranks) < 2:
         raise UsageError(f"a path through ranks needs two rank traces or more, got {len(ranks)}")
     ranks = sorted(ranks, key=lambda r: r.rank)
     graphs = []
     for r in ranks:
         start, end = single.select_window(r.table, step, annotation, instance)
-        graphs.append(build_graph(r.table, Window(start, end, tuple(data_load)), zero_weight_launch_edges))
+        window = Window(start, end, tuple(data_load))
+        graphs.append(build_graph(r.table, window, zero_weight_launch_edges, hta_compatible))
     kernels = [_comm_kernels(r.table, g) for r, g in zip(ranks, graphs, strict=True)]
     clocks = align_clocks(kernels)
     joined = _join(graphs, clocks)
     groups = match_collectives(kernels, clocks)
     _collective_edges(joined, graphs, kernels, clocks, groups)
     edges = single.longest_path(joined.graph)
-    path = _result(ranks, joined, edges, clocks, tuple(data_load), top)
+    path = _result(ranks, joined, edges, clocks, (tuple(data_load), top, not hta_compatible))
     return dataclasses.replace(path, collectives=len(groups))
 
 
@@ -180,21 +184,28 @@ def _result(
     joined: _Joined,
     edges: list[int],
     clocks: RankClocks,
-    data_load: tuple[str, ...],
-    top: int,
+    options: tuple[tuple[str, ...], int, bool],
 ) -> CriticalPath:
     """Where the joined path's time goes: by type, by (op or kernel, rank), by (module, rank), by
-    rank, and its stretches rank by rank."""
+    rank, and its stretches rank by rank. ``options``: data-loading patterns, how many top ops,
+    whether time on no op and no device work counts (``idle``)."""
+    data_load, top, with_idle = options
     graph = joined.graph
     weight = np.maximum(graph.weight, 0)
     on = np.asarray(edges, dtype=np.int64)
-    by_type: dict[str, int] = {}
+    # idle: what an edge spans beyond its weight (weightless edges, a waiting kernel's wait)
+    idle = np.zeros(graph.src.size, dtype=np.int64)
+    if with_idle and on.size:
+        gap = graph.node_ts[graph.dst[on]] - graph.node_ts[graph.src[on]]
+        idle[on] = np.maximum(gap - weight[on], 0)
+    total = weight + idle
+    by_type: dict[str, int] = {"idle": int(idle[on].sum())} if with_idle else {}
     by_name: dict[tuple[str, int], int] = {}
     modules: list[PathShare] | None = None
     per_rank: dict[int, float] = {}
     for k, r in enumerate(ranks):
         mine = on[joined.edge_rank[on] == k].tolist()
-        per_rank[r.rank] = float(weight[np.asarray(mine, dtype=np.int64)].sum()) / 1000.0
+        per_rank[r.rank] = float(total[np.asarray(mine, dtype=np.int64)].sum()) / 1000.0
         types, names, owners = single._shares(r.table, graph, mine, weight, data_load)
         for category, ns in types.items():
             by_type[category] = by_type.get(category, 0) + ns
@@ -207,14 +218,14 @@ def _result(
     ranked = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     ts = graph.node_ts
     return CriticalPath(
-        length_us=float(weight[on].sum()) / 1000.0 if on.size else 0.0,
+        length_us=float(total[on].sum()) / 1000.0 if on.size else 0.0,
         by_type={c: by_type[c] / 1000.0 for c in single.CATEGORIES if by_type.get(c, 0) > 0},
         nodes=on.size + 1 if on.size else 0,
         top=tuple(PathShare(name, ns / 1000.0, None, rank) for (name, rank), ns in ranked),
         modules=None if modules is None else tuple(sorted(modules, key=lambda m: (-m.us, m.name))),
         window_us=(float(ts.min()) / 1000.0, float(ts.max()) / 1000.0) if ts.size else (0.0, 0.0),
         ranks=per_rank,
-        segments=_segments(ranks, joined, on, weight),
+        segments=_segments(ranks, joined, on, total),
         clock_offsets_us={r.rank: clocks.offset_ns[k] / 1000.0 for k, r in enumerate(ranks)},
     )
 
@@ -227,7 +238,8 @@ def _no_modules(table: EventTable) -> tuple[PathShare, ...] | None:
 def _segments(
     ranks: Sequence[RankTable], joined: _Joined, on: np.ndarray, weight: np.ndarray
 ) -> tuple[PathSegment, ...]:
-    """The path's edges grouped into runs on one rank (an edge's rank: the rank it ends on)."""
+    """The path's edges grouped into runs on one rank (an edge's rank: the rank it ends on), each
+    with its edges' time (``weight``, idle included)."""
     if not on.size:
         return ()
     graph = joined.graph

@@ -48,7 +48,9 @@ def show_rank_paths(
 
     files = [path for path, _ in traces]
     if are_ranks([info for _, info in traces]) and len(files) > 1:
-        path = rank_critical_path(files, window.step, window.annotation, window.instance)
+        path = rank_critical_path(
+            files, window.step, window.annotation, window.instance, hta_compatible=window.hta_compatible
+        )
         console.print("\n== critical path through the ranks", style="bold")
         console.print(critical_path_section(path, top=args.top, ascii_only=ascii_only))
         return write_path_json(args.json, str(args.path), path)
@@ -59,7 +61,9 @@ def show_rank_paths(
         )
     for file in files:
         console.print(f"\n== critical path of {file}", style="bold")
-        path = trace_critical_path(file, window.step, window.annotation, window.instance)
+        path = trace_critical_path(
+            file, window.step, window.annotation, window.instance, hta_compatible=window.hta_compatible
+        )
         console.print(critical_path_section(path, top=args.top, ascii_only=ascii_only))
     print("layerscope: the traces are not one job's ranks: each trace's own path", file=sys.stderr)
     return []

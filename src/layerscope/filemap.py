@@ -130,20 +130,43 @@ def _local(
     return outcomes
 
 
+def _client(scheduler: str | Client) -> tuple[Any, bool]:
+    """A client of the cluster at ``scheduler`` (the one given, or a new one: then True)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise UsageError(DASK_INSTALL_HINT) from None
+    if isinstance(scheduler, Client):
+        return scheduler, False
+    try:
+        return Client(str(scheduler), timeout=CONNECT_TIMEOUT_S, set_as_default=False), True  # type: ignore[no-untyped-call]
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {describe(exc)}") from None
+
+
+def all_files(
+    func: Callable[[list[str]], R], paths: Sequence[Path], scheduler: str | Client | None = None
+) -> R:
+    """``func`` of every path at once (absolute paths), in this process or, with ``scheduler``, on
+    one worker of that cluster (whose filesystem holds the files; only the result comes back)."""
+    names = [str(Path(p).resolve()) for p in paths]
+    if scheduler is None:
+        return func(names)
+    client, own_client = _client(scheduler)
+    try:
+        result: R = client.submit(func, names, pure=False).result()
+        return result
+    finally:
+        if own_client:
+            client.close()
+
+
 def _on_dask(
     func: Callable[[str], R], paths: Sequence[Path], scheduler: str | Client, progress: ProgressLine
 ) -> list[tuple[R | None, str | None]]:
-    try:
-        from distributed import Client, as_completed
-    except ImportError:
-        raise UsageError(DASK_INSTALL_HINT) from None
-    own_client = not isinstance(scheduler, Client)
-    client: Any = scheduler
-    if own_client:
-        try:
-            client = Client(str(scheduler), timeout=CONNECT_TIMEOUT_S, set_as_default=False)  # type: ignore[no-untyped-call]
-        except (OSError, TimeoutError, ValueError) as exc:
-            raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {describe(exc)}") from None
+    from distributed import as_completed
+
+    client, own_client = _client(scheduler)
     try:
         # Absolute paths: workers share the filesystem but not this process's working directory.
         futures = client.map(func, [str(Path(p).resolve()) for p in paths], retries=DASK_RETRIES, pure=False)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope.analysis import critical_path as paths
 from layerscope.analysis.advice import Advice, advise
+from layerscope.analysis.critical_ranks import RankTable, rank_ids, ranks_critical_path
 from layerscope.analysis.device import DeviceReport
 from layerscope.analysis.device_summary import summarize_device
 from layerscope.attribution.attribute import build_profile
@@ -194,7 +195,7 @@ def _window_path(table: EventTable, window: paths.PathWindow) -> paths.CriticalP
 
 
 def trace_critical_path(
-    path: str | Path,
+    path: str | Path | Sequence[str | Path],
     step: int | None = None,
     annotation: str | None = None,
     instance: int = 0,
@@ -205,13 +206,45 @@ def trace_critical_path(
     ``step``, or (Holistic Trace Analysis's way) the ``instance``-th span whose name contains
     ``annotation`` — with the time on it by bound type, the ops and kernels on it and, for traces
     with layerscope's module ranges, the modules. ``data_load``: name patterns of data loading.
-    ``hta_compatible``: Holistic Trace Analysis's figures rather than ours (docs/compared.md)."""
-    read = _read(Path(path), None, False)
+    ``hta_compatible``: Holistic Trace Analysis's figures rather than ours (docs/compared.md).
+
+    A folder of traces, or several files, are the ranks of one job: ONE path through all of them,
+    joined by their collectives, clocks aligned by the collectives' ends
+    (:mod:`layerscope.analysis.critical_ranks`); ranks from each trace's ``distributedInfo``, else
+    the files' order."""
+    files = trace_files(path) if isinstance(path, str | Path) else [f for p in path for f in trace_files(p)]
+    if len(files) > 1:
+        return rank_critical_path(files, step, annotation, instance, data_load, hta_compatible)
+    read = _read(files[0], None, False)
     if isinstance(read, Profile):
         raise UsageError(f"{path} is a saved profile: the critical path needs the trace's events")
     with gc_paused():
         return paths.critical_path(
             read, step, annotation, instance, tuple(data_load), hta_compatible=hta_compatible
+        )
+
+
+def rank_critical_path(
+    files: Sequence[str | Path],
+    step: int | None = None,
+    annotation: str | None = None,
+    instance: int = 0,
+    data_load: Sequence[str] = (),
+    hta_compatible: bool = False,
+) -> paths.CriticalPath:
+    """The critical path through the ranks whose traces are ``files`` (all read here, one after
+    another: the path needs every rank's events at once); ``hta_compatible``: each rank's graph as
+    Holistic Trace Analysis builds it."""
+    tables = []
+    for file in files:
+        read = _read(Path(file), None, False)
+        if isinstance(read, Profile):
+            raise UsageError(f"{file} is a saved profile: the critical path needs the trace's events")
+        tables.append(read)
+    ranks = [RankTable(r, t) for r, t in zip(rank_ids(tables), tables, strict=True)]
+    with gc_paused():
+        return ranks_critical_path(
+            ranks, step, annotation, instance, tuple(data_load), hta_compatible=hta_compatible
         )
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from layerscope.analysis.ranks import RankMerge, merge_profiles
-from layerscope.errors import TraceFormatError
-from layerscope.loading import load_many, trace_files
+from layerscope.errors import LayerscopeWarning, TraceFormatError, UsageError
+from layerscope.filemap import all_files
+from layerscope.loading import load_many, rank_critical_path, trace_files
+from layerscope.model.critical_path import CriticalPath
 from layerscope.model.profile import Profile
 
 if TYPE_CHECKING:
@@ -21,6 +24,7 @@ def merge(
     ranks: Sequence[int] | None = None,
     scheduler: str | Client | None = None,
     workers: int | None = None,
+    critical_path: bool | None = None,
 ) -> RankMerge:
     """Merge one profile per rank: spread of every module across ranks, per-rank step split, straggler.
 
@@ -29,6 +33,11 @@ def merge(
     cluster at ``scheduler`` (``"tcp://host:8786"`` or a ``distributed.Client``; workers read the
     files by path, so they must see the same filesystem). Files that fail to load are listed in
     ``RankMerge.failed`` and the others still merge.
+
+    ``critical_path``: when every source is a trace, also the critical path through all ranks
+    (``RankMerge.critical_path``): the traces are read once more, all at once (the path needs every
+    rank's events together), here or, with ``scheduler``, on one worker. ``None``: when the traces
+    hold about :data:`PATH_MAX_BYTES` or less (gzip counted 8x); ``True``: always; ``False``: never.
     """
     items: list[Profile | str | Path] = [sources] if isinstance(sources, str | Path) else list(sources)
     # in input order: a Profile stands for itself, a path for its files (each path expanded once)
@@ -49,4 +58,40 @@ def merge(
     merged = merge_profiles(profiles, ranks)
     if loaded and loaded.failures:
         merged = dataclasses.replace(merged, failed=tuple((str(p), why) for p, why in loaded.failures))
+    traces = [
+        e for e in entries if isinstance(e, Path) and e in by_path and by_path[e].meta.trace_file == str(e)
+    ]
+    wanted = critical_path is not False and len(traces) == len(profiles) and ranks is None
+    if wanted and (critical_path or _fits(traces)):
+        merged = dataclasses.replace(merged, critical_path=_rank_path(traces, scheduler))
     return merged
+
+
+#: Trace bytes (uncompressed, about) beyond which a merge leaves the critical path out unless asked
+#: for it: one process holds every rank's events for it (~2x their size in memory).
+PATH_MAX_BYTES = 4_000_000_000
+
+
+def _fits(traces: list[Path]) -> bool:
+    """Whether the traces are small enough for the path by default; a warning when not."""
+    size = sum(p.stat().st_size * (8 if p.name.endswith(".gz") else 1) for p in traces if p.is_file())
+    if size <= PATH_MAX_BYTES:
+        return True
+    warnings.warn(
+        f"no critical path through the ranks: their traces hold about {size / 1e9:.0f} GB, more than "
+        "one process should hold at once (ls.merge(..., critical_path=True) computes it anyway)",
+        LayerscopeWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+def _rank_path(traces: list[Path], scheduler: str | Client | None) -> CriticalPath | None:
+    """The critical path through the ranks' traces (here, or on one worker of the cluster at
+    ``scheduler``); None (with a warning) where it cannot be computed (no CPU op or device work in
+    some trace, a window missing, a file gone)."""
+    try:
+        return all_files(rank_critical_path, traces, scheduler)
+    except (UsageError, TraceFormatError, ValueError, OSError) as exc:
+        warnings.warn(f"no critical path through the ranks: {exc}", LayerscopeWarning, stacklevel=3)
+        return None

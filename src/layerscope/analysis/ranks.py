@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from layerscope.analysis.collectives import CollectiveKernel, LateCollective, late_collectives
 from layerscope.errors import UsageError
+from layerscope.model.critical_path import CriticalPath
 from layerscope.model.profile import ModuleNode, Profile
 
 #: Ops of collective communication (c10d, NCCL, gloo, MPI) as torch names them.
@@ -127,6 +128,9 @@ class RankMerge:
     failed: tuple[tuple[str, str], ...] = ()  # (file, reason) of rank files that could not be loaded
     #: the step numbers two or more ranks kept, in step order
     steps: tuple[StepAcrossRanks, ...] = ()
+    #: the critical path through all ranks (``analysis/critical_ranks.py``) when the ranks are
+    #: traces; None for saved profiles
+    critical_path: CriticalPath | None = None
 
     def slowest_rank(self, row: ModuleAcrossRanks) -> int | None:
         """The rank with the largest value for ``row``."""

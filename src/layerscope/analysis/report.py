@@ -8,11 +8,16 @@ table's source column, the annotated source (the line table) and the source flam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from layerscope.analysis.critical_path import PathWindow, profile_critical_path
 from layerscope.analysis.first_screen import FirstScreen, first_screen
 from layerscope.analysis.lines import line_table
 from layerscope.analysis.stacks import op_user_stacks, stack_values
 from layerscope.analysis.steps import StepRow, step_rows
+from layerscope.errors import TraceFormatError, UsageError
+from layerscope.model.critical_path import CriticalPath
+from layerscope.model.meta import TRACE
 from layerscope.model.profile import Profile
 from layerscope.model.tables import LineTable
 
@@ -48,6 +53,8 @@ class ReportData:
     first_screen: FirstScreen
     #: step -> its heaviest modules in tree order: (path, forward µs, backward µs), inclusive
     step_trees: dict[int, list[tuple[str, float, float]]]
+    #: the whole trace's critical path, for profiles read from a trace still there (else None)
+    critical_path: CriticalPath | None = None
 
 
 def build_report(profile: Profile) -> ReportData:
@@ -66,7 +73,23 @@ def build_report(profile: Profile) -> ReportData:
             flames.append(Flame(metric, "source", weights))
     steps = step_rows(profile.steps)
     trees = step_trees(profile)
-    return ReportData(profile, stacks, lines, steps, tuple(flames), first_screen(profile, steps), trees)
+    screen = first_screen(profile, steps)
+    path = report_critical_path(profile)
+    return ReportData(profile, stacks, lines, steps, tuple(flames), screen, trees, path)
+
+
+def report_critical_path(profile: Profile) -> CriticalPath | None:
+    """The critical path of the whole trace a profile was read from (the trace is read again: a
+    Profile keeps no events); None for live captures and saved profiles whose trace is gone, and
+    for traces with no CPU op or device work on a path."""
+    trace = profile.meta.trace_file
+    if profile.meta.source != TRACE or not trace or not Path(trace).is_file():
+        return None
+    try:
+        path = profile_critical_path(profile, PathWindow())
+    except (UsageError, TraceFormatError, ValueError, OSError):
+        return None
+    return path if path.nodes else None
 
 
 def step_trees(profile: Profile) -> dict[int, list[tuple[str, float, float]]]:
@@ -81,4 +104,4 @@ def step_trees(profile: Profile) -> dict[int, list[tuple[str, float, float]]]:
     return trees
 
 
-__all__ = ["FLAME_METRICS", "Flame", "ReportData", "build_report"]
+__all__ = ["FLAME_METRICS", "Flame", "ReportData", "build_report", "report_critical_path"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerscope.cli.outputs import add_output_options, is_file_path, requested_outputs
+from layerscope.cli.rank_paths import show_rank_paths, write_path_json
 from layerscope.cli.views import (
     add_scheduler_options,
     add_strict_option,
@@ -67,7 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --annotation: which span (0-based, in start order)",
     )
-    path.add_argument("--json", metavar="OUT", help='write {"critical_path": {...}} to OUT (one trace)')
+    path.add_argument(
+        "--json",
+        metavar="OUT",
+        help='write {"critical_path": {...}} to OUT (one trace, or one path through a folder of rank traces)',
+    )
     path.add_argument(
         "--hta-compatible",
         action="store_true",
@@ -119,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     check_view_options(args)
     scheduler = scheduler_of(args)
     files = trace_files(args.path)
-    window = _path_window(args, len(files))
+    window = _path_window(args)
+    each = window if len(files) == 1 else None  # several traces: one path through the ranks, after
     if args.output and is_file_path(args.output) and len(files) > 1:
         raise UsageError(
             f"{args.path} holds {len(files)} traces: give -o a folder (one profile per trace), "
@@ -132,12 +138,14 @@ def run(args: argparse.Namespace) -> int:
     failures: Sequence[tuple[Path, str]] = ()
     if scheduler is None and args.workers is None:  # one file at a time here, with a progress line
         failures = []
-        results = _analyze_each(files, args.strict, failures, window)
+        results = _analyze_each(files, args.strict, failures, each)
     else:
-        read = partial(analyze, strict=args.strict, critical_path=window)
+        read = partial(analyze, strict=args.strict, critical_path=each)
         mapped = map_files(read, files, scheduler=scheduler, workers=args.workers, what="analysed")
         results, failures = zip(mapped.paths, mapped.results, strict=True), mapped.failures
+    ranks: list[tuple[Path, Any]] = []
     for k, (path, result) in enumerate(results):
+        ranks.append((path, result.profile.meta.distributed))
         trace = result.profile.meta.trace
         if trace.truncated:
             print(
@@ -156,11 +164,13 @@ def run(args: argparse.Namespace) -> int:
         if trace.communication:
             console.print(communication_table([dict(r) for r in trace.communication], ascii_only=ascii_only))
         console.print(advice_list(result.advice, ascii_only=ascii_only))
-        if window is not None:
+        if each is not None:
             written += _show_path(console, path, result, args, ascii_only)
         written += write_outputs(
             result.profile, requested_outputs(args, _trace_name(path), default_folder=path.parent)
         )
+    if window is not None and len(files) > 1:
+        written += show_rank_paths(console, ranks, window, args, ascii_only)
     report_written(written)
     for path, why in failures:
         # our own errors already start with the file's name; others get it in front
@@ -168,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def _path_window(args: argparse.Namespace, files: int) -> PathWindow | None:
+def _path_window(args: argparse.Namespace) -> PathWindow | None:
     """The critical path's window when asked for (any of its options asks); None otherwise."""
     from layerscope.analysis.critical_path import PathWindow
 
@@ -182,8 +192,6 @@ def _path_window(args: argparse.Namespace, files: int) -> PathWindow | None:
         return None
     if args.step is not None and args.annotation is not None:
         raise UsageError("--step and --annotation both choose the window: give one")
-    if args.json and files > 1:
-        raise UsageError(f"--json writes one trace's critical path; {args.path} holds {files} traces")
     if args.instance < 0:
         raise UsageError(f"--instance counts from 0, not {args.instance}")
     return PathWindow(args.step, args.annotation, args.instance, args.hta_compatible)
@@ -199,14 +207,7 @@ def _show_path(
         print(f"layerscope: {path} is a saved profile: the critical path needs a trace", file=sys.stderr)
         return []
     console.print(critical_path_section(result.critical_path, top=args.top, ascii_only=ascii_only))
-    if not args.json:
-        return []
-    import orjson
-
-    out = Path(args.json)
-    payload = {"trace": str(path), "critical_path": result.critical_path.to_json()}
-    out.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2) + b"\n")
-    return [out]
+    return write_path_json(args.json, str(path), result.critical_path)
 
 
 def _analyze_each(

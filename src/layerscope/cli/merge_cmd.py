@@ -113,6 +113,7 @@ def _to_dict(merged: Any) -> dict[str, Any]:
             for m in merged.modules
         ],
         "gaps": list(merged.gaps),
+        "critical_path": None if merged.critical_path is None else merged.critical_path.to_json(),
         "failed": [{"path": path, "reason": why} for path, why in merged.failed],
         "straggler": None
         if s is None

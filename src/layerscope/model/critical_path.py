@@ -19,13 +19,38 @@ class PathShare:
     name: str
     us: float
     phase: str | None = None  # modules: "forward" or "backward"
+    rank: int | None = None  # paths through several ranks: the rank it ran on
 
     def to_json(self) -> dict[str, Any]:
-        """``{name, us}`` (and ``phase`` for modules)."""
+        """``{name, us}`` (and ``phase`` for modules, ``rank`` on a path through ranks)."""
         found: dict[str, Any] = {"name": self.name, "us": self.us}
         if self.phase is not None:
             found["phase"] = self.phase
+        if self.rank is not None:
+            found["rank"] = self.rank
         return found
+
+
+@dataclass(frozen=True)
+class PathSegment:
+    """A stretch of a path through several ranks spent on one rank, in path order: where it starts
+    and ends (µs, on the first rank's clock), the time on the path in it and its nodes."""
+
+    rank: int
+    start_us: float
+    end_us: float
+    us: float
+    nodes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """``{rank, start_us, end_us, us, nodes}``."""
+        return {
+            "rank": self.rank,
+            "start_us": self.start_us,
+            "end_us": self.end_us,
+            "us": self.us,
+            "nodes": self.nodes,
+        }
 
 
 @dataclass(frozen=True)
@@ -38,10 +63,17 @@ class CriticalPath:
     top: tuple[PathShare, ...]  # ops and kernels by name, their own time on the path, largest first
     modules: tuple[PathShare, ...] | None  # None: the trace has no module ranges
     window_us: tuple[float, float]  # the window analysed, µs on the trace's clock
+    #: paths through several ranks (else None / empty): µs on the path per rank, the path's
+    #: stretches rank by rank in order, and each rank's clock offset from the first rank's (µs)
+    ranks: dict[int, float] | None = None
+    segments: tuple[PathSegment, ...] = ()
+    clock_offsets_us: dict[int, float] | None = None
+    collectives: int = 0  # paths through ranks: the collectives matched across ranks (joining them)
 
     def to_json(self) -> dict[str, Any]:
-        """The ``critical_path`` object of ``analyze --json``."""
-        return {
+        """The ``critical_path`` object of ``analyze --json`` (with ``ranks``, ``segments``,
+        ``clock_offsets_us`` and ``collectives`` for a path through several ranks)."""
+        found: dict[str, Any] = {
             "length_us": self.length_us,
             "by_type": dict(self.by_type),
             "nodes": self.nodes,
@@ -49,6 +81,12 @@ class CriticalPath:
             "modules": None if self.modules is None else [s.to_json() for s in self.modules],
             "window_us": list(self.window_us),
         }
+        if self.ranks is not None:
+            found["ranks"] = {str(r): us for r, us in self.ranks.items()}
+            found["segments"] = [s.to_json() for s in self.segments]
+            found["clock_offsets_us"] = {str(r): us for r, us in (self.clock_offsets_us or {}).items()}
+            found["collectives"] = self.collectives
+        return found
 
 
 @dataclass(frozen=True)
@@ -92,4 +130,11 @@ class CriticalPathView:
         return _COMPUTE[0](self, PathWindow(step, annotation, instance, hta_compatible))
 
 
-__all__ = ["CriticalPath", "CriticalPathView", "PathShare", "PathWindow", "register_critical_path"]
+__all__ = [
+    "CriticalPath",
+    "CriticalPathView",
+    "PathSegment",
+    "PathShare",
+    "PathWindow",
+    "register_critical_path",
+]

@@ -18,6 +18,7 @@ from layerscope.model.meta_json import to_json
 from layerscope.model.metrics import FIELD_NAMES
 from layerscope.model.profile import ModuleNode, Profile
 from layerscope.model.serialize import StringTable
+from layerscope.render.critical_path_html import critical_path_section_html
 from layerscope.render.device_html import device_section_html
 from layerscope.render.first_screen import first_screen_html
 from layerscope.render.flamegraph import stacks_svg
@@ -268,6 +269,8 @@ def draw_report(report: ReportData) -> str:
     source_group = '<option value="source">name and source location</option>' if has_stacks else ""
     summary = profile.meta.device
     device = device_section_html(summary) if summary is not None else ""
+    if report.critical_path is not None:
+        device += critical_path_section_html(report.critical_path)
     data = page_data(report)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">

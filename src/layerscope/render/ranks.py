@@ -7,7 +7,7 @@ from rich.text import Text
 
 from layerscope.analysis.ranks import ModuleAcrossRanks, RankMerge, RankSummary, StepAcrossRanks
 from layerscope.render.table_fit import Column, FittedTable, wants_ascii
-from layerscope.units import fmt_time_us
+from layerscope.units import fmt_share, fmt_time_us
 
 
 def straggler_line(merged: RankMerge) -> str:
@@ -41,6 +41,27 @@ def late_line(merged: RankMerge) -> str | None:
         f"Late to collectives: rank {late.rank} starts {late.matched} matched collective kernels "
         f"{fmt_time_us(late.late_us)} after the first rank in all; worst {late.worst_name} "
         f"{fmt_time_us(late.worst_us)} late{step}."
+    )
+
+
+def critical_path_line(merged: RankMerge) -> str | None:
+    """The rank and the module (or, without module ranges, the op or kernel) that hold the critical
+    path through the ranks; None when it was not computed."""
+    path = merged.critical_path
+    if path is None or not path.ranks or path.length_us <= 0:
+        return None
+    rank, us = max(path.ranks.items(), key=lambda kv: (kv[1], -kv[0]))
+    modules = [m for m in path.modules or () if m.rank == rank]
+    ops = [s for s in path.top if s.rank == rank]
+    if modules:
+        where = f"; most in module {modules[0].name} ({modules[0].phase}, {fmt_time_us(modules[0].us)})"
+    elif ops:
+        where = f"; most in {ops[0].name} ({fmt_time_us(ops[0].us)}; the traces have no module ranges)"
+    else:
+        where = ""
+    return (
+        f"Critical path: {fmt_time_us(path.length_us)} through {len(path.ranks)} ranks; rank {rank} holds "
+        f"{fmt_time_us(us)} ({fmt_share(us, path.length_us)}){where}."
     )
 
 
@@ -134,7 +155,7 @@ def ranks_view(merged: RankMerge, top: int = 10, ascii_only: bool | None = None)
     if merged.steps:
         parts.append(steps_across_table(merged, top, ascii_only))
     parts.append(Text(straggler_line(merged), style="bold"))
-    late = late_line(merged)
-    if late is not None:
-        parts.append(Text(late))
+    for line in (late_line(merged), critical_path_line(merged)):
+        if line is not None:
+            parts.append(Text(line))
     return Group(*parts)

@@ -9,8 +9,9 @@ import statistics
 from html import escape
 
 from layerscope.analysis.ranks import ModuleAcrossRanks, RankMerge, RankSummary
+from layerscope.render.critical_path_html import critical_path_section_html
 from layerscope.render.html import asset_text
-from layerscope.render.ranks import collectives_title, late_line, straggler_line
+from layerscope.render.ranks import collectives_title, critical_path_line, late_line, straggler_line
 from layerscope.units import fmt_time_us
 
 SPLIT_PARTS = (("module_us", "model", "#4f8bd6"), ("communication_us", "collectives", "#e8a33d"))
@@ -118,8 +119,7 @@ def ranks_html(merged: RankMerge, top: int = 40) -> str:
         f'<span class="key"><span class="swatch" style="background:{c}"></span>{label}</span>'
         for _, label, c in (*SPLIT_PARTS, ("", "other", OTHER_COLOUR))
     )
-    late_text = late_line(merged)
-    late = f"<p>{escape(late_text)}</p>" if late_text else ""
+    late = "".join(f"<p>{escape(t)}</p>" for t in (late_line(merged), critical_path_line(merged)) if t)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>layerscope · {len(merged.ranks)} ranks</title>
@@ -141,5 +141,6 @@ vertical-align: middle; }} #heatmap td.cell {{ text-align: right; }} th.rank {{ 
 ranks; red: slower than the module's median across ranks (full red at 2x), blue: faster;
 outlined: the straggler's module.</p>
 <div class="scroll">{_heatmap(merged, top)}</div>{gaps}</section>
+{critical_path_section_html(merged.critical_path) if merged.critical_path is not None else ""}
 </main></body></html>
 """

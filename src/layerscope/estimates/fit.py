@@ -26,7 +26,7 @@ from layerscope.estimates.checkpointing import checkpointed
 from layerscope.estimates.fake_step import LossFn
 from layerscope.estimates.run import resolve_device, resolve_dtype
 from layerscope.model.profile import Profile
-from layerscope.units import fmt_bytes
+from layerscope.units import fmt_bytes, fmt_time_us
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class FitPlan:
 
         def option(o: FitOption) -> str:
             verdict = "fits" if o.fits else "does not fit"
-            return f"{o.name}: peak {fmt_bytes(o.peak_bytes)}, step {o.step_us / 1e3:.3g} ms, {verdict}"
+            return f"{o.name}: peak {fmt_bytes(o.peak_bytes)}, step {fmt_time_us(o.step_us)}, {verdict}"
 
         head = f"batch {self.batch} on {self.device_name}, {fmt_bytes(self.usable_bytes)} usable"
         out = [head, "  " + option(self.as_is)]

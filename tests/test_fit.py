@@ -136,3 +136,28 @@ def test_cli_fit(capsys: pytest.CaptureFixture[str]) -> None:
     assert "checkpoint: blocks." in printed and "instead, bfloat16" in printed
     assert main([*args, "--eval"]) == 0
     assert "--fit plans a training step" in capsys.readouterr().out
+
+
+class _Once(nn.Module):
+    """A block that cannot run again in backward (as one whose forward has side effects)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch._C._current_autograd_node() is not None:
+            raise RuntimeError("this block runs once per step")
+        return self.body(x)
+
+
+def test_a_round_that_fails_is_dropped() -> None:
+    blocks = _stack()
+    model = nn.Sequential(blocks[0], _Once(), blocks[1], blocks[2])
+    make = lambda b: torch.randn(b, 64)  # noqa: E731
+    peak = ls.estimate(model, make(1024), device=_cpu_with(2**40), reserve_bytes=0).meta.estimate.peak_bytes  # type: ignore[union-attr]
+    ranked = [c[0] for c in candidates(ls.estimate(model, make(1024), device=_cpu_with(2**40)), 4)]
+    assert ranked[0] == "1"  # the block that fails would be taken first
+    plan = ls.fit(model, make, batch=1024, device=_cpu_with(peak * 3 // 4), reserve_bytes=0)
+    assert plan.fits and plan.checkpoint and "1" not in plan.checkpoint
+    assert all("forward" not in m.__dict__ for m in model.modules())

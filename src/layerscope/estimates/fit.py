@@ -164,7 +164,8 @@ def plan_checkpoints(
 ) -> tuple[tuple[str, ...], Profile]:
     """Greedy: take candidates until their bytes freed cover the excess over the usable memory,
     estimate again with them checkpointed, and go on until it fits, none is left, or ``rounds``
-    estimates were made; a round that does not lower the peak is dropped (its candidates too)."""
+    estimates were made; a round that does not lower the peak, or fails, is dropped (its candidates
+    too)."""
     info = as_is.meta.estimate
     assert info is not None
     ranked = candidates(as_is, element_size)
@@ -184,8 +185,11 @@ def plan_checkpoints(
         if not round_:
             break
         ranked = [c for c in ranked if c[0] not in round_]
-        with checkpointed(model, chosen + round_, rebind=True):
-            trial = estimate(model, inputs, **options)
+        try:
+            with checkpointed(model, chosen + round_, rebind=True):
+                trial = estimate(model, inputs, **options)
+        except UsageError:  # a forward checkpoint cannot wrap (non-tensor outputs it must replay)
+            continue
         trial_peak = trial.meta.estimate.peak_bytes  # type: ignore[union-attr]
         if trial_peak < peak:
             chosen += round_
@@ -228,11 +232,12 @@ def fit(
     bf16 = None
     if cast not in (torch.bfloat16, torch.float16):
         bf16 = _option("bfloat16", estimate(model, inputs, **{**options, "dtype": torch.bfloat16}))
-    search = search_batch(model, make_inputs, limit=batch, **options)
-    smaller = None
-    if search.max_batch and search.max_batch < batch:
-        at_most = estimate(model, make_inputs(search.max_batch), **options)
-        smaller = _option(f"batch {search.max_batch}", at_most)
+    max_batch, smaller = batch, None
+    if not info.fits:
+        max_batch = search_batch(model, make_inputs, limit=batch, **options).max_batch
+        if max_batch:
+            at_most = estimate(model, make_inputs(max_batch), **options)
+            smaller = _option(f"batch {max_batch}", at_most)
     name = f"checkpoint {len(chosen)} module{'s' if len(chosen) != 1 else ''}"
     return FitPlan(
         device=spec.key,
@@ -243,6 +248,6 @@ def fit(
         as_is=_option("as is", as_is),
         planned=_option(name, planned) if chosen else _option("as is", as_is),
         bf16=bf16,
-        max_batch=search.max_batch,
+        max_batch=max_batch,
         smaller_batch=smaller,
     )

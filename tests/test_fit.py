@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import layerscope as ls
-from layerscope.analysis.device_specs import DeviceSpec
+from layerscope.analysis.device_specs import DeviceSpec, device_spec
 from layerscope.cli import main
 from layerscope.estimates import checkpointed
 from layerscope.estimates.fit import candidates
@@ -121,7 +121,7 @@ def test_a_meta_model_is_planned_by_whole_blocks() -> None:
     ranked = [c[0] for c in candidates(as_is, 4)]
     assert "blocks" not in ranked  # a ModuleList is never called: checkpointing it does nothing
     usable = as_is.meta.estimate.peak_bytes * 2 // 3  # type: ignore[union-attr]
-    reserve = ls.estimate(model, make(1), device="l4").meta.estimate.memory_bytes - usable  # type: ignore[union-attr]
+    reserve = device_spec("l4").memory_bytes - usable
     plan = ls.fit(model, make, batch=64, device="l4", reserve_bytes=reserve)
     assert plan.fits and plan.checkpoint and all(p.startswith("blocks.") for p in plan.checkpoint)
     assert all(p.device.type == "meta" for p in model.parameters())
@@ -134,6 +134,8 @@ def test_cli_fit(capsys: pytest.CaptureFixture[str]) -> None:
     printed = capsys.readouterr().out
     assert printed.startswith("does not fit") and "what would make it fit:" in printed
     assert "checkpoint: blocks." in printed and "instead, bfloat16" in printed
+    assert main([*args, "--reserve", "1"]) == 0
+    assert "it fits as is:" in capsys.readouterr().out
     assert main([*args, "--eval"]) == 0
     assert "--fit plans a training step" in capsys.readouterr().out
 

@@ -169,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
         options.pop("train")
         batch = parsed[0][0][0] if parsed[0][0] else 1
         plan = fit(model, lambda b: _inputs(parsed, b), batch=batch, **options)
-        print("\n".join(["what would make it fit:", *plan.lines()]))
+        header = "it fits as is:" if plan.as_is.fits else "what would make it fit:"
+        print("\n".join([header, *plan.lines()]))
     elif args.fit:
         print("--fit plans a training step; --eval has nothing saved for backward to drop")
     report_written(written, quiet=args.quiet)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from layerscope.capture.flight_recorder import FlightRecorder, flight_recorder
     from layerscope.capture.schedule import schedule
     from layerscope.capture.session import CompileInfoWarning, Cycle, profile
-    from layerscope.estimates import estimate, max_batch_size
+    from layerscope.estimates import estimate, fit, max_batch_size
 
 # Profile.ops()/lines()/to_pandas()/print(p)/notebook display are served by analysis and render,
 # registered here so the data model imports nothing above it (render/profile_views.py).
@@ -62,7 +62,7 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module("layerscope.capture.session"), name)
     if name in ("flight_recorder", "FlightRecorder"):
         return getattr(importlib.import_module("layerscope.capture.flight_recorder"), name)
-    if name in ("estimate", "max_batch_size"):
+    if name in ("estimate", "max_batch_size", "fit"):
         return getattr(importlib.import_module("layerscope.estimates"), name)
     if name == "watch_compiles":
         return importlib.import_module("layerscope.capture.compile_watch").watch_compiles
@@ -94,6 +94,7 @@ __all__ = [
     "critical_path",
     "diff",
     "estimate",
+    "fit",
     "flight_recorder",
     "load",
     "max_batch_size",

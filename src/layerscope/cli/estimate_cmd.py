@@ -23,6 +23,7 @@ EXAMPLES = """\
 examples:
   layerscope estimate                                   # the built-in ResNet-18 on an H100
   layerscope estimate gpt --device a100-80gb --dtype bfloat16 --max-batch
+  layerscope estimate gpt --input 64x1024:int64 --device l4 --fit   # what to checkpoint
   layerscope estimate model.py:build --input 8x3x224x224 --device cpu -o estimate.html"""
 
 ESTIMATE_DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -74,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batch",
         action="store_true",
         help="also search the largest batch (first input dimension) that fits",
+    )
+    parser.add_argument(
+        "--fit",
+        action="store_true",
+        help="when the step does not fit: the modules to checkpoint so that it does, their cost "
+        "in time, and what bfloat16 or a smaller batch would give",
     )
     parser.add_argument(
         "--reserve",
@@ -143,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     optimizer = None if args.optimizer == "none" else args.optimizer
     model = _build(factory, args.factory)
 
-    from layerscope.estimates import estimate, search_batch
+    from layerscope.estimates import estimate, fit, search_batch
 
     options: dict[str, Any] = {
         "train": args.train,
@@ -158,5 +165,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print_profile(profile, args)
     print(fits_line(profile, found.max_batch if found else None, found.at_limit if found else False))
+    if args.fit and args.train:
+        options.pop("train")
+        batch = parsed[0][0][0] if parsed[0][0] else 1
+        plan = fit(model, lambda b: _inputs(parsed, b), batch=batch, **options)
+        header = "it fits as is:" if plan.as_is.fits else "what would make it fit:"
+        print("\n".join([header, *plan.lines()]))
+    elif args.fit:
+        print("--fit plans a training step; --eval has nothing saved for backward to drop")
     report_written(written, quiet=args.quiet)
     return 0

@@ -116,6 +116,21 @@ void append_shapes(std::string& out, const c10::ArrayRef<std::vector<int64_t>>& 
   out.push_back(']');
 }
 
+// The input dtypes as orjson.dumps(list(event.dtypes())) writes them: ["float",""].
+template <typename Dtypes>
+void append_dtypes(std::string& out, const Dtypes& dtypes) {
+  out.push_back('[');
+  bool first = true;
+  for (const auto& dtype : dtypes) {
+    if (!first) out.push_back(',');
+    first = false;
+    out.push_back('"');
+    out += dtype;  // torch's spellings ("float", "c10::BFloat16", "Scalar"): nothing to escape
+    out.push_back('"');
+  }
+  out.push_back(']');
+}
+
 void append_double(std::string& out, double value) {
   char buffer[32];
   auto written = std::to_chars(buffer, buffer + sizeof(buffer), value);  // shortest round trip
@@ -177,8 +192,9 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device, mem_addr;
   std::vector<int64_t> oom_bytes, oom_ts, oom_tid, oom_device, oom_allocated;
   span_index.reserve(n);
-  Interner names, shapes;
-  std::string shapes_text;
+  std::vector<int64_t> span_dtypes;
+  Interner names, shapes, dtypes;
+  std::string shapes_text, dtypes_text;
   for (size_t i = 0; i < n; ++i) {
     const KinetoEvent& e = events[i];
     const int64_t nbytes = e.nBytes();
@@ -226,11 +242,21 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
     } else {
       span_shapes.push_back(shapes.id(std::string("[]")));
     }
+    // Every input's dtype beside its shape: what bytes per op are computed from (roofline).
+    if (with_shapes && e.hasShapes() && e.hasTypes()) {
+      dtypes_text.clear();
+      append_dtypes(dtypes_text, e.dtypes());
+      span_dtypes.push_back(dtypes.id(std::move(dtypes_text)));
+    } else {
+      span_dtypes.push_back(dtypes.id(std::string("[]")));
+    }
   }
 
   py::dict out;
   out["names"] = names.as_bytes();
   out["shapes"] = shapes.as_bytes();
+  out["dtypes"] = dtypes.as_bytes();
+  out["span_dtypes"] = column(span_dtypes);
   out["span_index"] = column(span_index);
   out["span_name"] = column(span_name);
   out["span_activity"] = column(span_activity);

@@ -76,6 +76,9 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
     stack_ids: dict[tuple[str, ...], int] = {}
     if profile.has_stacks:
         ops["stack"] = [stack_ids.setdefault(r.stack, len(stack_ids)) if r.stack else -1 for r in rows]
+    if any(r.bytes is not None or r.dtype is not None for r in rows):  # older profiles: absent
+        ops["bytes"] = [r.bytes for r in rows]
+        ops["dtype"] = [sid(r.dtype) for r in rows]
     result = {
         "format": FORMAT_TAG,
         "schema_version": SCHEMA_VERSION,
@@ -153,6 +156,8 @@ def profile_from_dict(data: Any) -> Profile:
         ops = data["ops"]
         stacks = [tuple(strings[f] for f in stack) for stack in data.get("stacks", [])]
         stack_of_row = ops.get("stack") or [-1] * len(ops["name"])
+        bytes_of_row = ops.get("bytes") or [None] * len(ops["name"])
+        dtype_of_row = ops.get("dtype") or [-1] * len(ops["name"])
         rows = tuple(
             OpStats(
                 name=strings[n],
@@ -163,8 +168,10 @@ def profile_from_dict(data: Any) -> Profile:
                 metrics=Metrics.from_list(mv),
                 scope=text(sc) or "",
                 stack=stacks[st] if st >= 0 else (),
+                bytes=nb,
+                dtype=text(dt),
             )
-            for n, ph, m, s, sc, c, mv, st in zip(
+            for n, ph, m, s, sc, c, mv, st, nb, dt in zip(
                 ops["name"],
                 ops["phase"],
                 ops["module"],
@@ -173,6 +180,8 @@ def profile_from_dict(data: Any) -> Profile:
                 ops["calls"],
                 ops["metrics"],
                 stack_of_row,
+                bytes_of_row,
+                dtype_of_row,
                 strict=True,
             )
         )

@@ -37,7 +37,7 @@ class _Work:
 
     flops: int = 0
     bytes: int = 0
-    known: bool = False  # some op's bytes are known
+    unknown: bool = False  # some op's bytes are unknown
     time_us: float = 0.0
     unknown_us: float = 0.0
     calls: int = 0
@@ -48,9 +48,14 @@ class _Work:
         self.calls += row.calls
         if row.bytes is None:
             self.unknown_us += time_us
+            self.unknown = True
         else:
             self.bytes += row.bytes
-            self.known = True
+
+    @property
+    def known_bytes(self) -> int | None:
+        """The bytes, or None when the only work that moved any is unknown."""
+        return None if self.unknown and not self.bytes else self.bytes
 
 
 def profile_roofline(profile: Profile, device: Any = None, overhead_below: float = 0.1) -> Roofline:
@@ -103,10 +108,9 @@ def profile_roofline(profile: Profile, device: Any = None, overhead_below: float
 
 
 def _module_row(spec: DeviceSpec, peak: float, below: float, path: str, phase: str, w: _Work) -> RooflineRow:
-    found = _judge(spec, peak, below, w.flops, w.bytes if w.known else None, w.time_us)
+    found = _judge(spec, peak, below, w.flops, w.known_bytes, w.time_us)
     share = w.unknown_us / w.time_us if w.time_us > 0 else 0.0
-    return RooflineRow(path, phase, None, w.flops, w.bytes if w.known else None, *found, w.time_us,
-                       w.calls, peak, share)
+    return RooflineRow(path, phase, None, w.flops, w.known_bytes, *found, w.time_us, w.calls, peak, share)
 
 
 def _row(

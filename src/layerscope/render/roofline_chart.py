@@ -44,8 +44,8 @@ class _Axes:
         for k in range(self.xs[0], self.xs[1] + 1):
             x = self.x(10.0**k)
             out.append(f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{HEIGHT - BOTTOM}" class="grid"/>')
-            label = _num(10.0**k)
-            out.append(f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="middle">{label}</text>')
+            label, anchor = _num(10.0**k), "end" if k == self.xs[1] else "middle"
+            out.append(f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="{anchor}">{label}</text>')
         for k in range(self.ys[0], self.ys[1] + 1):
             y = self.y(10.0**k)
             out.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH - 10}" y2="{y:.1f}" class="grid"/>')
@@ -126,9 +126,32 @@ def roofline_chart_svg(roofline: Roofline) -> str:
     keys = [(f"{phase} (a module)", colour) for phase, colour in PHASE_COLOURS.items()]
     keys.append(("roof (dashed: another dtype's peak)", ROOF_COLOUR))
     legend = "".join(f'<span class="key"><i style="background:{c}"></i>{escape(k)}</span>' for k, c in keys)
-    left_out = len(roofline.modules) - len(rows)
-    note = f" {left_out} module rows without both FLOPs and bytes are not drawn." if left_out else ""
-    return f"{svg}<div class=\"legend\">{legend}</div><p class=\"muted\">{escape(note.strip())}</p>"
+    return f'{svg}<div class="legend">{legend}</div>{_memory_only(roofline, len(rows))}'
+
+
+def _memory_only(roofline: Roofline, drawn: int) -> str:
+    """Modules that moved bytes without FLOPs (norms, activations): no point on a roofline, so a
+    table of the bandwidth they reached; and how many rows neither shows."""
+    rows = [r for r in roofline.modules if not r.flops and r.bytes and r.achieved_bytes_per_s]
+    body = "".join(
+        f'<tr><td class="l">{escape(r.module or "(root)")}</td><td class="l">{escape(r.phase)}</td>'
+        f"<td>{fmt_bytes(r.bytes or 0)}</td><td>{fmt_time_us(r.time_us)}</td>"
+        f"<td>{fmt_si(r.achieved_bytes_per_s or 0, 'B/s')}</td>"
+        f"<td>{(r.achieved_bytes_per_s or 0) / roofline.bandwidth_bytes_per_s:.1%}</td>"
+        f'<td class="l">{escape(r.bound)}</td></tr>'
+        for r in rows
+    )
+    left_out = len(roofline.modules) - drawn - len(rows)
+    note = f"{left_out} module rows with neither FLOPs nor known bytes are not shown." if left_out else ""
+    table = (
+        '<h3>Memory work without FLOPs</h3><table id="rooflinememory"><thead><tr>'
+        '<th class="l">Module</th><th class="l">Phase</th><th>Bytes</th><th>Time</th><th>Bytes/s</th>'
+        '<th>Of bandwidth</th><th class="l">Bound</th></tr></thead><tbody>'
+        f"{body}</tbody></table>"
+        if rows
+        else ""
+    )
+    return f'{table}<p class="muted">{escape(note)}</p>' if note else table
 
 
 def roofline_section_html(roofline: Roofline | None) -> str:

@@ -7,7 +7,7 @@ Columns (documented in docs/usage.md):
   ``params_total``, then ``{phase}_{metric}`` for ``forward`` and ``backward`` and every
   :class:`Metrics` field (``forward_self_cpu_us``, ``backward_flops``...), then ``{phase}_flops_per_s``.
 * ``ops``: ``name``, ``phase``, ``module``, ``scope``, ``input_shapes``, ``calls``, every metric,
-  ``flops_per_s``.
+  ``flops_per_s``, ``bytes`` (read and written, a lower bound; None unknown), ``dtype``.
 * ``unattributed``: ``label``, ``phase``, ``calls``, every metric.
 * ``roofline``: :data:`layerscope.model.roofline.COLUMNS`, against the profile's own device
   (``Profile.roofline(device=...).to_pandas()`` for another, or for a CPU profile).
@@ -80,6 +80,8 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
                 "calls": r.calls,
                 **_metric_columns(r.metrics),
                 "flops_per_s": achieved_flops_per_s(r.metrics),
+                "bytes": r.bytes,
+                "dtype": r.dtype,
             }
             for r in profile.op_rows
         ]

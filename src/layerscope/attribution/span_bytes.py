@@ -50,7 +50,7 @@ def span_bytes(
     carrier = np.asarray(counted_flops) > 0
     below = np.zeros(n, dtype=bool)  # an op carrying FLOPs lies strictly inside
     for level in reversed(levels[1:]):
-        np.logical_or.at(below, parent[level], below[level] | carrier[level])
+        below |= _any_child(parent[level], below[level] | carrier[level], n)
     covered = np.zeros(n, dtype=bool) if not_run is None else not_run.copy()
     counted = np.zeros(n, dtype=bool)
     for k, level in enumerate(levels):
@@ -61,9 +61,16 @@ def span_bytes(
         counted[level] = ~covered[level] & mine
     counted_below = np.zeros(n, dtype=bool)
     for level in reversed(levels[1:]):
-        np.logical_or.at(counted_below, parent[level], counted_below[level] | counted[level])
+        counted_below |= _any_child(parent[level], counted_below[level] | counted[level], n)
     unknown = (own == _UNKNOWN) & ((counted) | (~covered & ~counted_below))
     return SpanBytes(np.where(counted & (own >= 0), own, 0), unknown, dtype)
+
+
+def _any_child(parents: np.ndarray, flags: np.ndarray, n: int) -> np.ndarray:
+    """Per span, whether any of the given children (``parents``, one level) has its flag set."""
+    found = np.zeros(n, dtype=bool)
+    found[parents[flags]] = True
+    return found
 
 
 def _own_bytes(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
@@ -79,24 +86,39 @@ def _own_bytes(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
     ops = np.flatnonzero((shapes >= 0) & (dtypes >= 0))
     if not ops.size:
         return own, first
-    flops = np.asarray(table.span_flops, dtype=np.int64)
-    keys = np.stack((table.array("span_name")[ops], shapes[ops], dtypes[ops], flops[ops]), axis=1)
-    distinct, index = np.unique(keys, axis=0, return_inverse=True)
+    flops = np.asarray(table.span_flops, dtype=np.int64)[ops]
+    # One key per distinct (name, shapes, dtypes), in two 1-D steps (a 3-column key could overflow);
+    # FLOPs are part of the key only where a rule reads them (convolutions): spans with FLOPs.
+    size = len(table.names) + 1
+    _, pair = np.unique(table.array("span_name")[ops] * size + shapes[ops], return_inverse=True)
+    keys = pair.reshape(-1).astype(np.int64) * size + dtypes[ops]
+    counted = np.flatnonzero(flops > 0)
+    if counted.size:  # FLOP spans keyed apart, by (key, FLOPs): negative keys
+        _, apart = np.unique(np.stack((keys[counted], flops[counted]), axis=1), axis=0, return_inverse=True)
+        keys[counted] = -1 - apart.reshape(-1)
+    distinct, index = np.unique(keys, return_inverse=True)
+    index = index.reshape(-1)
+    one_of = np.zeros(len(distinct), dtype=np.int64)
+    one_of[index[::-1]] = ops[::-1]  # a span of each key
     values = np.empty(len(distinct), dtype=np.int64)
     firsts = np.empty(len(distinct), dtype=np.int64)
-    names = table.names
-    for k, (name, shape, types, fl) in enumerate(distinct.tolist()):
-        try:
-            shape_list, type_list = orjson.loads(names[shape]), orjson.loads(names[types])
-        except orjson.JSONDecodeError:  # a trace's own spelling we do not read: unknown
-            values[k], firsts[k] = _UNKNOWN, -1
-            continue
-        values[k] = op_bytes(names[name], shape_list, type_list, fl)
-        found = first_dtype(type_list)
-        firsts[k] = table.intern(found) if found is not None else -1
-    own[ops] = values[index.reshape(-1)]
-    first[ops] = firsts[index.reshape(-1)]
+    span_names, all_flops = table.array("span_name"), table.array("span_flops")
+    for k, j in enumerate(one_of.tolist()):
+        values[k], firsts[k] = _bytes_of(table, span_names[j], shapes[j], dtypes[j], all_flops[j])
+    own[ops] = values[index]
+    first[ops] = firsts[index]
     return own, first
+
+
+def _bytes_of(table: EventTable, name: int, shapes: int, dtypes: int, flops: int) -> tuple[int, int]:
+    """``op_bytes`` of one (name, shapes, dtypes, FLOPs) and the name id of its first tensor dtype."""
+    names = table.names
+    try:
+        shape_list, type_list = orjson.loads(names[shapes]), orjson.loads(names[dtypes])
+    except orjson.JSONDecodeError:  # a trace's own spelling we do not read: unknown
+        return _UNKNOWN, -1
+    found = first_dtype(type_list)
+    return op_bytes(names[name], shape_list, type_list, int(flops)), table.intern(found) if found else -1
 
 
 __all__ = ["SpanBytes", "span_bytes"]

@@ -228,3 +228,11 @@ def test_roofline_chart_in_the_browser(browser: Any, tmp_path: Path) -> None:  #
         assert memory_only and cells == [r.module for r in memory_only]
     finally:
         page.close()
+
+
+def test_grouped_op_tables_add_bytes_up() -> None:
+    profile = _linear_profile(8, 16, 4)
+    by_name = {r.name: r for r in profile.ops(group_by=("name",))}
+    addmm = [r for r in profile.op_rows if r.name == "aten::addmm"]
+    assert by_name["aten::addmm"].bytes == sum(r.bytes or 0 for r in addmm) > 0
+    assert by_name["aten::addmm"].dtype == "float"

@@ -117,8 +117,11 @@ def _row(
     spec: DeviceSpec, peak: float, below: float, path: str, phase: str, op: str, row: OpStats, time_us: float
 ) -> RooflineRow:
     found = _judge(spec, peak, below, row.metrics.flops, row.bytes, time_us)
-    return RooflineRow(path, phase, op, row.metrics.flops, row.bytes, *found, time_us, row.calls, peak,
-                       1.0 if row.bytes is None else 0.0, row.dtype, row.input_shapes)
+    unknown = 1.0 if row.bytes is None else 0.0
+    return RooflineRow(
+        path, phase, op, row.metrics.flops, row.bytes, *found, time_us, row.calls, peak, unknown, row.dtype,
+        row.input_shapes,
+    )
 
 
 def _judge(

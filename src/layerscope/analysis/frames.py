@@ -7,8 +7,10 @@ Columns (documented in docs/usage.md):
   ``params_total``, then ``{phase}_{metric}`` for ``forward`` and ``backward`` and every
   :class:`Metrics` field (``forward_self_cpu_us``, ``backward_flops``...), then ``{phase}_flops_per_s``.
 * ``ops``: ``name``, ``phase``, ``module``, ``scope``, ``input_shapes``, ``calls``, every metric,
-  ``flops_per_s``.
+  ``flops_per_s``, ``bytes`` (read and written, a lower bound; None unknown), ``dtype``.
 * ``unattributed``: ``label``, ``phase``, ``calls``, every metric.
+* ``roofline``: :data:`layerscope.model.roofline.COLUMNS`, against the profile's own device
+  (``Profile.roofline(device=...).to_pandas()`` for another, or for a CPU profile).
 * ``steps``: ``step``, ``wall_us``, ``cpu_us``, ``device_us``, ``forward_us``, ``backward_us``.
 * ``streams``, ``device_steps``, ``copies``: a trace's device report (``meta.device``, profiles
   built from traces with device work): per stream ``device``, ``stream``, ``kernels``, ``work``,
@@ -23,11 +25,13 @@ equal the profile's totals.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from layerscope.errors import UsageError
 from layerscope.model.metrics import FIELD_NAMES, Metrics
 from layerscope.model.profile import ModuleNode, Profile
+from layerscope.model.roofline import COLUMNS as ROOFLINE_COLUMNS
 
 TABLES = (
     "modules",
@@ -40,6 +44,7 @@ TABLES = (
     "streams",
     "device_steps",
     "copies",
+    "roofline",
 )
 
 
@@ -75,6 +80,8 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
                 "calls": r.calls,
                 **_metric_columns(r.metrics),
                 "flops_per_s": achieved_flops_per_s(r.metrics),
+                "bytes": r.bytes,
+                "dtype": r.dtype,
             }
             for r in profile.op_rows
         ]
@@ -103,6 +110,8 @@ def frame_rows(profile: Profile, table: str) -> list[dict[str, Any]]:
             }
             for s in profile.steps
         ]
+    if table == "roofline":
+        return [asdict(r) for r in profile.roofline().rows()]
     if table == "memory_peak":
         at_peak = profile.memory_at_peak()
         return [
@@ -196,4 +205,6 @@ def to_pandas(profile: Profile, table: str = "modules") -> Any:
         import pandas
     except ImportError:
         raise UsageError("to_pandas needs pandas: pip install pandas") from None
+    if table == "roofline":
+        return pandas.DataFrame(rows, columns=list(ROOFLINE_COLUMNS))
     return pandas.DataFrame(rows)

@@ -93,8 +93,9 @@ def _merge(rows: list[OpStats], group_by: Sequence[str], stack: tuple[str, ...])
         metrics = metrics.merged(row.metrics)
     same = {
         field: all(getattr(r, field) == getattr(first, field) for r in rows)
-        for field in ("name", "input_shapes", "module", "phase", "scope")
+        for field in ("name", "input_shapes", "module", "phase", "scope", "dtype")
     }
+    moved = [r.bytes for r in rows]
     return OpStats(
         name=first.name if same["name"] else "(several)",
         phase=first.phase if same["phase"] else None,
@@ -104,6 +105,8 @@ def _merge(rows: list[OpStats], group_by: Sequence[str], stack: tuple[str, ...])
         metrics=metrics if len(rows) > 1 else first.metrics,
         scope=first.scope if same["scope"] else "",
         stack=stack,
+        bytes=None if None in moved else sum(b for b in moved if b is not None),
+        dtype=first.dtype if same["dtype"] else None,
     )
 
 

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from layerscope.analysis.critical_path import PathWindow, profile_critical_path
 from layerscope.analysis.first_screen import FirstScreen, first_screen
 from layerscope.analysis.lines import line_table
+from layerscope.analysis.roofline import profile_roofline
 from layerscope.analysis.stacks import op_user_stacks, stack_values
 from layerscope.analysis.steps import StepRow, step_rows
 from layerscope.errors import TraceFormatError, UsageError
 from layerscope.model.critical_path import CriticalPath
 from layerscope.model.meta import TRACE
 from layerscope.model.profile import Profile
+from layerscope.model.roofline import Roofline
 from layerscope.model.tables import LineTable
 
 #: Modules a step's tree shows (its heaviest, forward + backward, in tree order).
@@ -43,7 +46,8 @@ class ReportData:
     """Everything the report shows beyond the profile's own records: ``user_stacks`` (per op row,
     the user's frames, innermost first), ``lines`` (the line table by location; None without
     stacks), ``steps`` (the step table with outliers), ``flames`` (every flame graph's weights),
-    ``first_screen`` (the summary that answers first)."""
+    ``first_screen`` (the summary that answers first), ``roofline`` (None without a device spec or
+    without bytes)."""
 
     profile: Profile
     user_stacks: tuple[tuple[str, ...], ...]
@@ -55,10 +59,13 @@ class ReportData:
     step_trees: dict[int, list[tuple[str, float, float]]]
     #: the whole trace's critical path, for profiles read from a trace still there (else None)
     critical_path: CriticalPath | None = None
+    #: modules and ops against the device's roofs, when ops have bytes and the device is known
+    roofline: Roofline | None = None
 
 
-def build_report(profile: Profile) -> ReportData:
-    """The report's data (see :class:`ReportData`)."""
+def build_report(profile: Profile, device: Any = None) -> ReportData:
+    """The report's data (see :class:`ReportData`); ``device`` the roofline's (a spec key or a
+    ``DeviceSpec``; default: the device the profile ran on, when the spec table knows it)."""
     has_stacks = profile.has_stacks
     stacks = op_user_stacks(profile) if has_stacks else tuple(() for _ in profile.op_rows)
     lines = line_table(profile, sort_by="location", user_stacks=stacks) if has_stacks else None
@@ -73,9 +80,9 @@ def build_report(profile: Profile) -> ReportData:
             flames.append(Flame(metric, "source", weights))
     steps = step_rows(profile.steps)
     trees = step_trees(profile)
-    screen = first_screen(profile, steps)
+    screen, roofline = first_screen(profile, steps), report_roofline(profile, device)
     path = report_critical_path(profile)
-    return ReportData(profile, stacks, lines, steps, tuple(flames), screen, trees, path)
+    return ReportData(profile, stacks, lines, steps, tuple(flames), screen, trees, path, roofline)
 
 
 def report_critical_path(profile: Profile) -> CriticalPath | None:
@@ -90,6 +97,18 @@ def report_critical_path(profile: Profile) -> CriticalPath | None:
     except (UsageError, TraceFormatError, ValueError, OSError):
         return None
     return path if path.nodes else None
+
+
+def report_roofline(profile: Profile, device: Any = None) -> Roofline | None:
+    """The roofline the report draws: None when no op has bytes or no device spec is known."""
+    if not any(r.bytes for r in profile.op_rows):
+        return None
+    try:
+        return profile_roofline(profile, device)
+    except UsageError:
+        if device is not None:  # a device asked for by name that the table lacks: say so
+            raise
+        return None
 
 
 def step_trees(profile: Profile) -> dict[int, list[tuple[str, float, float]]]:

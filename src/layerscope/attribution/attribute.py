@@ -54,6 +54,7 @@ from layerscope.attribution.nesting import (
 from layerscope.attribution.op_rows import SpanFigures, op_rows
 from layerscope.attribution.profile_meta import full_meta as table_meta
 from layerscope.attribution.recompute import stopped_recompute_ops
+from layerscope.attribution.span_bytes import SpanBytes, span_bytes
 from layerscope.attribution.stacks import op_stacks
 from layerscope.attribution.steps import step_stats
 from layerscope.attribution.tree import module_tree
@@ -158,6 +159,7 @@ class _Nested:
     levels: list[np.ndarray]  # span indices by nesting depth
     flops: np.ndarray  # FLOPs that count (outermost only, none while compiling)
     compiled: CompiledAttribution
+    bytes: SpanBytes | None = None  # bytes that count (span_bytes.py), None without dtypes
 
 
 def _nest(
@@ -195,7 +197,8 @@ def _nest(
         not_run = compiling if not_run is None else not_run | compiling
     counted_flops = outermost_flops(table.span_flops, parent, by_level, not_run)
     excl = np.asarray(swept.excl, dtype=np.int64)
-    return _Nested(order, swept, parent, bucket, excl, by_level, counted_flops, compiled)
+    moved = span_bytes(table, parent, by_level, counted_flops, not_run)
+    return _Nested(order, swept, parent, bucket, excl, by_level, counted_flops, compiled, moved)
 
 
 def _memory_report(
@@ -243,6 +246,7 @@ def _op_rows(
         device_total=device_total,
         flops=nested.flops,
         memory=span_memory(table, owners, nested.parent, nested.levels),
+        bytes=nested.bytes,
     )
     # A region (a user annotation standing in for a module) can launch device work itself: it stays
     # an op row, where a layerscope module range never is one. A step range is no op either: its own

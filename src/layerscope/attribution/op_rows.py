@@ -15,6 +15,7 @@ import numpy as np
 from layerscope.attribution.buckets import LABEL_UNLINKED_DEVICE, Buckets
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.memory.sums import SpanMemory
+from layerscope.attribution.span_bytes import SpanBytes
 from layerscope.events.table import EventTable
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import OpStats, Phase
@@ -29,6 +30,7 @@ class SpanFigures:
     device_total: np.ndarray  # the same, including nested spans
     flops: np.ndarray  # FLOPs that count (outermost only)
     memory: SpanMemory
+    bytes: SpanBytes | None = None  # bytes that count, per span (span_bytes.py)
 
 
 def op_rows(
@@ -57,6 +59,7 @@ def op_rows(
         return ()
     row_of, row_keys = _group(table, idx, bucket, buckets, stacks)
     sums, exact_flops, calls = _row_sums(table, idx, row_of, len(row_keys[0]), figures)
+    row_bytes, row_dtypes = _row_bytes(table, idx, row_of, len(row_keys[0]), figures.bytes)
     # Per bucket, once: its phase, its module's path (None for a label) and its label ("" for a module).
     phases = [buckets.phase_of(b) for b in range(buckets.count)]
     modules = [buckets.where(b, catalog) if buckets.is_module(b) else None for b in range(buckets.count)]
@@ -88,6 +91,8 @@ def op_rows(
                 ),
                 scope=scopes[b],
                 stack=all_stacks[stack_id] if stack_id >= 0 else (),
+                bytes=row_bytes[r],
+                dtype=row_dtypes[r],
             )
         )
     return (*result, *_unlinked_rows(table, unlinked_device))
@@ -124,7 +129,14 @@ def _fold_same_name_children(
     keep = np.ones(parent.size, dtype=bool)
     keep[merged] = False
     memory = replace(mem, self_cpu_alloc=self_cpu_alloc, self_device_alloc=self_dev_alloc, self_net=self_net)
-    folded = replace(figures, excl=excl, device_self=device_self, flops=flops, memory=memory)
+    moved = figures.bytes
+    if moved is not None:  # a folded child's bytes (and its unknown work) are its parent's
+        counted, unknown = moved.counted.copy(), moved.unknown.copy()
+        np.add.at(counted, target, counted[merged])
+        np.logical_or.at(unknown, target, unknown[merged])
+        counted[merged], unknown[merged] = 0, False
+        moved = replace(moved, counted=counted, unknown=unknown)
+    folded = replace(figures, excl=excl, device_self=device_self, flops=flops, memory=memory, bytes=moved)
     return folded, order[keep[order]]
 
 
@@ -182,6 +194,27 @@ def _row_sums(
         exact_flops[int(row_of[j])] += int(flops[idx[j]])
     # Plain Python lists: the rows are built one element at a time, which numpy scalars make slow.
     return {k: v.tolist() for k, v in cols.items()}, exact_flops, np.bincount(row_of, minlength=rows).tolist()
+
+
+def _row_bytes(
+    table: EventTable, idx: np.ndarray, row_of: np.ndarray, rows: int, moved: SpanBytes | None
+) -> tuple[list[int | None], list[str | None]]:
+    """Per row: the bytes its calls moved (None when any call's are unknown, or none were derived)
+    and its first tensor input's dtype (None when its calls differ)."""
+    if moved is None:
+        return [None] * rows, [None] * rows
+    total = np.zeros(rows, dtype=np.int64)
+    np.add.at(total, row_of, moved.counted[idx])
+    unknown = np.bincount(row_of, weights=moved.unknown[idx].astype(np.float64), minlength=rows) > 0
+    low = np.full(rows, np.iinfo(np.int64).max, dtype=np.int64)
+    high = np.full(rows, -1, dtype=np.int64)
+    np.minimum.at(low, row_of, moved.dtype[idx])
+    np.maximum.at(high, row_of, moved.dtype[idx])
+    names = table.names
+    return (
+        [None if u else b for b, u in zip(total.tolist(), unknown.tolist(), strict=True)],
+        [names[h] if h >= 0 and h == lo else None for lo, h in zip(low.tolist(), high.tolist(), strict=True)],
+    )
 
 
 def _unlinked_rows(table: EventTable, unlinked_device: list[int]) -> list[OpStats]:

@@ -13,6 +13,7 @@ import operator
 from itertools import compress
 from typing import Any
 
+import numpy as np
 import orjson
 
 from layerscope.capture.event_columns import (
@@ -30,7 +31,7 @@ from layerscope.events.names import (
     OUT_OF_MEMORY_EVENT,
     PROFILER_STEP_PREFIX,
 )
-from layerscope.events.shapes import shapes_key_from_json
+from layerscope.events.shapes import dtypes_key, shapes_key_from_json
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
 
 
@@ -241,7 +242,20 @@ def _read_shapes(
         b: (table.intern(shapes_key_from_json(b)) if b != b"[]" else -1) for b in dict.fromkeys(raw_shapes)
     }
     table.span_shapes = list(map(shape_ids.__getitem__, raw_shapes))
+    _read_dtypes(table, spans, event_type)
     return raw_shapes
+
+
+def _read_dtypes(table: EventTable, spans: list[Any], event_type: Any) -> None:
+    """Each op span's input dtypes (spans with shapes only), as the native reader reads them."""
+    column = np.full(len(spans), -1, dtype=np.int64)
+    with_shapes = [j for j, s in enumerate(table.span_shapes) if s >= 0]
+    ids: dict[str, int] = {}
+    for j, types in zip(with_shapes, map(event_type.dtypes, (spans[j] for j in with_shapes)), strict=True):
+        key = dtypes_key(list(types))
+        if key is not None:
+            column[j] = ids[key] if key in ids else ids.setdefault(key, table.intern(key))
+    table.span_dtypes = column
 
 
 def _read_flops(

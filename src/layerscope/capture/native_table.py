@@ -16,7 +16,7 @@ from layerscope.capture.event_columns import (
     set_flop_dtypes,
 )
 from layerscope.capture.flops import FlopCalculator
-from layerscope.events.shapes import shapes_key_from_json
+from layerscope.events.shapes import dtypes_key_from_json, shapes_key_from_json
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
 
 
@@ -78,6 +78,8 @@ def table_from_native(
             [table.intern(shapes_key_from_json(b)) if b != b"[]" else -1 for b in shape_texts], dtype=np.int64
         )
         arrays["span_shapes"] = shape_ids[local_shapes] if len(shape_texts) else local_shapes
+        if "span_dtypes" in cols:  # a module built before dtypes were read has none
+            table.span_dtypes = _interned(table, cols["dtypes"], _column(cols["span_dtypes"]))
     else:
         arrays["span_shapes"] = np.full(len(span_name), -1, dtype=np.int64)
 
@@ -94,6 +96,13 @@ def table_from_native(
                 set_flop_dtypes(table, picked, module.first_dtypes(kineto_results, indices.tobytes()))
     table.span_flops = span_flops
     return table
+
+
+def _interned(table: EventTable, texts: list[bytes], local: np.ndarray) -> np.ndarray:
+    """Each span's dtypes list (``local``: an index into ``texts``, JSON) as a name id, -1 none."""
+    ids = [dtypes_key_from_json(b) for b in texts]
+    found = np.array([table.intern(k) if k is not None else -1 for k in ids], dtype=np.int64)
+    return found[local] if len(texts) else local
 
 
 def _out_of_memory(cols: dict[str, Any], cpu_only: bool) -> list[OutOfMemory]:

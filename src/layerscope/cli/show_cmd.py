@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from layerscope.cli.outputs import DeprecatedAlias, add_output_options, requested_outputs, stem_of
+from layerscope.cli.outputs import add_output_options, deprecated, requested_outputs, stem_of
 from layerscope.cli.views import (
     add_strict_option,
     add_view_options,
@@ -14,6 +14,7 @@ from layerscope.cli.views import (
     print_profile,
     report_written,
 )
+from layerscope.errors import UsageError
 from layerscope.loading import load
 from layerscope.render.writers import write_outputs
 
@@ -44,13 +45,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--memory-device",
-        "--device",
         dest="memory_device",
-        action=DeprecatedAlias,
-        old=("--device",),
         choices=("cpu", "device"),
         help="with --memory-peak: the CPU's or the accelerator's memory (default: the accelerator's "
         "when it recorded any)",
+    )
+    parser.add_argument(
+        "--roofline",
+        action="store_true",
+        help="print each module (forward, backward) and the slowest ops against a device's roofs: "
+        "FLOPs, bytes, intensity, achieved rates, what bounds them; instead of the tree",
+    )
+    parser.add_argument(
+        "--device",
+        metavar="KEY",
+        help="with --roofline: the device spec (h100-sxm, a100-80gb, ...; default: the device the "
+        "profile ran on); with --memory-peak, the deprecated spelling of --memory-device",
     )
     add_output_options(
         parser,
@@ -63,7 +73,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load and print."""
     check_view_options(args)
+    _old_device_option(args)
     profile = load(args.path, strict=args.strict)
+    if args.roofline:
+        from layerscope.render.console import make_console
+        from layerscope.render.roofline import roofline_table
+
+        roofline = profile.roofline(args.device)
+        make_console().print(roofline_table(roofline, ascii_only=bool(args.ascii)))
+        return 0
     if args.scopes:
         from layerscope.render.console import make_console
         from layerscope.render.scope_table import scope_table
@@ -83,3 +101,13 @@ def run(args: argparse.Namespace) -> int:
     requested = requested_outputs(args, stem_of(source).name, default_folder=source.parent)
     report_written(write_outputs(profile, requested))
     return 0
+
+
+def _old_device_option(args: argparse.Namespace) -> None:
+    """``--device cpu|device`` without ``--roofline``: the old spelling of ``--memory-device``."""
+    if args.device is None or args.roofline:
+        return
+    if args.device not in ("cpu", "device"):
+        raise UsageError(f"--device {args.device} needs --roofline (--memory-device takes cpu or device)")
+    deprecated("--device", "--memory-device")
+    args.memory_device = args.device

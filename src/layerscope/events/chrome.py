@@ -21,7 +21,7 @@ from layerscope.errors import TraceFormatError
 from layerscope.events import names as event_names
 from layerscope.events.call_lines import HandleColumn, saved_call_lines
 from layerscope.events.chrome_links import module_ranges_from_python_events, resolve_forward_threads
-from layerscope.events.shapes import first_input_dtype, shapes_key
+from layerscope.events.shapes import dtypes_key, first_input_dtype, shapes_key
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
 
 #: Bytes per element of record_param_comms dtypes (unknown: 4).
@@ -150,6 +150,7 @@ class TraceTableBuilder:
         self.malformed: dict[str, int] = {}
         self.flops = flops
         self.flop_dtypes: dict[int, int] = {}  # span -> name id of its dtype, for spans with FLOPs
+        self.input_dtypes: dict[int, int] = {}  # op span with shapes -> name id of its dtypes_key
         self.handles = HandleColumn()  # op spans' "Record function id", for call lines
         self.source = source
         self.thread_ids: dict[tuple[Any, Any], int] = {}
@@ -261,6 +262,8 @@ class TraceTableBuilder:
                     # the dtype FLOPs ran in, for MFU against that dtype's peak
                     if op_flops and (dtype := first_input_dtype(args.get("Input type"))):
                         self.flop_dtypes[i] = table.intern(dtype)
+                    if shapes is not None and (types := dtypes_key(args.get("Input type"))):
+                        self.input_dtypes[i] = table.intern(types)
                     if kind == EventKind.CPU_OP:
                         self.handles.add(i, args.get("Record function id"))
                     if kind in (EventKind.CPU_OP, EventKind.USER_ANNOTATION):
@@ -308,6 +311,9 @@ class TraceTableBuilder:
         if self.flop_dtypes:
             table.span_dtype = np.full(table.span_count, -1, dtype=np.int64)
             table.span_dtype[list(self.flop_dtypes)] = list(self.flop_dtypes.values())
+        if self.input_dtypes:
+            table.span_dtypes = np.full(table.span_count, -1, dtype=np.int64)
+            table.span_dtypes[list(self.input_dtypes)] = list(self.input_dtypes.values())
         module_ranges_from_python_events(table, self.python_ids)
         table.span_fwd_tid = resolve_forward_threads(
             table, self.raw_fwd_tid, self.span_at, self.flow_starts, self.flow_ends

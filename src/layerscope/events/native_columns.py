@@ -17,7 +17,7 @@ import orjson
 from layerscope.events import names as event_names
 from layerscope.events.chrome import FlopCounter, TraceTableBuilder
 from layerscope.events.chrome_links import module_ranges_from_python_events
-from layerscope.events.shapes import first_input_dtype, shapes_key
+from layerscope.events.shapes import dtypes_key, first_input_dtype, shapes_key
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
 
 _NONE = np.iinfo(np.int64).min  # the reader's None in its Python-id columns
@@ -71,9 +71,10 @@ def _op_flops(found: dict[str, Any], builder: TraceTableBuilder, dims: list[Any]
 
 def _intern_in_order(
     table: EventTable, found: dict[str, Any], dims: list[Any], op_flops: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Fill ``table.names`` as the Python path would have (each span's name, shapes, then dtype, in
-    span order); returns span_name, span_shapes and span_dtype (None when no span has one)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Fill ``table.names`` as the Python path would have (each span's name, shapes, dtype, then
+    input dtypes list, in span order); returns span_name, span_shapes, span_dtype and span_dtypes
+    (None when no span has one)."""
     name, dims_id, types_id = _i32(found, "name"), _i32(found, "dims_id"), _i32(found, "types_id")
     vocabulary: dict[str, int] = {}
 
@@ -84,12 +85,16 @@ def _intern_in_order(
 
     name_ids = ids(found["names"])
     shape_ids = ids([shapes_key(d) for d in dims])
-    type_ids = ids([first_input_dtype(orjson.loads(t)) for t in found["types"]])
-    slots = np.full((name.size, 3), -1, dtype=np.int64)
+    types = [orjson.loads(t) for t in found["types"]]
+    type_ids = ids([first_input_dtype(t) for t in types])
+    list_ids = ids([dtypes_key(t) for t in types])  # every input's, for bytes per op (roofline)
+    slots = np.full((name.size, 4), -1, dtype=np.int64)
     slots[:, 0] = name_ids[name]
     slots[:, 1] = shape_ids[dims_id]  # -1 (no shapes) picks the trailing -1
     with_dtype = (op_flops != 0) & (types_id >= 0)
     slots[with_dtype, 2] = type_ids[types_id[with_dtype]]
+    with_list = (dims_id >= 0) & (types_id >= 0)
+    slots[with_list, 3] = list_ids[types_id[with_list]]
     flat = slots.reshape(-1)
     used, first = np.unique(flat[flat >= 0], return_index=True)
     order = used[np.argsort(first, kind="stable")]
@@ -100,7 +105,8 @@ def _intern_in_order(
     remap[order] = np.arange(order.size)
     remapped = remap[slots]  # -1 stays -1 (remap's last entry)
     dtype = remapped[:, 2].copy() if (remapped[:, 2] >= 0).any() else None
-    return remapped[:, 0], remapped[:, 1], dtype
+    lists = remapped[:, 3].copy() if (remapped[:, 3] >= 0).any() else None
+    return remapped[:, 0], remapped[:, 1], dtype, lists
 
 
 def _span_at(kind: np.ndarray, tid: np.ndarray, ts: np.ndarray, keys: set[tuple[int, int]]) -> dict[Any, int]:
@@ -216,11 +222,11 @@ def table_from_columns(found: dict[str, Any], flops: FlopCounter | None, source:
     kind, tid, ts = _i32(found, "kind"), _i32(found, "tid"), _i64(found, "ts")
     seq, dur = _i64(found, "seq"), _i64(found, "dur")
     op_flops = _op_flops(found, builder, dims)
-    span_name, span_shapes, span_dtype = _intern_in_order(table, found, dims, op_flops)
+    span_name, span_shapes, span_dtype, span_dtypes = _intern_in_order(table, found, dims, op_flops)
     table.span_name, table.span_kind = span_name.tolist(), kind.tolist()
     _side_tables(builder, found, dur)
     builder.thread_ids = {key: i + 1 for i, key in enumerate(found["threads"])}
-    table.span_dtype = span_dtype
+    table.span_dtype, table.span_dtypes = span_dtype, span_dtypes
     python_ids = _python_ids(found) if not _has_module_ranges(table) else {}
     module_ranges_from_python_events(table, python_ids)
     fwd = _forward_threads(kind, tid, ts, seq, _i64(found, "fwd"), found)

@@ -115,6 +115,9 @@ class EventTable:
     op_handles: np.ndarray | None = None
     #: Live captures: the dtype (a name id; -1 none) of each FLOP-counted span's first typed input.
     span_dtype: np.ndarray | None = None
+    #: Op spans' input dtypes (a name id of :func:`~layerscope.events.shapes.dtypes_key`'s form;
+    #: -1 none), where shapes were recorded: what bytes per op are computed from (roofline).
+    span_dtypes: np.ndarray | None = None
     #: Call lines recorded with ``lines=True`` (``events/call_lines.py``), else None.
     call_lines: CallLines | None = None
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)

@@ -13,6 +13,7 @@ from layerscope.model.display import NotebookDisplay
 from layerscope.model.meta import SCHEMA_VERSION, FlightTrigger, ProfileMeta
 from layerscope.model.meta_json import as_profile_meta
 from layerscope.model.metrics import ZERO, Metrics, renamed
+from layerscope.model.roofline import RooflineView
 from layerscope.model.tables import LineTable, TypeTable
 
 if TYPE_CHECKING:
@@ -89,7 +90,8 @@ class OpStats:
     the row aggregates several shapes; ``phase`` is ``None`` for aggregates over several phases.
     ``stack`` is the Python call stack the op ran under (``with_stack``), frames innermost first as
     ``path/to/file.py(LINE): function``; empty when stacks were not recorded. In a grouped table it
-    holds the frames the grouping kept (the user's, ``stack_depth`` deep).
+    holds the frames the grouping kept (the user's, ``stack_depth`` deep). ``bytes``: what the calls
+    read and wrote (None: unknown), ``dtype`` their first tensor input's (``model/roofline.py``).
     """
 
     name: str
@@ -100,6 +102,8 @@ class OpStats:
     metrics: Metrics
     scope: str = ""
     stack: tuple[str, ...] = ()
+    bytes: int | None = None
+    dtype: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +216,7 @@ def _views() -> ProfileViews:
 
 
 @dataclass(frozen=True)
-class Profile(NotebookDisplay, CriticalPathView):
+class Profile(NotebookDisplay, CriticalPathView, RooflineView):
     """The result of a profiling run or of a trace file; every view reads one.
 
     Profiles are immutable: transformations (folding, pruning) return new objects.
@@ -300,7 +304,8 @@ class Profile(NotebookDisplay, CriticalPathView):
         columns such as ``forward_self_cpu_us`` and achieved ``{phase}_flops_per_s``), ``"ops"``,
         ``"lines"`` (see :meth:`lines`), ``"types"`` (see :meth:`by_type`),
         ``"unattributed"``, ``"steps"``, ``"memory_peak"`` (what was live at the peak, see
-        :meth:`memory_at_peak`), or from a trace's device report ``"streams"``,
+        :meth:`memory_at_peak`), ``"roofline"`` (:meth:`roofline` on the profile's own device), or
+        from a trace's device report ``"streams"``,
         ``"device_steps"``, ``"copies"``. Needs pandas (imported here, not before)."""
         return _views().to_pandas(self, table)
 
@@ -386,14 +391,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "SCHEMA_VERSION",
-    "ModuleNode",
-    "OpStats",
-    "OpTable",
-    "Phase",
-    "Profile",
-    "ProfileViews",
-    "StepStats",
-    "UnattributedEntry",
-    "register_views",
+    "SCHEMA_VERSION", "ModuleNode", "OpStats", "OpTable", "Phase", "Profile", "ProfileViews",
+    "StepStats", "UnattributedEntry", "register_views",
 ]

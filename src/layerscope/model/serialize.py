@@ -76,6 +76,9 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
     stack_ids: dict[tuple[str, ...], int] = {}
     if profile.has_stacks:
         ops["stack"] = [stack_ids.setdefault(r.stack, len(stack_ids)) if r.stack else -1 for r in rows]
+    if any(r.bytes is not None or r.dtype is not None for r in rows):  # older profiles: absent
+        ops["bytes"] = [r.bytes for r in rows]
+        ops["dtype"] = [sid(r.dtype) for r in rows]
     result = {
         "format": FORMAT_TAG,
         "schema_version": SCHEMA_VERSION,
@@ -146,36 +149,7 @@ def profile_from_dict(data: Any) -> Profile:
         raise TraceFormatError("profile metric fields differ from this layerscope's")
     try:
         strings: list[str] = data["strings"]
-
-        def text(i: int) -> str | None:
-            return None if i < 0 else strings[i]
-
-        ops = data["ops"]
-        stacks = [tuple(strings[f] for f in stack) for stack in data.get("stacks", [])]
-        stack_of_row = ops.get("stack") or [-1] * len(ops["name"])
-        rows = tuple(
-            OpStats(
-                name=strings[n],
-                phase=Phase(ph) if ph is not None else None,
-                module=text(m),
-                input_shapes=text(s),
-                calls=c,
-                metrics=Metrics.from_list(mv),
-                scope=text(sc) or "",
-                stack=stacks[st] if st >= 0 else (),
-            )
-            for n, ph, m, s, sc, c, mv, st in zip(
-                ops["name"],
-                ops["phase"],
-                ops["module"],
-                ops["input_shapes"],
-                ops["scope"],
-                ops["calls"],
-                ops["metrics"],
-                stack_of_row,
-                strict=True,
-            )
-        )
+        rows = _op_rows_from_dict(data["ops"], strings, data.get("stacks", []))
         meta = meta_from_json(data["meta"], version)
         totals = Metrics.from_list(data["totals"])
         return Profile(
@@ -205,6 +179,47 @@ def profile_from_dict(data: Any) -> Profile:
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise TraceFormatError(f"damaged layerscope profile: {type(exc).__name__}: {exc}") from None
+
+
+def _op_rows_from_dict(
+    ops: dict[str, Any], strings: list[str], saved_stacks: list[Any]
+) -> tuple[OpStats, ...]:
+    """The op rows of a saved profile (columns; ``bytes`` and ``dtype`` absent before 0.3)."""
+
+    def text(i: int) -> str | None:
+        return None if i < 0 else strings[i]
+
+    stacks = [tuple(strings[f] for f in stack) for stack in saved_stacks]
+    stack_of_row = ops.get("stack") or [-1] * len(ops["name"])
+    bytes_of_row = ops.get("bytes") or [None] * len(ops["name"])
+    dtype_of_row = ops.get("dtype") or [-1] * len(ops["name"])
+    return tuple(
+        OpStats(
+            name=strings[n],
+            phase=Phase(ph) if ph is not None else None,
+            module=text(m),
+            input_shapes=text(s),
+            calls=c,
+            metrics=Metrics.from_list(mv),
+            scope=text(sc) or "",
+            stack=stacks[st] if st >= 0 else (),
+            bytes=nb,
+            dtype=text(dt),
+        )
+        for n, ph, m, s, sc, c, mv, st, nb, dt in zip(
+            ops["name"],
+            ops["phase"],
+            ops["module"],
+            ops["input_shapes"],
+            ops["scope"],
+            ops["calls"],
+            ops["metrics"],
+            stack_of_row,
+            bytes_of_row,
+            dtype_of_row,
+            strict=True,
+        )
+    )
 
 
 def _node_from_dict(d: dict[str, Any]) -> ModuleNode:

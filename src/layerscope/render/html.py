@@ -24,6 +24,7 @@ from layerscope.render.first_screen import first_screen_html
 from layerscope.render.flamegraph import stacks_svg
 from layerscope.render.memory_chart import memory_chart_svg
 from layerscope.render.memory_html import memory_peak_html
+from layerscope.render.roofline_chart import roofline_section_html
 from layerscope.render.source_view import source_data, source_section_html
 from layerscope.render.steps_chart import steps_chart_svg
 from layerscope.units import fmt_shapes
@@ -295,6 +296,7 @@ def draw_report(report: ReportData) -> str:
 <input type="search" id="opfilter" placeholder="filter ops or modules">
 <span class="muted" id="opcount"></span></div>
 <div class="scroll"><table id="ops"><thead><tr></tr></thead><tbody></tbody></table></div></section>
+{roofline_section_html(report.roofline)}
 {source_section_html(data["source"])}
 <section id="memory"><h2>Memory</h2>{_memory_over_time(profile)}
 <h3>Allocated per module (forward)</h3>

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from layerscope.model.critical_path import register_critical_path
 from layerscope.model.display import register_html
 from layerscope.model.profile import OpTable, Phase, Profile, register_views
+from layerscope.model.roofline import register_roofline
 from layerscope.model.tables import LineTable, TypeTable
 
 if TYPE_CHECKING:
@@ -105,9 +106,11 @@ def install() -> None:
     """Register the views and the notebook drawings (idempotent; ``layerscope/__init__`` calls it)."""
     from layerscope.analysis.critical_path import profile_critical_path
     from layerscope.analysis.diff import ProfileDiff
+    from layerscope.analysis.roofline import profile_roofline
 
     register_views(_Views())
     register_critical_path(profile_critical_path)
+    register_roofline(profile_roofline)
     register_html(Profile, _profile_html)
     register_html(OpTable, _ops_html)
     register_html(LineTable, _lines_html)

@@ -119,7 +119,17 @@ def _row(
     found = _judge(spec, peak, below, row.metrics.flops, row.bytes, time_us)
     unknown = 1.0 if row.bytes is None else 0.0
     return RooflineRow(
-        path, phase, op, row.metrics.flops, row.bytes, *found, time_us, row.calls, peak, unknown, row.dtype,
+        path,
+        phase,
+        op,
+        row.metrics.flops,
+        row.bytes,
+        *found,
+        time_us,
+        row.calls,
+        peak,
+        unknown,
+        row.dtype,
         row.input_shapes,
     )
 

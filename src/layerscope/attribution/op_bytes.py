@@ -46,6 +46,7 @@ ELEMENT_BYTES: dict[str, int] = {
     "bool": 1,
 }
 
+
 def _names(text: str) -> frozenset[str]:
     """Op names (without ``aten::``), written as words."""
     return frozenset(text.split())

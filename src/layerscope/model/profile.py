@@ -12,8 +12,9 @@ from layerscope.model.critical_path import CriticalPathView
 from layerscope.model.display import NotebookDisplay
 from layerscope.model.meta import SCHEMA_VERSION, FlightTrigger, ProfileMeta
 from layerscope.model.meta_json import as_profile_meta
-from layerscope.model.metrics import ZERO, Metrics, renamed
+from layerscope.model.metrics import ZERO, Metrics
 from layerscope.model.roofline import RooflineView
+from layerscope.model.step_stats import StepStats
 from layerscope.model.tables import LineTable, TypeTable
 
 if TYPE_CHECKING:
@@ -114,46 +115,6 @@ class UnattributedEntry:
     phase: Phase
     calls: int
     metrics: Metrics
-
-
-@dataclass(frozen=True, slots=True)
-class StepStats:
-    """One training step: a ``ProfilerStep#N`` range (marked by ``prof.step()``) or a user step
-    annotation (``record_function("step N")``), over its window (``layerscope.events.steps``).
-
-    ``wall_us`` is the window's length (the range's duration) and ``device_us`` the device time run
-    inside it: every kernel, copy and set on any stream, launched from any thread, clipped to the
-    window (overlapping
-    streams count each; the device section's busy time counts overlaps once).
-    ``cpu_us`` is the CPU time of all work that started inside the step's time window (any thread),
-    split into ``modules`` (path -> (forward µs, backward µs), inclusive of children) and
-    ``unattributed`` (label -> µs, e.g. the optimizer step or the data loader).
-    With memory recorded (the device's when it has any, else the CPU's): ``absolute_peak_bytes`` is
-    the step's absolute peak of live memory (what was live before the block included),
-    ``alloc_bytes`` what it allocated and ``net_bytes`` the change it left (None without memory).
-    """
-
-    step: int
-    wall_us: float
-    device_us: float
-    cpu_us: float = 0.0
-    modules: dict[str, tuple[float, float]] = field(default_factory=dict)
-    unattributed: dict[str, float] = field(default_factory=dict)
-    absolute_peak_bytes: int | None = None
-    alloc_bytes: int | None = None
-    net_bytes: int | None = None
-
-    peak_bytes = renamed("absolute_peak_bytes", "peak_bytes", "StepStats")
-
-    @property
-    def forward_us(self) -> float:
-        """CPU time of the root module's forward in this step."""
-        return self.modules.get("", (0.0, 0.0))[0]
-
-    @property
-    def backward_us(self) -> float:
-        """CPU time of the root module's backward in this step."""
-        return self.modules.get("", (0.0, 0.0))[1]
 
 
 class OpTable(NotebookDisplay, list[OpStats]):
@@ -391,6 +352,14 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "SCHEMA_VERSION", "ModuleNode", "OpStats", "OpTable", "Phase", "Profile", "ProfileViews",
-    "StepStats", "UnattributedEntry", "register_views",
+    "SCHEMA_VERSION",
+    "ModuleNode",
+    "OpStats",
+    "OpTable",
+    "Phase",
+    "Profile",
+    "ProfileViews",
+    "StepStats",
+    "UnattributedEntry",
+    "register_views",
 ]

@@ -41,6 +41,7 @@ from layerscope.attribution.memory.sums import (
     window_peaks,
 )
 from layerscope.attribution.memory.windows import peak_windows
+from layerscope.attribution.nest_columns import sweep_columns
 from layerscope.attribution.nesting import (
     Sweep,
     covered_ns,
@@ -48,7 +49,6 @@ from layerscope.attribution.nesting import (
     inclusive,
     levels,
     outermost_flops,
-    sweep,
     time_order,
 )
 from layerscope.attribution.op_rows import SpanFigures, op_rows
@@ -170,7 +170,7 @@ def _nest(
 ) -> _Nested:
     """The sweep over CPU spans, then the kernels of compiled graphs moved to their modules."""
     order = time_order(table)
-    swept = sweep(
+    swept = sweep_columns(
         table, order, named.roles, named.role_module, buckets, recorded_ops_are_forward=not modules_known
     )
     compiled = attribute_compiled_kernels(

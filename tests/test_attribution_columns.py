@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -25,6 +26,7 @@ from layerscope.attribution.nest_columns import sweep_columns
 from layerscope.attribution.nesting import sweep, time_order
 from layerscope.capture import recording
 from layerscope.events import EventKind, EventTable
+from layerscope.events.table import CPU_KINDS
 from layerscope.model.serialize import profile_to_dict
 from layerscope.models import TinyGPT, resnet18
 
@@ -151,5 +153,21 @@ def test_random_tables_sweep_the_same(seed: int) -> None:
         for way in (sweep, sweep_columns):
             buckets = Buckets(len(named.catalog))
             swept = way(table, order, named.roles, named.role_module, buckets, recorded_ops_are_forward=True)
-            found.append((vars(swept), buckets))
+            made = dict(vars(swept))
+            arrays = made.pop("arrays")
+            for column, values in arrays.items():  # the arrays the vectorised sweep hands on
+                assert values.tolist() == getattr(swept, column)
+            found.append((made, buckets))
         assert found[0] == found[1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_time_order_is_start_then_longest_first(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    table = EventTable()
+    for _ in range(int(rng.integers(0, 300))):
+        kind = EventKind(int(rng.integers(0, 8)))
+        table.add_span("op", kind, 1, int(rng.integers(0, 30)), int(rng.integers(-1, 10)))
+    kinds, ts, dur = table.array("span_kind"), table.array("span_ts"), table.array("span_dur")
+    cpu = np.flatnonzero(np.isin(kinds, [int(k) for k in CPU_KINDS]))
+    assert time_order(table).tolist() == cpu[np.lexsort((-dur[cpu], ts[cpu]))].tolist()

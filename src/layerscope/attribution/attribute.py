@@ -184,8 +184,10 @@ def _nest(
         buckets,
         swept.module_calls,
     )
-    parent = np.asarray(swept.parent, dtype=np.int64)
-    bucket = np.asarray(swept.bucket, dtype=np.int64)
+    made = swept.arrays  # the vectorised sweep's arrays; compiled kernels moved changed the list
+    parent = made["parent"] if "parent" in made else np.asarray(swept.parent, dtype=np.int64)
+    moved = bool(swept.compiled_graph_spans) and bool(graphs)
+    bucket = made["bucket"] if "bucket" in made and not moved else np.asarray(swept.bucket, dtype=np.int64)
     by_level = levels(order, depths(parent))
     # Ops run while compiling work on fake tensors, and ops a checkpoint's recomputation stopped in
     # never ran their kernels: their FLOPs are no work done.
@@ -194,7 +196,7 @@ def _nest(
         compiling = bucket == swept.compiling_bucket
         not_run = compiling if not_run is None else not_run | compiling
     counted_flops = outermost_flops(table.span_flops, parent, by_level, not_run)
-    excl = np.asarray(swept.excl, dtype=np.int64)
+    excl = made["excl"] if "excl" in made else np.asarray(swept.excl, dtype=np.int64)
     return _Nested(order, swept, parent, bucket, excl, by_level, counted_flops, compiled)
 
 

@@ -58,9 +58,10 @@ def sweep_columns(
     if order.size > MAX_SPANS or bool((role_in_order == ROLE_COMPILING).any()):
         return sweep(table, order, roles, role_module, buckets, recorded_ops_are_forward)
     parent = parents(table, order)
+    excl = exclusive(table, order, parent)
     found = Sweep(
         parent.tolist(),
-        exclusive(table, order, parent).tolist(),
+        excl.tolist(),
         [-1] * table.span_count,
         [0] * buckets.module_count,
         [0] * buckets.module_count,
@@ -74,20 +75,25 @@ def sweep_columns(
     found.compiled_graph_spans = order[~is_anchor & (role_in_order == ROLE_COMPILED_GRAPH)].tolist()
     position = np.full(table.span_count, order.size, dtype=np.int64)
     position[order] = np.arange(order.size)
-    bucket = _anchor_buckets(
+    anchors = order[is_anchor]
+    chosen = _anchor_buckets(
         table,
-        order[is_anchor],
+        anchors,
         span_role,
         role_module,
         buckets,
         found,
+        parent,
         anchor,
         position,
         recorded_ops_are_forward,
     )
+    index = np.zeros(table.span_count, dtype=np.int64)  # an anchor's place among the anchors
+    index[anchors] = np.arange(anchors.size)
     everything = np.full(table.span_count, -1, dtype=np.int64)
-    everything[order] = bucket[anchor[order]]
+    everything[order] = np.asarray(chosen, dtype=np.int64)[index[anchor[order]]]
     found.bucket = everything.tolist()
+    found.arrays = {"parent": parent, "excl": excl, "bucket": everything}
     return found
 
 
@@ -186,51 +192,63 @@ def _anchor_buckets(
     role_module: list[int],
     buckets: Buckets,
     found: Sweep,
+    parent: np.ndarray,
     anchor: np.ndarray,
     position: np.ndarray,
     recorded_ops_are_forward: bool,
-) -> np.ndarray:
-    """The sweep's bucket rules for the anchors, in time order (label buckets numbered by first
-    use); the result is indexed by span (-1 for all but the anchors)."""
-    span_name, span_seq, span_fwd_tid, names = (
-        table.span_name,
-        table.span_seq,
-        table.span_fwd_tid,
-        table.names,
+) -> list[int]:
+    """The sweep's bucket rules for the anchors (in time order: label buckets are numbered by first
+    use), one bucket per anchor. What the rules ask of other spans is looked up in numpy first."""
+    role = span_role[anchors]
+    names, name_of = table.names, table.array("span_name")[anchors].tolist()
+    seq, fwd_tid = table.array("span_seq")[anchors], table.array("span_fwd_tid")[anchors]
+    # a module range inside a backward node is checkpointing's recomputation (recompute.py)
+    recomputed = np.zeros(anchors.size, dtype=bool)
+    modules = np.flatnonzero(role == ROLE_MODULE)
+    up = parent[anchors[modules]]
+    while modules.size:  # up the chain, one level per pass
+        alive = up >= 0
+        modules, up = modules[alive], up[alive]
+        hit = span_role[up] == ROLE_BACKWARD_NODE
+        recomputed[modules[hit]] = True
+        modules, up = modules[~hit], parent[up[~hit]]
+    # a backward node's forward op, and the anchor whose bucket it had: set only if it came first
+    nodes = np.flatnonzero(role == ROLE_BACKWARD_NODE)
+    op_of = found.forward_op_of
+    owner = np.fromiter(
+        (op_of.get(key, -1) for key in zip(fwd_tid[nodes].tolist(), seq[nodes].tolist(), strict=True)),
+        dtype=np.int64,
+        count=nodes.size,
     )
-    parent, roles_of, anchor_of, at = found.parent, span_role.tolist(), anchor.tolist(), position.tolist()
-    forward_op_of, forward_bucket = found.forward_op_of, buckets.forward_buckets()
-    backward_of = buckets.backward_of_module()
-    bucket = [-1] * table.span_count
+    owner[seq[nodes] < 0] = -1
+    first = owner >= 0
+    first[first] = position[owner[first]] < position[anchors[nodes[first]]]
+    owned = np.full(anchors.size, -1, dtype=np.int64)
+    owned[nodes[first]] = np.searchsorted(position[anchors], position[anchor[owner[first]]])
+    forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_module()
+    forward = (recorded_ops_are_forward & (seq >= 0) & (fwd_tid == 0)).tolist()
+    bucket: list[int] = []
     node_labels: dict[int, str] = {}  # per backward node name id, its entry's label
-    for i in anchors.tolist():
-        role = roles_of[i]
-        if role == ROLE_MODULE:
-            m = role_module[span_name[i]]
-            span = parent[i]
-            while span >= 0 and roles_of[span] != ROLE_BACKWARD_NODE:
-                span = parent[span]
-            if span >= 0:  # inside a backward node: checkpointing's recomputation (recompute.py)
+    rows = zip(role.tolist(), name_of, recomputed.tolist(), owned.tolist(), forward, strict=True)
+    for r, name_id, again, k, is_forward in rows:
+        if r == ROLE_MODULE:
+            m = role_module[name_id]
+            if again:
                 found.recompute_calls[m] += 1
                 b = forward_bucket[m] + 1
             else:
                 found.module_calls[m] += 1
                 b = forward_bucket[m]
-        elif role == ROLE_BACKWARD_NODE:
-            owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
-            # the owner's bucket as the sweep saw it: set only where the owner came first
-            owned = bucket[anchor_of[owner]] if owner >= 0 and at[owner] < at[i] else -1
-            b = backward_of.get(owned, -1)
+        elif r == ROLE_BACKWARD_NODE:
+            b = backward_of.get(bucket[k], -1) if k >= 0 else -1  # the owner's module, backward
             if b < 0:
-                name_id = span_name[i]
                 label = node_labels.get(name_id)
                 if label is None:
                     label = node_labels[name_id] = backward_node_name(names[name_id]) or ""
                 b = buckets.unattributed(label, Phase.BACKWARD)
-        elif role == ROLE_STEP:
+        elif r == ROLE_STEP:
             b = buckets.unattributed(LABEL_STEP_GAPS, Phase.OTHER)
         else:
-            forward = recorded_ops_are_forward and span_seq[i] >= 0 and not span_fwd_tid[i]
-            b = buckets.unattributed(names[span_name[i]], Phase.FORWARD if forward else Phase.OTHER)
-        bucket[i] = b
-    return np.asarray(bucket, dtype=np.int64)
+            b = buckets.unattributed(names[name_id], Phase.FORWARD if is_forward else Phase.OTHER)
+        bucket.append(b)
+    return bucket

@@ -21,12 +21,14 @@ from torch.utils.checkpoint import checkpoint
 
 import layerscope as ls
 from layerscope.attribution import attribute, module_range_name
-from layerscope.attribution.buckets import Buckets, name_roles
-from layerscope.attribution.nest_columns import sweep_columns
+from layerscope.attribution.buckets import ROLE_STEP, Buckets, name_roles
+from layerscope.attribution.devices import device_launchers
+from layerscope.attribution.nest_columns import parents, sweep_columns
 from layerscope.attribution.nesting import sweep, time_order
 from layerscope.capture import recording
 from layerscope.events import EventKind, EventTable
-from layerscope.events.table import CPU_KINDS
+from layerscope.events.table import CPU_KINDS, DEVICE_WORK_KINDS
+from layerscope.loading import _read as read_trace
 from layerscope.model.serialize import profile_to_dict
 from layerscope.models import TinyGPT, resnet18
 
@@ -171,3 +173,64 @@ def test_time_order_is_start_then_longest_first(seed: int) -> None:
     kinds, ts, dur = table.array("span_kind"), table.array("span_ts"), table.array("span_dur")
     cpu = np.flatnonzero(np.isin(kinds, [int(k) for k in CPU_KINDS]))
     assert time_order(table).tolist() == cpu[np.lexsort((-dur[cpu], ts[cpu]))].tolist()
+
+
+def launchers_reference(
+    table: EventTable, order: np.ndarray, parent: list[int], device_spans: list[int], not_ops: set[int]
+) -> list[int]:
+    """``devices._device_launchers`` as it was: a Python loop over the CPU spans."""
+    kinds = table.span_kind
+    runtime_by_corr: dict[int, int] = {}
+    op_by_ext: dict[int, int] = {}
+    for i in order.tolist():
+        if kinds[i] == EventKind.RUNTIME:
+            if table.span_corr[i] > 0:
+                runtime_by_corr[table.span_corr[i]] = i
+        elif table.span_ext[i] > 0 and table.span_name[i] not in not_ops:
+            op_by_ext[table.span_ext[i]] = i
+    owners: list[int] = []
+    for k in device_spans:
+        runtime = runtime_by_corr.get(table.span_corr[k], -1) if table.span_corr[k] > 0 else -1
+        if runtime >= 0:
+            op = parent[runtime]
+            while op >= 0 and kinds[op] == EventKind.RUNTIME:
+                op = parent[op]
+            owners.append(op if op >= 0 and table.span_name[op] not in not_ops else runtime)
+        else:
+            owners.append(op_by_ext.get(table.span_ext[k], -1) if table.span_ext[k] > 0 else -1)
+    return owners
+
+
+def check_launchers(table: EventTable, not_ops: set[int]) -> int:
+    """Compare the launchers both ways; return how many device spans found one."""
+    order = time_order(table)
+    parent = parents(table, order)
+    device = np.flatnonzero(np.isin(table.array("span_kind"), [int(k) for k in DEVICE_WORK_KINDS]))
+    found = device_launchers(table, order, parent, device, not_ops).tolist()
+    assert found == launchers_reference(table, order, parent.tolist(), device.tolist(), not_ops)
+    return sum(owner >= 0 for owner in found)
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=[path.name for path in TRACES])
+def test_device_launchers_as_before_on_traces(trace: Path) -> None:
+    table = read_trace(trace)
+    if isinstance(table, EventTable):
+        steps = {
+            i for i, role in enumerate(name_roles(table.names, None, [], None).roles) if role == ROLE_STEP
+        }
+        check_launchers(table, steps)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_device_launchers_as_before_on_random_tables(seed: int) -> None:
+    rng = random.Random(seed)
+    linked = 0
+    for _ in range(25):
+        table = EventTable()
+        for _ in range(rng.randint(1, 60)):
+            kind = rng.choice([EventKind.CPU_OP, EventKind.RUNTIME, EventKind.KERNEL, EventKind.MEMCPY])
+            name = rng.choice(["aten::mm", "cudaLaunchKernel", "ProfilerStep#1", "kernel"])
+            corr, ext = rng.randint(-1, 6), rng.randint(-1, 6)
+            table.add_span(name, kind, 1, rng.randint(0, 40), rng.randint(0, 30), corr=corr, ext=ext)
+        linked += check_launchers(table, {i for i, n in enumerate(table.names) if n == "ProfilerStep#1"})
+    assert linked

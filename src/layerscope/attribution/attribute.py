@@ -99,7 +99,7 @@ def build_profile(
     nested = _nest(table, named, buckets, graphs_from_meta(graph_entries), modules_known, early_stop)
 
     # ---- link devices: kernels to their launching op -------------------------------------------------
-    device = link_device_work(table, nested.order, nested.swept.parent, _step_names(named))
+    device = link_device_work(table, nested.order, nested.parent, _step_names(named))
     device_total = inclusive(device.self_ns.astype(np.float64), nested.parent, nested.levels)
 
     # ---- memory: each event to the innermost CPU span containing it ----------------------------------

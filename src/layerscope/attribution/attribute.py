@@ -46,6 +46,7 @@ from layerscope.attribution.nesting import (
     Sweep,
     covered_ns,
     depths,
+    exact_sums,
     inclusive,
     levels,
     outermost_flops,
@@ -288,9 +289,7 @@ def _bucket_metrics(
     self_dev_ns = np.bincount(b_order, weights=device.self_ns[order], minlength=nb)
     for k in device.unlinked:
         self_dev_ns[unlinked_bucket] += table.span_dur[k]
-    self_flops = [0] * nb
-    for i in np.flatnonzero(nested.flops).tolist():
-        self_flops[swept.bucket[i]] += int(nested.flops[i])
+    self_flops = exact_sums(nested.bucket, nested.flops, nb)
     mem = bucket_memory(table, owners, nested.bucket, outside_bucket, nb)
     peaks = [[0, 0] for _ in range(nb)]  # per bucket: [cpu, device]
     if table.mem_ts:

@@ -245,6 +245,21 @@ def outermost_flops(
     return np.where(covered, 0, values)
 
 
+def exact_sums(key: np.ndarray, values: np.ndarray, size: int) -> list[int]:
+    """Per key in ``range(size)``, the sum of the int64 ``values`` with that key, as exact Python
+    ints (FLOPs can pass 2**53 over a long run, so no float sums): in int64 where no sum can
+    overflow, else one Python addition per nonzero value."""
+    picked = np.flatnonzero(values)
+    if float(np.abs(values[picked]).astype(np.float64).sum()) < 2.0**62:
+        out = np.zeros(size, dtype=np.int64)
+        np.add.at(out, key[picked], values[picked])
+        return out.tolist()
+    sums = [0] * size
+    for k, v in zip(key[picked].tolist(), values[picked].tolist(), strict=True):
+        sums[k] += v
+    return sums
+
+
 def covered_ns(table: EventTable, order: np.ndarray, parent: np.ndarray) -> int:
     """The run's CPU total from the spans alone: per thread, the time its top-level spans cover
     (overlaps once). Exclusive times add up to it; ``validate`` checks that they do."""

@@ -356,16 +356,12 @@ def _profile_meta(
     lines = table.call_lines
     counted = nested.flops
     return replace(
-        table_meta(
-            table, nested.order, owners, nested.swept.bucket, buckets, named.catalog, meta or ProfileMeta()
-        ),
+        table_meta(table, nested.order, owners, nested.bucket, buckets, named.catalog, meta or ProfileMeta()),
         # what the tree is made of when the trace named no module (the CLI says so in one line)
         module_source=None if modules_known else "record_function regions" if named.regions else "none",
         call_lines=CallLinesInfo(lines.op_count, len(lines.stacks)) if lines is not None else None,
         compiled=nested.compiled.report() if nested.compiled.graph_calls else None,
-        flops_by_dtype=flops_split(
-            table, counted, np.asarray(nested.swept.bucket), buckets, named.catalog, root
-        ),
+        flops_by_dtype=flops_split(table, counted, nested.bucket, buckets, named.catalog, root),
         memory=memory,
     )
 

@@ -23,7 +23,7 @@ def full_meta(
     table: EventTable,
     order: np.ndarray,
     owners: np.ndarray,
-    bucket: list[int],
+    bucket: np.ndarray,
     buckets: Buckets,
     catalog: list[ModuleInfo],
     meta: ProfileMeta,

@@ -14,7 +14,7 @@ from layerscope.model.memory import MemoryTimeline, TimelinePeak
 def memory_timeline(
     table: EventTable,
     owners: np.ndarray,
-    bucket: list[int],
+    bucket: np.ndarray,
     buckets: Buckets,
     catalog: list[ModuleInfo],
     start_ns: int,
@@ -35,7 +35,7 @@ def memory_timeline(
     edges = np.linspace(0, by_time.size, num=min(points, by_time.size) + 1).astype(np.int64)
     keep = sorted({*first_maxima(watched, edges).tolist(), 0, by_time.size - 1, peak})
     owner = int(owners[int(by_time[peak])])
-    b = bucket[owner] if owner >= 0 else -1
+    b = int(bucket[owner]) if owner >= 0 else -1
     where = "(outside ops)" if b < 0 else buckets.where(b, catalog)
     phase = None if b < 0 else str(buckets.phase_of(b))
     return MemoryTimeline(

@@ -50,9 +50,10 @@ def measure(prof: ls.profile, ours_first: bool) -> dict[str, Any]:
     def ours() -> None:
         gc.collect()
         base = reset_peak()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         profile = prof.profile
         result["ours_s"] = time.perf_counter() - t0
+        result["ours_cpu_s"] = time.process_time() - c0
         result["ours_peak_rss_mib"] = peak_mib()
         result["ours_rss_growth_mib"] = peak_mib() - base
         result["events"] = profile.meta.event_count
@@ -61,9 +62,10 @@ def measure(prof: ls.profile, ours_first: bool) -> dict[str, Any]:
     def theirs() -> None:
         gc.collect()
         base = reset_peak()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         prof.torch_profiler.key_averages()
         result["torch_s"] = time.perf_counter() - t0
+        result["torch_cpu_s"] = time.process_time() - c0
         result["torch_peak_rss_mib"] = peak_mib()
         result["torch_rss_growth_mib"] = peak_mib() - base
 
@@ -73,43 +75,37 @@ def measure(prof: ls.profile, ours_first: bool) -> dict[str, Any]:
 
 
 def stages(prof: ls.profile, reader: str) -> dict[str, float]:
-    """Seconds per stage of the live build, on one capture. With torch's bindings: ``events()`` (a
-    Python object per Kineto event), freeing those objects, the per-event accessors; with the native
-    reader: its C++ pass and the columns it hands over. Then attribution (``build_profile``)."""
-    from layerscope.attribution.attribute import build_profile
-    from layerscope.capture.flops import FlopCalculator
-    from layerscope.capture.kineto import table_from_kineto
+    """CPU seconds per stage of the live build (``prof.profile``, as it runs): reading torch's
+    results (the native reader's C++ pass and columns, or torch's bindings), attribution
+    (``build_profile``), and the rest (the marks' spans added, the meta). Process CPU time, so that
+    other work on a loaded machine does not count."""
+    from layerscope.capture import recording
 
-    results = prof.torch_profiler.profiler.kineto_results
-    found: dict[str, float] = {}
+    timed: dict[str, float] = {}
+
+    def timer(name: str, function: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            c0 = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                timed[name] = timed.get(name, 0.0) + time.process_time() - c0
+
+        return run
+
+    originals = {name: getattr(recording, name) for name in ("table_from_kineto", "build_profile")}
+    recording.table_from_kineto = timer(f"{reader} reader", originals["table_from_kineto"])
+    recording.build_profile = timer("attribution", originals["build_profile"])
     gc.collect()
-    gc.disable()
     try:
-        if reader == "python":
-            t0 = time.perf_counter()
-            events = results.events()
-            t1 = time.perf_counter()
-            del events
-            t2 = time.perf_counter()
-            table = table_from_kineto(
-                results, FlopCalculator(), shapes=True, cpu_only=not prof.options.with_stack, use_native=False
-            )
-            t3 = time.perf_counter()
-            found["torch events()"] = t1 - t0
-            found["freeing them"] = t2 - t1
-            found["accessors and columns"] = (t3 - t2) - (t2 - t0)
-        else:
-            t2 = time.perf_counter()
-            table = table_from_kineto(
-                results, FlopCalculator(), shapes=True, cpu_only=not prof.options.with_stack, use_native=True
-            )
-            t3 = time.perf_counter()
-            found["native reader"] = t3 - t2
-        build_profile(table, prof.recording.context.catalog)
-        found["attribution"] = time.perf_counter() - t3
+        c0 = time.process_time()
+        profile = prof.recording.build()
+        whole = time.process_time() - c0
     finally:
-        gc.enable()
-    return {"events": table.event_count, **found}
+        for name, function in originals.items():
+            setattr(recording, name, function)
+    rest = whole - sum(timed.values())
+    return {"events": profile.meta.event_count, **timed, "marks, meta": rest}
 
 
 def deep_mlp(blocks: int = 24, width: int = 256) -> torch.nn.Module:
@@ -164,7 +160,7 @@ def main() -> None:
     if args.stages:
         found = stages(capture(model, x, args.steps, args.with_stack), reader)
         count = found.pop("events")
-        print(f"{'stage':<24}{'seconds':>9}{'µs/event':>10}   ({count:.0f} events)")
+        print(f"{'stage (CPU time)':<24}{'seconds':>9}{'µs/event':>10}   ({count:.0f} events)")
         for name, seconds in found.items():
             print(f"{name:<24}{seconds:>8.3f}s{seconds / count * 1e6:>10.2f}")
         total = sum(found.values())
@@ -183,7 +179,7 @@ def main() -> None:
     print(f"reader: {runs[0]['reader']}")
     print(
         f"{'order':<14}{'events':>9}{'layerscope':>12}{'key_averages':>14}{'ratio':>8}{'µs/event':>10}"
-        f"{'RSS+ ours':>11}{'RSS+ torch':>12}"
+        f"{'RSS+ ours':>11}{'RSS+ torch':>12}{'CPU ratio':>11}{'CPU µs/event':>14}"
     )
     for r in runs:
         ratio = r["torch_s"] / r["ours_s"]
@@ -192,6 +188,8 @@ def main() -> None:
             f"{r['ours_s']:>11.3f}s{r['torch_s']:>13.3f}s{ratio:>7.1f}x"
             f"{r['ours_s'] / r['events'] * 1e6:>10.2f}{r['ours_rss_growth_mib']:>8.0f}MiB"
             f"{r['torch_rss_growth_mib']:>9.0f}MiB"
+            # process CPU time: what a loaded machine's other work does not inflate
+            f"{r['torch_cpu_s'] / r['ours_cpu_s']:>10.1f}x{r['ours_cpu_s'] / r['events'] * 1e6:>14.2f}"
         )
     print(
         json.dumps(

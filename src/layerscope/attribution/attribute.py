@@ -41,14 +41,15 @@ from layerscope.attribution.memory.sums import (
     window_peaks,
 )
 from layerscope.attribution.memory.windows import peak_windows
+from layerscope.attribution.nest_columns import sweep_columns
 from layerscope.attribution.nesting import (
     Sweep,
     covered_ns,
     depths,
+    exact_sums,
     inclusive,
     levels,
     outermost_flops,
-    sweep,
     time_order,
 )
 from layerscope.attribution.op_rows import SpanFigures, op_rows
@@ -100,7 +101,7 @@ def build_profile(
     nested = _nest(table, named, buckets, graphs_from_meta(graph_entries), modules_known, early_stop)
 
     # ---- link devices: kernels to their launching op -------------------------------------------------
-    device = link_device_work(table, nested.order, nested.swept.parent, _step_names(named))
+    device = link_device_work(table, nested.order, nested.parent, _step_names(named))
     device_total = inclusive(device.self_ns.astype(np.float64), nested.parent, nested.levels)
 
     # ---- memory: each event to the innermost CPU span containing it ----------------------------------
@@ -172,7 +173,7 @@ def _nest(
 ) -> _Nested:
     """The sweep over CPU spans, then the kernels of compiled graphs moved to their modules."""
     order = time_order(table)
-    swept = sweep(
+    swept = sweep_columns(
         table, order, named.roles, named.role_module, buckets, recorded_ops_are_forward=not modules_known
     )
     compiled = attribute_compiled_kernels(
@@ -186,8 +187,12 @@ def _nest(
         buckets,
         swept.module_calls,
     )
-    parent = np.asarray(swept.parent, dtype=np.int64)
-    bucket = np.asarray(swept.bucket, dtype=np.int64)
+    made = swept.arrays  # the vectorised sweep's arrays; compiled kernels moved changed the list
+    parent = made["parent"] if "parent" in made else np.asarray(swept.parent, dtype=np.int64)
+    kernels_moved = bool(swept.compiled_graph_spans) and bool(graphs)
+    bucket = (
+        made["bucket"] if "bucket" in made and not kernels_moved else np.asarray(swept.bucket, dtype=np.int64)
+    )
     by_level = levels(order, depths(parent))
     # Ops run while compiling work on fake tensors, and ops a checkpoint's recomputation stopped in
     # never ran their kernels: their FLOPs are no work done.
@@ -196,7 +201,7 @@ def _nest(
         compiling = bucket == swept.compiling_bucket
         not_run = compiling if not_run is None else not_run | compiling
     counted_flops = outermost_flops(table.span_flops, parent, by_level, not_run)
-    excl = np.asarray(swept.excl, dtype=np.int64)
+    excl = made["excl"] if "excl" in made else np.asarray(swept.excl, dtype=np.int64)
     moved = span_bytes(table, parent, by_level, counted_flops, not_run)
     return _Nested(order, swept, parent, bucket, excl, by_level, counted_flops, compiled, moved)
 
@@ -290,9 +295,7 @@ def _bucket_metrics(
     self_dev_ns = np.bincount(b_order, weights=device.self_ns[order], minlength=nb)
     for k in device.unlinked:
         self_dev_ns[unlinked_bucket] += table.span_dur[k]
-    self_flops = [0] * nb
-    for i in np.flatnonzero(nested.flops).tolist():
-        self_flops[swept.bucket[i]] += int(nested.flops[i])
+    self_flops = exact_sums(nested.bucket, nested.flops, nb)
     mem = bucket_memory(table, owners, nested.bucket, outside_bucket, nb)
     peaks = [[0, 0] for _ in range(nb)]  # per bucket: [cpu, device]
     if table.mem_ts:
@@ -359,16 +362,12 @@ def _profile_meta(
     lines = table.call_lines
     counted = nested.flops
     return replace(
-        table_meta(
-            table, nested.order, owners, nested.swept.bucket, buckets, named.catalog, meta or ProfileMeta()
-        ),
+        table_meta(table, nested.order, owners, nested.bucket, buckets, named.catalog, meta or ProfileMeta()),
         # what the tree is made of when the trace named no module (the CLI says so in one line)
         module_source=None if modules_known else "record_function regions" if named.regions else "none",
         call_lines=CallLinesInfo(lines.op_count, len(lines.stacks)) if lines is not None else None,
         compiled=nested.compiled.report() if nested.compiled.graph_calls else None,
-        flops_by_dtype=flops_split(
-            table, counted, np.asarray(nested.swept.bucket), buckets, named.catalog, root
-        ),
+        flops_by_dtype=flops_split(table, counted, nested.bucket, buckets, named.catalog, root),
         memory=memory,
     )
 

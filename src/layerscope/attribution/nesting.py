@@ -45,7 +45,17 @@ def time_order(table: EventTable) -> np.ndarray:
     """CPU spans by start time, the longest first among equal starts (parents before children)."""
     ts_arr, dur_arr = table.array("span_ts"), table.array("span_dur")
     cpu_idx = np.flatnonzero(np.isin(table.array("span_kind"), [int(k) for k in CPU_KINDS]))
-    return cpu_idx[np.lexsort((-dur_arr[cpu_idx], ts_arr[cpu_idx]))]
+    # A stable sort by start is fast on spans recorded nearly in time order; only runs of equal
+    # starts are then sorted again, longest first (ties kept in table order: what lexsort gives).
+    by_start = np.argsort(ts_arr[cpu_idx], kind="stable")
+    starts = ts_arr[cpu_idx[by_start]]
+    tied = np.flatnonzero(starts[1:] == starts[:-1])
+    if tied.size:
+        at = np.union1d(tied, tied + 1)  # positions in runs of equal starts
+        run = np.cumsum(np.r_[True, starts[at[1:]] != starts[at[:-1]]])
+        members = by_start[at]
+        by_start[at] = members[np.lexsort((-dur_arr[cpu_idx[members]], run))]
+    return cpu_idx[by_start]
 
 
 @dataclass
@@ -67,6 +77,9 @@ class Sweep:
     # compiled graph call spans (their kernels are children)
     compiled_graph_spans: list[int] = field(default_factory=list)
     compiling_bucket: int = -1  # the bucket of torch.compile compiling, -1 if it never did
+    #: ``parent``, ``excl`` and ``bucket`` as int64 arrays too, where the sweep made them so
+    #: (``nest_columns.py``); the lists are what later steps change, these are never changed.
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     @staticmethod
     def start(span_count: int, span_dur: list[int], module_count: int) -> Sweep:
@@ -230,6 +243,21 @@ def outermost_flops(
         p = parent[level]
         covered[level] = covered[p] | (values[p] > 0)
     return np.where(covered, 0, values)
+
+
+def exact_sums(key: np.ndarray, values: np.ndarray, size: int) -> list[int]:
+    """Per key in ``range(size)``, the sum of the int64 ``values`` with that key, as exact Python
+    ints (FLOPs can pass 2**53 over a long run, so no float sums): in int64 where no sum can
+    overflow, else one Python addition per nonzero value."""
+    picked = np.flatnonzero(values)
+    if float(np.abs(values[picked]).astype(np.float64).sum()) < 2.0**62:
+        out = np.zeros(size, dtype=np.int64)
+        np.add.at(out, key[picked], values[picked])
+        return out.tolist()
+    sums = [0] * size
+    for k, v in zip(key[picked].tolist(), values[picked].tolist(), strict=True):
+        sums[k] += v
+    return sums
 
 
 def covered_ns(table: EventTable, order: np.ndarray, parent: np.ndarray) -> int:

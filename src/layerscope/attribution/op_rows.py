@@ -15,6 +15,7 @@ import numpy as np
 from layerscope.attribution.buckets import LABEL_UNLINKED_DEVICE, Buckets
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.memory.sums import SpanMemory
+from layerscope.attribution.nesting import exact_sums
 from layerscope.attribution.span_bytes import SpanBytes
 from layerscope.events.table import EventTable
 from layerscope.model.metrics import Metrics
@@ -188,10 +189,7 @@ def _row_sums(
         "net_bytes": summed(mem.net),
     }
     # FLOPs can exceed 2**53 over a long run: sum them exactly, as Python ints.
-    flops = figures.flops
-    exact_flops = [0] * rows
-    for j in np.flatnonzero(flops[idx]).tolist():
-        exact_flops[int(row_of[j])] += int(flops[idx[j]])
+    exact_flops = exact_sums(row_of, np.asarray(figures.flops, dtype=np.int64)[idx], rows)
     # Plain Python lists: the rows are built one element at a time, which numpy scalars make slow.
     return {k: v.tolist() for k, v in cols.items()}, exact_flops, np.bincount(row_of, minlength=rows).tolist()
 

@@ -23,7 +23,7 @@ def full_meta(
     table: EventTable,
     order: np.ndarray,
     owners: np.ndarray,
-    bucket: list[int],
+    bucket: np.ndarray,
     buckets: Buckets,
     catalog: list[ModuleInfo],
     meta: ProfileMeta,
@@ -34,7 +34,7 @@ def full_meta(
     timeline = None
     if table.mem_ts:
         start = int(ts[order].min()) if order.size else int(min(table.mem_ts))
-        timeline = memory_timeline(table, owners.tolist(), bucket, buckets, catalog, start)
+        timeline = memory_timeline(table, owners, bucket, buckets, catalog, start)
     return replace(
         meta,
         event_count=table.event_count,

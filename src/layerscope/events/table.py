@@ -175,20 +175,27 @@ class EventTable:
         self, names: list[str], kind: EventKind, tids: list[int], starts: list[int], durations: list[int]
     ) -> None:
         """Append spans of one kind with no sequence number, links, shapes or FLOPs (module marks);
-        arrays converted before are dropped, since the columns grew."""
+        span arrays converted before grow with them (a reader's arrays stay: no list is converted
+        again)."""
         count = len(names)
-        self.span_name.extend(self.intern(n) for n in names)
-        self.span_kind.extend([int(kind)] * count)
-        self.span_tid.extend(tids)
-        self.span_ts.extend(starts)
-        self.span_dur.extend(durations)
-        self.span_seq.extend([-1] * count)
-        self.span_fwd_tid.extend([0] * count)
-        self.span_corr.extend([0] * count)
-        self.span_ext.extend([0] * count)
-        self.span_shapes.extend([-1] * count)
-        self.span_flops.extend([0] * count)
-        self._arrays.clear()
+        added: dict[str, list[int]] = {
+            "span_name": [self.intern(n) for n in names],
+            "span_kind": [int(kind)] * count,
+            "span_tid": tids,
+            "span_ts": starts,
+            "span_dur": durations,
+            "span_seq": [-1] * count,
+            "span_fwd_tid": [0] * count,
+            "span_corr": [0] * count,
+            "span_ext": [0] * count,
+            "span_shapes": [-1] * count,
+            "span_flops": [0] * count,
+        }
+        for column, values in added.items():
+            getattr(self, column).extend(values)
+            found = self._arrays.get(column)
+            if found is not None:
+                self._arrays[column] = np.concatenate([found, np.asarray(values, dtype=np.int64)])
 
     def add_memory(self, tid: int, ts: int, nbytes: int, on_device: bool = False, addr: int = 0) -> None:
         """Append one allocation (positive bytes) or free (negative bytes) event."""

@@ -8,11 +8,10 @@ report's absolute peak and its stack there is the live-at-peak breakdown by cate
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from layerscope.attribution.memory.story import CATEGORIES, MemoryStory
+from layerscope.attribution.memory.timeline import first_maxima
 from layerscope.model.memory import MemoryOverTime
 
 _OTHER = CATEGORIES.index("other")
@@ -67,10 +66,7 @@ def memory_over_time(story: MemoryStory, start_ns: int, points: int = 800) -> Me
     live = initial[:, None] + np.cumsum(delta, axis=1)
     total = story.running
     edges = np.linspace(0, n, num=min(points - 3, n) + 1).astype(np.int64)  # and the start, last, peak
-    keep = sorted(
-        {int(lo + np.argmax(total[lo:hi])) for lo, hi in itertools.pairwise(edges) if hi > lo}
-        | {0, n - 1, int(np.argmax(total))}
-    )
+    keep = sorted({*first_maxima(total, edges).tolist(), 0, n - 1, int(np.argmax(total))})
     used = [c for c in range(len(CATEGORIES)) if initial[c] or live[c].any()]
     where = [story.place(int(story.owner[k])) if story.owner[k] >= 0 else None for k in keep]
     start = min(start_ns, int(story.ts[0]))

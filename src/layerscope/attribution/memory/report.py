@@ -157,11 +157,16 @@ def build_memory_report(
         for (_, seq), span in ops.items():
             by_seq.setdefault(seq, span)
 
+    # per bucket, the keeping module's path (None: saved outside every module, a loss computed in
+    # the block)
+    path_of = [
+        catalog[buckets.module_of(b)].path if buckets.is_module(b) else None for b in range(buckets.count)
+    ]
+
     def keeper_of(tid: int, seq: int) -> str | None:
         span = ops.get((tid, seq), by_seq.get(seq, -1) if tid < 0 else -1)
-        if span < 0 or not buckets.is_module(int(bucket[span])):
-            return None  # saved outside every module (a loss computed in the block)
-        return str(place(span).module)
+        b = int(bucket[span]) if span >= 0 else -1
+        return path_of[b] if b >= 0 else None
 
     parameter_addrs = {
         e.addr for s in snaps if s.kind == "start" for e in s.entries if e.category == "parameter"

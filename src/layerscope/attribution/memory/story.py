@@ -285,16 +285,17 @@ def _silent_frees(
 def placement_of(table: EventTable, bucket: np.ndarray, buckets: Buckets, catalog: list[ModuleInfo]) -> Any:
     """A function from span index to its Placement (module path or label, phase, op name)."""
     names = table.array("span_name")
-    cache: dict[int, Placement] = {}
+    cache: dict[tuple[int, int], Placement] = {}  # by (bucket, name): spans share them
 
     def place(span: int) -> Placement:
         if span < 0:
             return Placement("(outside ops)", "", "")
-        found = cache.get(span)
+        key = (int(bucket[span]), int(names[span]))
+        found = cache.get(key)
         if found is None:
-            b = int(bucket[span])
-            found = cache[span] = Placement(
-                buckets.where(b, catalog), str(buckets.phase_of(b)), table.names[int(names[span])]
+            b = key[0]
+            found = cache[key] = Placement(
+                buckets.where(b, catalog), str(buckets.phase_of(b)), table.names[key[1]]
             )
         return found
 

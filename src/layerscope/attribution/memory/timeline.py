@@ -3,8 +3,6 @@ the window began, CPU and device, sampled so that the plot never hides a peak.""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from layerscope.attribution.buckets import Buckets
@@ -15,8 +13,8 @@ from layerscope.model.memory import MemoryTimeline, TimelinePeak
 
 def memory_timeline(
     table: EventTable,
-    owners: list[int],
-    bucket: list[int],
+    owners: np.ndarray,
+    bucket: np.ndarray,
     buckets: Buckets,
     catalog: list[ModuleInfo],
     start_ns: int,
@@ -35,12 +33,9 @@ def memory_timeline(
     peak = int(np.argmax(watched))
     # keep the highest point of each of `points` slices, so the plot never hides a peak
     edges = np.linspace(0, by_time.size, num=min(points, by_time.size) + 1).astype(np.int64)
-    keep = sorted(
-        {int(lo + np.argmax(watched[lo:hi])) for lo, hi in itertools.pairwise(edges) if hi > lo}
-        | {0, by_time.size - 1, peak}
-    )
-    owner = owners[int(by_time[peak])]
-    b = bucket[owner] if owner >= 0 else -1
+    keep = sorted({*first_maxima(watched, edges).tolist(), 0, by_time.size - 1, peak})
+    owner = int(owners[int(by_time[peak])])
+    b = int(bucket[owner]) if owner >= 0 else -1
     where = "(outside ops)" if b < 0 else buckets.where(b, catalog)
     phase = None if b < 0 else str(buckets.phase_of(b))
     return MemoryTimeline(
@@ -55,3 +50,16 @@ def memory_timeline(
             phase=phase,
         ),
     )
+
+
+def first_maxima(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per slice ``values[edges[i]:edges[i + 1]]`` that is not empty, the index of its first
+    highest value (what ``argmax`` gives), all slices at once."""
+    starts = edges[:-1][edges[1:] > edges[:-1]]  # the slices left cover [starts[0], edges[-1])
+    if not starts.size:
+        return starts
+    highest = np.maximum.reduceat(values[: edges[-1]], starts)
+    slice_of = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, edges[-1]]))
+    hits = np.flatnonzero(values[: edges[-1]] == highest[slice_of])
+    first = np.r_[True, slice_of[hits][1:] != slice_of[hits][:-1]]
+    return hits[first]

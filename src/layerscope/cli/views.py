@@ -120,9 +120,10 @@ def add_view_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--op-sort",
-        default="self_cpu_us",
+        default=None,
         metavar="KEY",
-        help="order the op table, by the same keys as --sort (default self_cpu_us)",
+        help="order the op table, by the same keys as --sort (default self_cpu_us; self_device_us "
+        "for a profile with device time and no CPU time, such as an estimate for a GPU)",
     )
     group.add_argument("--ascii", action="store_true", help="ASCII table borders and tree guides")
     group.add_argument(
@@ -131,6 +132,13 @@ def add_view_options(parser: argparse.ArgumentParser) -> None:
         metavar="X",
         help="the device's peak TFLOP/s for an MFU column (default: known accelerators by name)",
     )
+
+
+def default_op_sort(profile: Profile) -> str:
+    """The op table's order when none is asked for: self CPU time, or self device time where the
+    profile has device time and no CPU time (an estimate for an accelerator)."""
+    totals = profile.totals
+    return "self_device_us" if not totals.cpu_us and totals.device_us else "self_cpu_us"
 
 
 def check_view_options(args: argparse.Namespace) -> None:
@@ -142,7 +150,8 @@ def check_view_options(args: argparse.Namespace) -> None:
     main_keys = {"line": LINE_SORT_KEYS, "type": TYPE_SORT_KEYS}.get(args.by, TREE_SORT_KEYS)
     default = "execution" if args.by not in ("line", "type") else "time"
     args.sort = _checked_sort("--sort", args.sort or default, main_keys)
-    args.op_sort = _checked_sort("--op-sort", args.op_sort, OP_SORT_KEYS)
+    if args.op_sort is not None:
+        args.op_sort = _checked_sort("--op-sort", args.op_sort, OP_SORT_KEYS)
     if args.top < 0:
         raise UsageError(f"--top must be >= 0, not {args.top}")
     if args.stack_depth < 1:
@@ -204,8 +213,9 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
                 "trace torch wrote with with_stack=True); ops are grouped by name",
                 file=sys.stderr,
             )
+        op_sort = args.op_sort or default_op_sort(profile)
         rows = profile.ops(
-            sort_by=args.op_sort,
+            sort_by=op_sort,
             group_by=_GROUP_ALIASES[args.group_by],
             limit=args.top,
             stack_depth=args.stack_depth,
@@ -217,7 +227,7 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
                 rows,
                 ascii_only=ascii_only,
                 total_cpu_us=profile.totals.cpu_us,
-                title=f"Top {len(rows)} ops by {args.op_sort}"
+                title=f"Top {len(rows)} ops by {op_sort}"
                 + (f" (totals over {len(profile.steps)} steps)" if len(profile.steps) > 1 else ""),
             )
         )

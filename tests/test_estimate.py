@@ -150,6 +150,30 @@ def test_max_batch_size_is_the_largest_that_fits() -> None:
     assert ls.max_batch_size(model, lambda b: torch.randn(b, 32), device=TINY) == 0  # 64 MiB < the reserve
 
 
+def test_a_step_failing_on_fake_tensors_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """An input the model rejects (longer than the GPT's positions): one line and exit 2, and no
+    traceback logged by torch's FakeTensorMode on the way."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        assert main(["estimate", "gpt", "--input", "2x256:int64", "-q"]) == 2
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert err.startswith("layerscope: error: the step failed on fake tensors") and err.count("\n") == 1
+    assert records == []
+    assert logger.filters == []  # the filter is gone after the estimate
+
+
 def test_cli_estimate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "est.json"
     code = main(

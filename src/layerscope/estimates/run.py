@@ -8,8 +8,9 @@ every aten op (``recorder.py``), module hooks and the autograd graph say where e
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import ExitStack
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +133,7 @@ def fake_run(model: nn.Module, example_inputs: Any, step: StepSpec, coster: OpCo
 
     with ExitStack() as stack:
         training_flags(model, step.train, stack)
+        stack.enter_context(_quiet_meta_failures())
         try:
             if optimizer is not None:
                 warm_up(model, state, inputs, optimizer, step, mode)
@@ -150,3 +152,20 @@ def fake_run(model: nn.Module, example_inputs: Any, step: StepSpec, coster: OpCo
         ledger.sweep()
         end = ledger.live_by_category()
     return FakeRun(recorder, ledger, scopes, saved, end)
+
+
+@contextmanager
+def _quiet_meta_failures() -> Iterator[None]:
+    """FakeTensorMode logs a traceback at ERROR level when an op's meta kernel raises, before the
+    exception propagates; the estimate reports that exception in one line (``_failed``), so the
+    log record is dropped while the step runs."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+
+    def drop(record: logging.LogRecord) -> bool:
+        return False
+
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)

@@ -14,6 +14,7 @@ from torch import nn
 from torch.profiler._memory_profiler import Action
 
 import layerscope as ls
+from layerscope.capture import native
 from layerscope.cli import main
 from layerscope.render.console import render_to_text, tree_table
 
@@ -221,6 +222,8 @@ class _Greedy(nn.Module):
 
 
 def test_out_of_memory_names_the_module_and_the_request(tmp_path: Path) -> None:
+    if native.load() is None:  # torch's bindings do not expose the request's size (bindings_reader.py)
+        pytest.skip("the out-of-memory request's size is read by the native module only")
     model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(_Greedy()))
     with pytest.raises(RuntimeError), ls.profile(model, memory=True) as prof:
         model(torch.randn(2, 8))

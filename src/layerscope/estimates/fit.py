@@ -148,8 +148,14 @@ def candidates(profile: Profile, element_size: int) -> list[tuple[str, int, int]
     return found
 
 
-def _overlaps(path: str, chosen: list[str]) -> bool:
-    return any(path == c or path.startswith(c + ".") or c.startswith(path + ".") for c in chosen)
+def _inside(path: str, chosen: list[str]) -> bool:
+    """Whether ``path`` is one of ``chosen`` or inside one (its checkpoint already covers it)."""
+    return any(path == c or path.startswith(c + ".") for c in chosen)
+
+
+def _held(path: str, chosen: list[str]) -> list[str]:
+    """The chosen modules inside ``path``: checkpointing ``path`` covers them, so it replaces them."""
+    return [c for c in chosen if c.startswith(path + ".")]
 
 
 def _element_size(model: nn.Module, dtype: torch.dtype | None) -> int:
@@ -169,30 +175,34 @@ def plan_checkpoints(
     info = as_is.meta.estimate
     assert info is not None
     ranked = candidates(as_is, element_size)
+    freed_by = {path: freed for path, freed, _ in ranked}
     chosen: list[str] = []
     best, peak = as_is, info.peak_bytes
     for _ in range(rounds):
         if peak <= info.usable_bytes:
             break
-        round_: list[str] = []
-        covered = 0
+        # a module holding chosen ones replaces them (fine-grained modules rank first by bytes per
+        # FLOP, and must not keep the larger module around them out of the plan)
+        trial_set, covered = list(chosen), 0
         for path, freed, _ in ranked:
             if covered >= peak - info.usable_bytes:
                 break
-            if not _overlaps(path, chosen + round_):
-                round_.append(path)
-                covered += freed
-        if not round_:
+            if not _inside(path, trial_set):
+                held = _held(path, trial_set)
+                trial_set = [c for c in trial_set if c not in held] + [path]
+                covered += freed - sum(freed_by.get(c, 0) for c in held)
+        added = [c for c in trial_set if c not in chosen]
+        if not added:
             break
-        ranked = [c for c in ranked if c[0] not in round_]
+        ranked = [c for c in ranked if c[0] not in added]
         try:
-            with checkpointed(model, chosen + round_, rebind=True):
+            with checkpointed(model, trial_set, rebind=True):
                 trial = estimate(model, inputs, **options)
         except UsageError:  # a forward checkpoint cannot wrap (non-tensor outputs it must replay)
             continue
         trial_peak = trial.meta.estimate.peak_bytes  # type: ignore[union-attr]
         if trial_peak < peak:
-            chosen += round_
+            chosen = trial_set
             best, peak = trial, trial_peak
     return tuple(chosen), best
 

@@ -216,8 +216,27 @@ def test_accelerate_profile_kwargs(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 # ----- PyTorch Lightning ---------------------------------------------------------------------------------
-def _fit_tiny_lightning_module(dirpath: Path, compile_it: bool = False, **options: object) -> object:
-    """Seven Lightning steps of a small module, profiled over steps 2-4; returns the profiler."""
+class FailingLinear(nn.Linear):
+    """A Linear that raises in its forward while ``failing`` is set."""
+
+    failing = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.failing:
+            raise ValueError("bad batch")
+        return super().forward(x)
+
+
+def _fit_tiny_lightning_module(
+    dirpath: Path,
+    compile_it: bool = False,
+    fail_at: int | None = None,
+    built: list[object] | None = None,
+    **options: object,
+) -> object:
+    """Seven Lightning steps of a small module, profiled over steps 2-4; returns the profiler.
+    With ``fail_at``, the module's ``head`` raises ``ValueError`` in that batch's forward; the
+    module and the profiler are appended to ``built``."""
     import lightning as L
 
     from layerscope.integrations.lightning import LayerscopeProfiler
@@ -226,12 +245,13 @@ def _fit_tiny_lightning_module(dirpath: Path, compile_it: bool = False, **option
         def __init__(self) -> None:
             super().__init__()
             self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
-            self.head = nn.Linear(16, 2)
+            self.head = FailingLinear(16, 2)
 
         def forward(self, batch: torch.Tensor) -> torch.Tensor:
             return self.head(self.encoder(batch))
 
         def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            self.head.failing = batch_idx == fail_at
             return self(batch).sum()
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -250,6 +270,8 @@ def _fit_tiny_lightning_module(dirpath: Path, compile_it: bool = False, **option
         enable_model_summary=False,
     )
     module = TinyModule()
+    if built is not None:
+        built += [module, profiler]
     trainer.fit(torch.compile(module) if compile_it else module, data)
     return profiler
 
@@ -261,6 +283,27 @@ def test_lightning_flight_recorder_records_every_batch(tmp_path: Path) -> None:
     assert recorder.steps_seen == 7 and [s.step for s in recorder.ring] == [2, 3, 4, 5, 6]
     assert all(len(s.forward) > 0 and len(s.backward) > 0 for s in recorder.ring)
     assert list((tmp_path / "layerscope").iterdir()) == []  # nothing triggered a dump
+
+
+@needs("lightning")
+@pytest.mark.parametrize("flight", [True, False])
+def test_lightning_exception_is_dumped_and_unhooks(tmp_path: Path, flight: bool) -> None:
+    options: dict[str, object] = {"flight_recorder": True, "keep": 5} if flight else {"active": 5}
+    built: list[Any] = []
+    with pytest.raises(ValueError, match="bad batch"):
+        _fit_tiny_lightning_module(tmp_path, fail_at=3, built=built, **options)
+    module, profiler = built
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in module.modules())
+    assert profiler.compile_watch is None  # Lightning never calls teardown on this path
+    dumps = sorted((tmp_path / "layerscope").glob("flight-*"))
+    if not flight:  # the profiling session ended; its partial cycle saved as torch's would be
+        assert dumps == [] and any((tmp_path / "layerscope").iterdir())
+        return
+    (dump,) = dumps
+    profile = ls_load_validated(dump)
+    trigger = profile.trigger  # type: ignore[attr-defined]
+    assert (trigger.reason, trigger.step, trigger.module) == ("exception", 3, "head")
+    assert [s.step for s in profile.steps] == [0, 1, 2, 3]  # type: ignore[attr-defined]
 
 
 @needs("accelerate")

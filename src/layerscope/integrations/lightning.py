@@ -15,11 +15,19 @@ so ``trainer.fit(torch.compile(model))`` shows the model's modules.
 
 ``LayerscopeProfiler(flight_recorder=True)`` runs the flight recorder instead (``ls.flight_recorder``:
 every training batch recorded lightly, the last ``keep`` dumped into ``<dirpath>/layerscope`` on a
-slow step or SIGUSR1; a profiler is not told of exceptions, so they dump nothing here).
+slow step or SIGUSR1).
+
+Lightning tells a profiler nothing of an exception, and on that path it never calls ``teardown``: the
+profiler sees one escape a training batch in ``stop``, which Lightning's ``profile`` context manager
+calls from a ``finally`` while the exception passes (``sys.exc_info()`` holds it there; the one held
+at the batch's start, if it ran inside an ``except``, is not taken for it). There the flight recorder
+dumps it (reason ``exception`` or ``oom``, naming the module it passed), and the recorder, a
+profiling session and the compile watch end, so nothing stays hooked to the model or to torch.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +88,8 @@ class LayerscopeProfiler(Profiler):
         self.handler: Any = None
         self._lightning_module: Any = None  # set by Lightning's trainer
         self.compile_watch: Any = None
+        #: the exception being handled when the current training batch started (not one it raised)
+        self._exception_at_start: BaseException | None = None
 
     def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
         from layerscope.capture.compile_watch import CompileWatch
@@ -94,8 +104,11 @@ class LayerscopeProfiler(Profiler):
         return list(self.session.cycles) if self.session is not None else []
 
     def start(self, action_name: str) -> None:
+        if action_name != _STEP_ACTION:
+            return
+        self._exception_at_start = sys.exc_info()[1]
         recording = self.recorder is not None and self.recorder.clock.active
-        if self.session is not None or recording or action_name != _STEP_ACTION:
+        if self.session is not None or recording:
             return
         import layerscope as ls
 
@@ -120,10 +133,32 @@ class LayerscopeProfiler(Profiler):
         self.session.start()
 
     def stop(self, action_name: str) -> None:
-        if self.recorder is not None and action_name == _STEP_ACTION:
+        if action_name != _STEP_ACTION:
+            return
+        escaping = sys.exc_info()[1]
+        if escaping is not None and escaping is not self._exception_at_start:
+            self._end_on(escaping)
+            return
+        if self.recorder is not None:
             self.recorder.step()
-        if self.session is not None and self.session.is_running and action_name == _STEP_ACTION:
+        if self.session is not None and self.session.is_running:
             self.session.step()
+
+    def _end_on(self, exception: BaseException) -> None:
+        """End recording, profiling and the compile watch on an exception escaping a training
+        batch (Lightning will not call ``teardown``): the recorder dumps it; nothing stays hooked
+        to the model or to ``torch.compile``."""
+        try:
+            if self.recorder is not None and self.recorder.clock.active:
+                self.recorder.__exit__(type(exception), exception, exception.__traceback__)
+        finally:
+            try:
+                if self.session is not None and self.session.is_running:
+                    self.session.stop()
+            finally:
+                if self.compile_watch is not None:
+                    self.compile_watch.stop()
+                    self.compile_watch = None
 
     def summary(self) -> str:
         cycles = self.cycles

@@ -81,8 +81,10 @@ def main() -> None:
     contenders["native read, .json.gz"] = lambda: _read(packed)
     one, five, _ = os.getloadavg()
     print(f"{mb:.0f} MB of JSON, {packed.stat().st_size / 1e6:.1f} MB gzip; load {one:.1f} / {five:.1f}")
-    for run in contenders.values():  # warm: page cache, imports, the FLOP formulas
-        run()
+    for name, run in contenders.items():  # warm: page cache, imports, the FLOP formulas
+        got = run()
+        if name.startswith("inflate"):  # every decompressor gives the whole JSON back
+            assert got == plain.stat().st_size, (name, got)
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in contenders}
     names = list(contenders)
     for r in range(args.rounds):

@@ -41,26 +41,29 @@ from layerscope.model.serialize import profile_to_dict
 import orjson
 folder, mode, jobs = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 files = sorted(folder.iterdir())
-def cpu():
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+def cpu(who):
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 gc.collect()
-t0, c0 = time.perf_counter(), cpu()
+t0, c0, w0 = time.perf_counter(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
 if mode == "threads":
     done = map_files(load, files, jobs=jobs, pool="threads")
 else:  # as ``layerscope merge`` loads: serial, or processes (the default pool)
     done = load_many(files, jobs=1 if mode == "serial" else jobs)
-wall, spent = time.perf_counter() - t0, cpu() - c0
+wall, here = time.perf_counter() - t0, cpu(resource.RUSAGE_SELF) - c0
+workers = cpu(resource.RUSAGE_CHILDREN) - w0
 assert not done.failures, done.failures
-facts = {"seconds": wall, "cpu_seconds": spent,
+facts = {"seconds": wall, "cpu_seconds": here + workers, "here_cpu_seconds": here,
          "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
          "worker_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
          "digest": hashlib.sha256(b"".join(orjson.dumps(profile_to_dict(p)) for p in done.results))
          .hexdigest(),
 }
-if mode == "serial":
+if mode == "serial":  # as the pool's parent unpickles: the collector on, the heap collected
+    gc.collect()
     t = time.perf_counter(); blobs = [pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL) for p in done.results]
     facts["pickle_dumps_s"] = time.perf_counter() - t
+    gc.collect()
     t = time.perf_counter(); [pickle.loads(b) for b in blobs]
     facts["pickle_loads_s"] = time.perf_counter() - t
     facts["pickle_mb"] = sum(map(len, blobs)) / 1e6
@@ -152,15 +155,22 @@ def report(runs: dict[str, list[dict[str, Any]]], mb: float, args: argparse.Name
         wall = statistics.median(r["seconds"] for r in rs)
         cpu = statistics.median(r["cpu_seconds"] for r in rs)
         speedup = statistics.median(s["seconds"] / r["seconds"] for s, r in zip(serial, rs, strict=True))
+        here = statistics.median(r["here_cpu_seconds"] for r in rs)
+        jobs = 1 if mode == "serial" else args.jobs
+        # with ``jobs`` free cores: what this process does, plus its workers' share each
+        free = here + (cpu - here) / jobs if mode == "processes" else None
         rss = statistics.median(r["peak_rss_mib"] for r in rs)
         worker = statistics.median(r["worker_peak_rss_mib"] for r in rs)
-        jobs = 1 if mode == "serial" else args.jobs
         print(
             f"{mode:9} jobs={jobs}: wall {wall:5.2f}s ({mb / wall:5.1f} MB/s, {speedup:4.2f}x serial), "
-            f"CPU {cpu:5.2f}s, peak RSS {rss:.0f} MiB" + (f" + {worker:.0f} MiB per worker" if worker else "")
+            f"CPU {cpu:5.2f}s"
+            + (f" ({here:.2f}s here)" if free else "")
+            + f", peak RSS {rss:.0f} MiB"
+            + (f" + {worker:.0f} MiB per worker" if worker else "")
+            + (f"; on {jobs} free cores about {free:.2f}s" if free else "")
         )
         summary[mode] = {"seconds": wall, "cpu_seconds": cpu, "speedup": speedup, "peak_rss_mib": rss}
-        summary[mode]["worker_peak_rss_mib"] = worker
+        summary[mode].update(worker_peak_rss_mib=worker, here_cpu_seconds=here, free_cores_estimate_s=free)
     dumps = statistics.median(r["pickle_dumps_s"] for r in serial)
     loads = statistics.median(r["pickle_loads_s"] for r in serial)
     size = serial[0]["pickle_mb"]

@@ -40,7 +40,7 @@ PoolKind = Literal["threads", "processes"]
 #: The pool ``jobs`` > 1 uses by default: processes. Threads would share the imports and pickle
 #: nothing, but only the native reader's scan (and ``.json.gz``'s inflating) releases the GIL: ~18%
 #: of a load's CPU time, so threads gain at most ~1.1x on two cores and ~1.2x on any number, while
-#: each process runs attribution too, and pickling its Profile back costs ~3% of the load
+#: each process runs attribution too, and pickling its Profile back costs ~3-6% of the load
 #: (docs/benchmarks.md, "Many files"; benchmarks/many_files.py).
 LOCAL_POOL: PoolKind = "processes"
 #: Results finished ahead of the one handed over next, per job: the pool runs ahead of a slow file by

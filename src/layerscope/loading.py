@@ -275,12 +275,13 @@ SHAPES_PEEK_BYTES = 1 << 20
 
 
 def warm_for(paths: Sequence[Path]) -> None:
-    """Before worker processes fork to read ``paths``: import torch's FLOP formulas here when the
-    first trace records input shapes (in its first MiB), so that the workers inherit them rather
-    than each importing torch (~1.5 s of CPU and ~150 MiB each). Traces without shapes never need
-    torch, and import nothing."""
+    """Before worker processes fork to read ``paths``: load the native trace reader here, and import
+    torch's FLOP formulas when the first trace records input shapes (in its first MiB), so that the
+    workers inherit them rather than each loading them (torch: ~1.5 s of CPU and ~150 MiB each).
+    Traces without shapes never need torch, and import nothing of it."""
     import importlib.util
 
+    native.load_trace_reader()
     if not paths or importlib.util.find_spec("torch") is None:
         return
     try:

@@ -220,6 +220,18 @@ def test_forked_workers_inherit_the_flop_formulas_only_where_traces_have_shapes(
         assert done.stdout.strip() == expected
 
 
+def _dies_on_f3(name: str) -> str:
+    if name == "f3":
+        os._exit(9)  # as the kernel's OOM killer would end it
+    return name
+
+
+def test_a_worker_that_dies_is_one_clear_error() -> None:
+    outcomes = each_file(_dies_on_f3, [Path(f"f{k}") for k in range(6)], jobs=2, pool="processes")
+    with pytest.raises(ls.LayerscopeError, match=r"a worker process died reading f\d .* --jobs 1 reads one"):
+        list(outcomes)
+
+
 def test_closing_early_starts_nothing_more() -> None:
     tracker = _Tracker()
     tracker.release.set()

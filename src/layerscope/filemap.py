@@ -165,13 +165,28 @@ def each_file(
             if len(window) == (1 + AHEAD_PER_JOB) * count:
                 break
         for path in paths:
-            outcome = window.popleft().result()
+            outcome = _outcome(window.popleft(), path, count)
             following = next(queued, None)
             if following is not None:  # a slot freed: start the next file before handing this one over
                 window.append(executor.submit(caught, following))
             yield (path, *outcome)
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _outcome(
+    future: Future[tuple[R | None, str | None]], path: Path, jobs: int
+) -> tuple[R | None, str | None]:
+    """A file's outcome; a worker process that died (killed: out of memory, most often) is one line."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise LayerscopeError(
+            f"a worker process died reading {path} or another of the {jobs} files read at once "
+            "(killed: out of memory?); --jobs 1 reads one file at a time"
+        ) from None
 
 
 def read_all(func: Callable[[Path], R], paths: Sequence[Path], jobs: int | None = None) -> list[R]:

@@ -18,6 +18,7 @@ import layerscope as ls
 from layerscope import filemap
 from layerscope.cli import main
 from layerscope.cli.merge_cmd import _to_dict
+from layerscope.errors import LayerscopeWarning
 from layerscope.filemap import each_file, jobs_for, map_files, read_all
 from layerscope.gcpause import gc_paused
 from layerscope.loading import load, rank_critical_path
@@ -108,6 +109,29 @@ def test_a_bad_file_is_one_line_and_the_others_are_analysed(
     assert len(errors) == 1 and errors[0].count("rank-0b.json") == 1
     merged = ls.merge(tmp_path, jobs=int(jobs))
     assert [Path(p).name for p, _ in merged.failed] == ["rank-0b.json"] and len(merged.ranks) == 2
+
+
+def test_a_malformed_event_warns_once_with_any_jobs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import orjson
+
+    from fixtures.rank_traces import rank_trace
+
+    for rank in range(3):
+        trace = rank_trace(rank, 3, 1, steps=5)
+        if rank == 1:  # no "ts": skipped and counted, one warning naming the file
+            trace["traceEvents"].append(
+                {"ph": "X", "name": "bad", "cat": "cpu_op", "dur": 1, "pid": 1, "tid": 1}
+            )
+        (tmp_path / f"rank-{rank}.json").write_bytes(orjson.dumps(trace))
+    runs = []
+    for jobs in ("1", "3"):
+        code, out, err = _cli(["analyze", str(tmp_path), "--ascii", "--top", "0", "--jobs", jobs], capsys)
+        assert code == 0
+        runs.append((out, [line for line in err.splitlines() if "warning" in line]))
+    assert runs[1] == runs[0]
+    assert len(runs[0][1]) == 1 and "rank-1.json: skipped 1 malformed event" in runs[0][1][0]
 
 
 def test_jobs_below_one_is_a_usage_error(ranks: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -230,6 +254,30 @@ def test_a_worker_that_dies_is_one_clear_error() -> None:
     outcomes = each_file(_dies_on_f3, [Path(f"f{k}") for k in range(6)], jobs=2, pool="processes")
     with pytest.raises(ls.LayerscopeError, match=r"a worker process died reading f\d .* --jobs 1 reads one"):
         list(outcomes)
+
+
+def _warns(name: str) -> str:
+    import warnings
+
+    warnings.warn(f"{name}: something odd", LayerscopeWarning, stacklevel=1)
+    return name
+
+
+def test_worker_warnings_are_shown_here_in_the_files_order() -> None:
+    """A worker process's warnings come back with its result and are shown here, file by file, as
+    the serial run shows them (and through this process's filters)."""
+    import warnings
+
+    paths = [Path(f"f{k}") for k in range(5)]
+    runs = []
+    for jobs, pool in ((1, None), (3, "processes")):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert [r for _, r, _ in each_file(_warns, paths, jobs=jobs, pool=pool)] == [
+                p.name for p in paths
+            ]
+        runs.append([str(w.message) for w in seen])
+    assert runs[0] == runs[1] == [f"f{k}: something odd" for k in range(5)]
 
 
 def test_closing_early_starts_nothing_more() -> None:

@@ -147,36 +147,35 @@ def each_file(
     ``prepare`` runs here once before a process pool starts: what it imports, forked workers inherit
     instead of importing it each (where processes start by fork: Linux before Python 3.14)."""
     count = jobs_for(jobs, len(paths))
-    caught = _Caught(func)
     names = [str(p) for p in paths]
     if count == 1:
         for path, name in zip(paths, names, strict=True):
-            yield (path, *caught(name))
+            yield (path, *_Caught(func)._run(name))
         return
     kind = pool or LOCAL_POOL
     if kind == "processes" and prepare is not None:
         prepare()
+    caught = _Caught(func, record=kind == "processes")
     executor = _executor(kind, count)
     try:
-        window: deque[Future[tuple[R | None, str | None]]] = deque()
+        window: deque[Future[Outcome[R]]] = deque()
         queued = iter(names)
         for name in queued:  # the first window's worth
             window.append(executor.submit(caught, name))
             if len(window) == (1 + AHEAD_PER_JOB) * count:
                 break
         for path in paths:
-            outcome = _outcome(window.popleft(), path, count)
+            result, why, warned = _outcome(window.popleft(), path, count)
             following = next(queued, None)
             if following is not None:  # a slot freed: start the next file before handing this one over
                 window.append(executor.submit(caught, following))
-            yield (path, *outcome)
+            _replay(warned)
+            yield path, result, why
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _outcome(
-    future: Future[tuple[R | None, str | None]], path: Path, jobs: int
-) -> tuple[R | None, str | None]:
+def _outcome(future: Future[Outcome[R]], path: Path, jobs: int) -> Outcome[R]:
     """A file's outcome; a worker process that died (killed: out of memory, most often) is one line."""
     from concurrent.futures.process import BrokenProcessPool
 
@@ -226,18 +225,47 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+#: A warning a worker process raised: message, category, file, line (replayed here in order).
+Warned = tuple[str, type[Warning], str, int]
+#: What :class:`_Caught` hands back: the result or the one-line reason, and the warnings recorded.
+Outcome = tuple[R | None, str | None, tuple[Warned, ...]]
+#: The replayed warnings' registry: the same warning from the same line shows once, as in one process.
+_replayed: dict[Any, Any] = {}
+
+
 class _Caught(Generic[R]):
-    """Runs ``func`` (in a worker process or thread, or here) and hands back (result, None) or
-    (None, one-line reason)."""
+    """Runs ``func`` (in a worker process or thread, or here) and hands back (result, None, ()) or
+    (None, one-line reason, ()). ``record``: in a worker process, the warnings it raises are recorded
+    and handed back with the outcome, to be shown here in the files' order (:func:`_replay`) rather
+    than by each worker on its own (the warnings filter is per process, so not in threads)."""
 
-    def __init__(self, func: Callable[[str], R]) -> None:
+    def __init__(self, func: Callable[[str], R], record: bool = False) -> None:
         self.func = func
+        self.record = record
 
-    def __call__(self, path: str) -> tuple[R | None, str | None]:
+    def __call__(self, path: str) -> Outcome[R]:
+        if not self.record:
+            return (*self._run(path), ())
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # the parent's filters decide when they are replayed
+            result, why = self._run(path)
+        return result, why, tuple((str(w.message), w.category, w.filename, w.lineno) for w in caught)
+
+    def _run(self, path: str) -> tuple[R | None, str | None]:
         try:
             return self.func(path), None
         except Exception as exc:
             return None, describe(exc)
+
+
+def _replay(warned: tuple[Warned, ...]) -> None:
+    """Show a worker's warnings here, through this process's filters and ``showwarning``."""
+    import warnings
+
+    for message, category, filename, lineno in warned:
+        warnings.warn_explicit(message, category, filename, lineno, registry=_replayed)
 
 
 def _client(scheduler: str | Client) -> tuple[Any, bool]:

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+_lock = threading.Lock()
+#: Blocks inside ``gc_paused`` now, in any thread, and whether the collector ran before the first.
+_paused = 0
+_was_enabled = False
 
 
 @contextmanager
@@ -15,11 +21,20 @@ def gc_paused() -> Iterator[None]:
     walk the whole, growing heap again and again meanwhile (shape reads many times slower on live
     captures, super-linear times on GB traces: docs/architecture.md). None of these objects form
     cycles: reference counting frees them, so pausing the collector is safe.
+
+    The collector is one per process, so blocks in several threads (files read in parallel) share
+    the pause: the first one in pauses it, the last one out restores the state the first one found.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    global _paused, _was_enabled
+    with _lock:
+        if _paused == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _paused += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _lock:
+            _paused -= 1
+            if _paused == 0 and _was_enabled:
+                gc.enable()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,19 +26,23 @@ def merge(
     scheduler: str | Client | None = None,
     workers: int | None = None,
     critical_path: bool | None = None,
+    jobs: int | None = None,
 ) -> RankMerge:
     """Merge one profile per rank: spread of every module across ranks, per-rank step split, straggler.
 
     ``sources`` are Profiles, or paths of saved profiles / torch.profiler traces / folders of them
-    (a single path is a folder). Paths are loaded in local processes (``workers``), or on the Dask
-    cluster at ``scheduler`` (``"tcp://host:8786"`` or a ``distributed.Client``; workers read the
-    files by path, so they must see the same filesystem). Files that fail to load are listed in
+    (a single path is a folder). Paths are loaded here, ``jobs`` files at a time (default: one per
+    usable core; ``workers`` is its former name; see :func:`layerscope.filemap.each_file` for the
+    memory bound), or on the Dask cluster at ``scheduler`` (``"tcp://host:8786"`` or a
+    ``distributed.Client``; workers read the files by path, so they must see the same filesystem).
+    The merge is the same whatever ``jobs``. Files that fail to load are listed in
     ``RankMerge.failed`` and the others still merge.
 
     ``critical_path``: when every source is a trace, also the critical path through all ranks
-    (``RankMerge.critical_path``): the traces are read once more, all at once (the path needs every
-    rank's events together), here or, with ``scheduler``, on one worker. ``None``: when the traces
-    hold about :data:`PATH_MAX_BYTES` or less (gzip counted 8x); ``True``: always; ``False``: never.
+    (``RankMerge.critical_path``): the traces are read once more, ``jobs`` at a time, and held all
+    at once (the path needs every rank's events together), here or, with ``scheduler``, on one
+    worker. ``None``: when the traces hold about :data:`PATH_MAX_BYTES` or less (gzip counted 8x);
+    ``True``: always; ``False``: never.
     """
     items: list[Profile | str | Path] = [sources] if isinstance(sources, str | Path) else list(sources)
     # in input order: a Profile stands for itself, a path for its files (each path expanded once)
@@ -45,7 +50,8 @@ def merge(
         f for item in items for f in ([item] if isinstance(item, Profile) else trace_files(item))
     ]
     files = [e for e in entries if isinstance(e, Path)]
-    loaded = load_many(files, scheduler=scheduler, workers=workers) if files else None
+    jobs = jobs if jobs is not None else workers
+    loaded = load_many(files, scheduler=scheduler, jobs=jobs) if files else None
     by_path = dict(zip(loaded.paths, loaded.results, strict=True)) if loaded else {}
     profiles = [
         by_path[e] if isinstance(e, Path) else e for e in entries if not isinstance(e, Path) or e in by_path
@@ -63,7 +69,7 @@ def merge(
     ]
     wanted = critical_path is not False and len(traces) == len(profiles) and ranks is None
     if wanted and (critical_path or _fits(traces)):
-        merged = dataclasses.replace(merged, critical_path=_rank_path(traces, scheduler))
+        merged = dataclasses.replace(merged, critical_path=_rank_path(traces, scheduler, jobs))
     return merged
 
 
@@ -86,12 +92,12 @@ def _fits(traces: list[Path]) -> bool:
     return False
 
 
-def _rank_path(traces: list[Path], scheduler: str | Client | None) -> CriticalPath | None:
+def _rank_path(traces: list[Path], scheduler: str | Client | None, jobs: int | None) -> CriticalPath | None:
     """The critical path through the ranks' traces (here, or on one worker of the cluster at
     ``scheduler``); None (with a warning) where it cannot be computed (no CPU op or device work in
     some trace, a window missing, a file gone)."""
     try:
-        return all_files(rank_critical_path, traces, scheduler)
+        return all_files(partial(rank_critical_path, jobs=jobs), traces, scheduler)
     except (UsageError, TraceFormatError, ValueError, OSError) as exc:
         warnings.warn(f"no critical path through the ranks: {exc}", LayerscopeWarning, stacklevel=3)
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,8 +110,7 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Analyse and print every trace found."""
-    from layerscope.filemap import map_files
-    from layerscope.loading import analyze, trace_files
+    from layerscope.loading import trace_files
     from layerscope.render.analysis import (
         advice_list,
         communication_table,
@@ -134,15 +133,8 @@ def run(args: argparse.Namespace) -> int:
     written: list[Path] = []
     console = make_console(sys.stdout)
     ascii_only = True if args.ascii else None
-    results: Iterable[tuple[Path, Analysis]]
-    failures: Sequence[tuple[Path, str]] = ()
-    if scheduler is None and args.workers is None:  # one file at a time here, with a progress line
-        failures = []
-        results = _analyze_each(files, args.strict, failures, each)
-    else:
-        read = partial(analyze, strict=args.strict, critical_path=each)
-        mapped = map_files(read, files, scheduler=scheduler, workers=args.workers, what="analysed")
-        results, failures = zip(mapped.paths, mapped.results, strict=True), mapped.failures
+    failures: list[tuple[Path, str]] = []  # filled while the results are taken
+    results = _results(files, args, scheduler, failures, each)
     ranks: list[tuple[Path, Any]] = []
     for k, (path, result) in enumerate(results):
         ranks.append((path, result.profile.meta.distributed))
@@ -210,11 +202,55 @@ def _show_path(
     return write_path_json(args.json, str(path), result.critical_path)
 
 
+def _results(
+    files: list[Path],
+    args: argparse.Namespace,
+    scheduler: str | None,
+    failures: list[tuple[Path, str]],
+    window: PathWindow | None,
+) -> Iterable[tuple[Path, Analysis]]:
+    """Each file's analysis, in the files' order: on the Dask cluster, or here ``--jobs`` at a time
+    (one file, or one job: one after another, with a progress line while a big trace is read). A
+    file that fails among several goes to ``failures``; a single file's error is the command's."""
+    from layerscope.filemap import ProgressLine, each_file, jobs_for, map_files
+    from layerscope.loading import analyze, warm_for
+
+    read = partial(analyze, strict=args.strict, critical_path=window)
+    if scheduler is not None:
+        mapped = map_files(read, files, scheduler=scheduler, what="analysed")
+        failures += mapped.failures
+        return zip(mapped.paths, mapped.results, strict=True)
+    if len(files) == 1 or jobs_for(args.jobs, len(files)) == 1:
+        return _analyze_each(files, args.strict, failures, window)
+    return _analyze_parallel(
+        each_file(read, files, args.jobs, prepare=partial(warm_for, files)),
+        ProgressLine("analysed", len(files)),
+        failures,
+    )
+
+
+def _analyze_parallel(
+    outcomes: Iterator[tuple[Path, Analysis | None, str | None]],
+    progress: Any,
+    failures: list[tuple[Path, str]],
+) -> Iterator[tuple[Path, Analysis]]:
+    """The analyses of a parallel run as they are handed over in order; failures listed aside."""
+    done = 0
+    for path, result, why in outcomes:
+        done += 1
+        if why is not None:
+            failures.append((path, why))
+        progress.update(done, len(failures))
+        if result is not None:
+            yield path, result
+    progress.update(done, len(failures), final=True)
+
+
 def _analyze_each(
     files: list[Path], strict: bool, failures: list[tuple[Path, str]], window: PathWindow | None = None
 ) -> Iterator[tuple[Path, Analysis]]:
     """Analyse the files one at a time. A file that fails among several is listed in ``failures`` and
-    the others are still analysed, as with ``--workers`` (exit 1 at the end); a single file's error
+    the others are still analysed, as with ``--jobs N`` (exit 1 at the end); a single file's error
     is the command's error."""
     from layerscope.filemap import describe
     from layerscope.loading import analyze

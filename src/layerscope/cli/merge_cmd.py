@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     files = [f for path in args.paths for f in trace_files(path)]
     if len(files) < 2:
         raise UsageError(f"merge needs at least two rank files, found {len(files)}")
-    merged = merge(files, scheduler=scheduler_of(args), workers=args.workers)
+    merged = merge(files, scheduler=scheduler_of(args), jobs=args.jobs)
     for path, why in merged.failed:
         print(f"layerscope: warning: {path} left out: {why}", file=sys.stderr)
     make_console(sys.stdout).print(ranks_view(merged, top=args.top, ascii_only=True if args.ascii else None))

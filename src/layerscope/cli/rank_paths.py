@@ -49,7 +49,12 @@ def show_rank_paths(
     files = [path for path, _ in traces]
     if are_ranks([info for _, info in traces]) and len(files) > 1:
         path = rank_critical_path(
-            files, window.step, window.annotation, window.instance, hta_compatible=window.hta_compatible
+            files,
+            window.step,
+            window.annotation,
+            window.instance,
+            hta_compatible=window.hta_compatible,
+            jobs=args.jobs,
         )
         console.print("\n== critical path through the ranks", style="bold")
         console.print(critical_path_section(path, top=args.top, ascii_only=ascii_only))

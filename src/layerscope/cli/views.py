@@ -234,23 +234,30 @@ def print_profile(profile: Profile, args: argparse.Namespace) -> None:
 
 
 def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
-    """--scheduler ADDRESS (a Dask cluster) and --workers N (local processes)."""
+    """--jobs N (files read at once here) and --scheduler ADDRESS (a Dask cluster)."""
     group = parser.add_argument_group("many files")
+    group.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="files read at once, in N worker processes (default: one per usable core; 1: one after "
+        "another, here). At most N traces are held while being read",
+    )
+    group.add_argument("--workers", dest="jobs", type=int, help=argparse.SUPPRESS)  # the former name
     group.add_argument(
         "--scheduler",
         metavar="ADDRESS",
         help="read the files on the Dask cluster at ADDRESS (tcp://host:8786); its workers read them by "
         "path, so they must see the same filesystem (needs layerscope[dask])",
     )
-    group.add_argument(
-        "--workers", type=int, metavar="N", help="local processes reading files (default: one per core)"
-    )
 
 
 def scheduler_of(args: argparse.Namespace) -> str | None:
-    """The --scheduler address, checked: Dask must be importable before any file is read."""
-    if args.workers is not None and args.workers < 1:
-        raise UsageError("--workers must be at least 1")
+    """The --scheduler address, checked: Dask must be importable before any file is read (and
+    --jobs, which counts files read here, must be at least 1)."""
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
     address: str | None = args.scheduler
     if address is None:
         return None

@@ -5,7 +5,10 @@ arguments as the profiler records them (every schema argument, in order, default
 an estimate's FLOPs equal a measured profile's. Bytes are the tensors read plus the tensors written
 (each tensor's own elements, not its storage's): a lower bound, since an op's kernel may read an
 input more than once or write a temporary. A view moves nothing. The time is the roofline's,
-``max(FLOPs / peak(dtype), bytes / bandwidth)``, plus the spec's per-op cost.
+``max(FLOPs / peak(dtype), bytes / bandwidth)``, plus the spec's per-op cost; on a spec with
+measured op classes (``device="cpu"``), an op of a measured class costs that class's fixed cost
+plus its work (FLOPs for a compute class, scaled from fp32 by the spec's peaks; bytes for the
+others) at the class's rate, plus the per-op cost (``op_classes.py``, ``cpu_bench.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 from layerscope.analysis.device_specs import DeviceSpec
 from layerscope.capture.flops import FlopCalculator
+from layerscope.estimates.op_classes import COMPUTE_CLASSES, op_class
 
 #: torch dtypes -> the classes peaks are quoted for (as ``attribution/flop_dtypes.py`` names them).
 DTYPE_CLASSES: dict[torch.dtype, str] = {
@@ -126,5 +130,25 @@ class OpCoster:
         if func.is_view or name in _NO_KERNEL:
             return OpCost(flops, 0, dtype, spec.view_overhead_us, str(shapes))
         moved = tensor_bytes(inputs) + tensor_bytes(outputs)
-        seconds = max(flops / self._peak(peak_class) if flops else 0.0, moved / spec.bandwidth_bytes_per_s)
+        seconds = self._measured_class(name, flops, moved, peak_class) if spec.op_classes else None
+        if seconds is None:
+            seconds = max(
+                flops / self._peak(peak_class) if flops else 0.0, moved / spec.bandwidth_bytes_per_s
+            )
         return OpCost(flops, moved, dtype, seconds * 1e6 + spec.op_overhead_us, str(shapes))
+
+    def _measured_class(self, name: str, flops: int, moved: int, peak_class: str) -> float | None:
+        """Seconds by the op's measured class (None: the spec did not measure it). A compute
+        class's rate is fp32's; another dtype's is scaled by the spec's matmul peaks, and the time is
+        never below the bytes' at the spec's bandwidth."""
+        cls = op_class(name)
+        cost = self.spec.op_classes.get(cls)
+        if cost is None:
+            return None
+        if cls not in COMPUTE_CLASSES:
+            return cost.seconds(moved)
+        if not flops:  # a compute op no formula counts: its bytes at the roofline's bandwidth
+            return None
+        scale = self._peak(peak_class.removesuffix("-conv")) / self._peak("fp32")
+        compute = cost.fixed_us * 1e-6 + flops / (cost.rate_per_s * scale)
+        return max(compute, moved / self.spec.bandwidth_bytes_per_s)

@@ -1,0 +1,267 @@
+"""The short benchmark behind ``device="cpu"`` (about a second; ``cpu_spec.py`` caches its result).
+
+- Peaks: 512x512 matmuls for fp32, bf16 and fp16 (fp64 held to half of fp32); a 3x3 convolution of
+  64 channels for fp32 convolutions (``fp32-conv``); a 16 MiB copy for the roofline's bandwidth.
+- Per op class (``op_classes.py``): its representative op run at a small and a large size, and a
+  line through the two times: the slope is the class's rate (FLOP/s or bytes/s), the intercept
+  less a one-element op's time its fixed cost per call (what a small call pays beyond dispatch:
+  oneDNN's primitive for a convolution, a matmul's packing). So a small convolution costs what
+  small convolutions cost here, and a softmax what a softmax costs, not what a copy does.
+- Per-op cost: a chain of one-element multiplications run forward and backward (dispatch, a kernel
+  call and autograd's work per op, as in a training step); a view's (dispatch only); a module
+  call's (``nn.Module.__call__`` on a forward that does nothing).
+
+Each time is the best of a few repeats, with torch's current thread count, on the process's CPU
+time (so that a busy machine's waits for a core stay out), kernels on the wall clock when torch
+runs more than one thread (the CPU time of several threads adds up).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from layerscope.analysis.device_specs import DeviceSpec, OpClassCost
+from layerscope.estimates.op_classes import COMPUTE_CLASSES, MEMORY_CLASSES
+from layerscope.estimates.op_costs import tensor_bytes
+
+#: Elements (fp32) of a memory class's small and large run: 128 KiB and 2 MiB, the size of a small
+#: model's activations.
+MEMORY_SIZES = (1 << 15, 1 << 19)
+#: Square matmul sizes and convolution map sizes of the compute classes' two runs.
+MATMUL_SIZES = (64, 512)
+CONV_SIZES = (4, 16)
+#: Each class runs over a pool of input sets at least this large, so that its inputs come from
+#: memory, not from the core's cache, as in a step (an op reads what ops long before it wrote:
+#: parameters, saved activations, optimizer state). Measured alone on one set, an add of 128 KiB
+#: ran 4x faster from the cache than from the pool.
+POOL_BYTES = 16 * 2**20
+#: The most input sets in a pool (small runs).
+POOL_SETS = 256
+
+#: A class's run: its op, a maker of one set of inputs, and the work one call does (FLOPs, or
+#: bytes: None, counted from a call as ``op_costs`` counts an op's: inputs plus outputs).
+Run = tuple[Callable[..., object], Callable[[], tuple[object, ...]], float | None]
+
+
+def kernel_clock() -> Callable[[], float]:
+    """The clock kernels are timed on: the process's CPU time with one torch thread, else the wall."""
+    return time.process_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+def best_seconds(
+    run: Callable[[], object],
+    repeats: int,
+    budget_s: float = 0.15,
+    clock: Callable[[], float] | None = None,
+) -> float:
+    """The shortest time of one ``run()``, over ``repeats`` runs or ``budget_s`` (wall), whichever
+    ends first, on ``clock`` (default :func:`kernel_clock`)."""
+    clock = clock or kernel_clock()
+    run()  # warm up (allocations, first-call dispatch)
+    best = float("inf")
+    deadline = time.perf_counter() + budget_s
+    for _ in range(repeats):
+        start = clock()
+        run()
+        best = min(best, clock() - start)
+        if time.perf_counter() > deadline:
+            break
+    return best
+
+
+def _set_bytes(args: tuple[object, ...]) -> int:
+    return tensor_bytes([a for a in args if isinstance(a, torch.Tensor)])
+
+
+def _copy(value: object) -> object:
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def pooled_seconds(run: Run, calls: int = 48, budget_s: float = 0.03) -> tuple[float, float]:
+    """The median time of one call, each call on the next input set of a pool (``POOL_BYTES``),
+    over ``calls`` calls or ``budget_s`` (at least 5 calls), and the work of one call. The median,
+    not the best: a step is the sum of its ops' usual times."""
+    op, make, work = run
+    first = make()
+    out = op(*first)
+    if work is None:
+        outputs = list(out) if isinstance(out, tuple | list) else [out]
+        work = float(_set_bytes(first) + tensor_bytes([t for t in outputs if isinstance(t, torch.Tensor)]))
+    count = max(4, min(POOL_SETS, POOL_BYTES // max(1, _set_bytes(first))))
+    # copies of the first set: as good as new inputs to the kernels, and far faster to make
+    pool = [first, *(tuple(_copy(a) for a in first) for _ in range(count - 1))]
+    clock = kernel_clock()
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    for k in range(calls):
+        args = pool[k % count]
+        start = clock()
+        op(*args)
+        times.append(clock() - start)
+        if len(times) >= 5 and time.perf_counter() > deadline:
+            break
+    times.sort()
+    return times[len(times) // 2], work
+
+
+def memory_run(cls: str, n: int) -> Run:
+    """The representative op of memory class ``cls`` on ``n`` fp32 elements."""
+    aten = torch.ops.aten
+    ones = torch.ones(256)
+    stats = (torch.zeros(16), torch.ones(16))
+    mask = torch.rand(128, 128) > 0.5
+
+    def flat() -> tuple[object, ...]:
+        return (torch.rand(n),)
+
+    def rows() -> tuple[object, ...]:
+        return (torch.rand(n // 256, 256),)
+
+    def maps() -> tuple[object, ...]:  # 8 x 16 channels of n/2048 x 16 maps
+        return (torch.rand(8, 16, n // 2048, 16),)
+
+    runs: dict[str, Run] = {
+        "elementwise": (torch.add, lambda: (torch.rand(n), torch.rand(n)), None),
+        "transcendental": (aten.gelu, flat, None),
+        "reduction": (lambda x: aten.sum.dim_IntList(x, [-1]), rows, None),
+        "softmax": (lambda x: aten._softmax(x, -1, False), rows, None),
+        "layer_norm": (lambda x: aten.native_layer_norm(x, [256], ones, ones, 1e-5), rows, None),
+        "batch_norm": (
+            lambda x: aten.native_batch_norm(x, ones[:16], ones[:16], *stats, True, 0.1, 1e-5),
+            maps,
+            None,
+        ),
+        "indexed": (
+            lambda x: aten.masked_fill(x, mask, -1e4),
+            lambda: (torch.rand(n // 16384, 128, 128),),
+            None,
+        ),
+        "pool": (lambda x: aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1]), maps, None),
+    }
+    return runs[cls]
+
+
+def compute_run(cls: str, size: int) -> Run:
+    """The representative op of compute class ``cls`` at ``size`` (a matmul's side, a map's)."""
+    if cls == "matmul":
+        return torch.mm, lambda: (torch.rand(size, size), torch.rand(size, size)), 2.0 * size**3
+    flops = 2.0 * 8 * 64 * size * size * 64 * 9
+    if cls == "conv":
+
+        def conv(x: torch.Tensor, w: torch.Tensor) -> object:
+            return torch.nn.functional.conv2d(x, w, padding=1)
+
+        return conv, lambda: (torch.rand(8, 64, size, size), torch.rand(64, 64, 3, 3)), flops
+    if cls == "conv_backward":
+        back = torch.ops.aten.convolution_backward
+
+        def run(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> object:
+            return back(grad, x, w, [0], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+
+        def make() -> tuple[object, ...]:
+            return torch.rand(8, 64, size, size), torch.rand(8, 64, size, size), torch.rand(64, 64, 3, 3)
+
+        return run, make, 2 * flops
+    raise ValueError(f"no compute class {cls!r}")
+
+
+def fit_line(small: Run, large: Run, base_s: float) -> OpClassCost:
+    """The class's cost through its two runs' times (``base_s``: a one-element op's time, which
+    the per-op cost already holds)."""
+    t_s, work_s = pooled_seconds(small)
+    t_l, work_l = pooled_seconds(large)
+    # where noise hides the difference between the two, the large run's average rate
+    slope = t_l > t_s and work_l > work_s
+    rate = (work_l - work_s) / (t_l - t_s) if slope else work_l / t_l
+    return OpClassCost(fixed_us=max(0.0, t_s - work_s / rate - base_s) * 1e6, rate_per_s=rate)
+
+
+def class_costs() -> dict[str, OpClassCost]:
+    """Every class's measured cost."""
+    one = torch.ones(1)
+    base_s = best_seconds(lambda: torch.add(one, one), repeats=200)
+    costs = {
+        cls: fit_line(compute_run(cls, sizes[0]), compute_run(cls, sizes[1]), base_s)
+        for cls, sizes in zip(COMPUTE_CLASSES, (MATMUL_SIZES, CONV_SIZES, CONV_SIZES), strict=True)
+    }
+    for cls in MEMORY_CLASSES:
+        costs[cls] = fit_line(memory_run(cls, MEMORY_SIZES[0]), memory_run(cls, MEMORY_SIZES[1]), base_s)
+    return costs
+
+
+def _matmul_tflops(dtype: torch.dtype, n: int = 512) -> float:
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    seconds = best_seconds(lambda: torch.mm(a, b), repeats=20)
+    return 2 * n**3 / seconds / 1e12
+
+
+def _conv_tflops() -> float:
+    op, make, flops = compute_run("conv", 32)
+    args = make()
+    return (flops or 0.0) / best_seconds(lambda: op(*args), repeats=10) / 1e12
+
+
+def _copy_bandwidth(nbytes: int = 16 * 2**20) -> float:
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    seconds = best_seconds(lambda: dst.copy_(src), repeats=10)
+    return 2 * nbytes / seconds
+
+
+def _per_call_us(loop: Callable[[], object], calls: int = 2000) -> float:
+    # One thread's Python loop: its CPU time, so that a busy machine's waits for a core stay out.
+    return best_seconds(loop, repeats=5, clock=time.process_time) / calls * 1e6
+
+
+def _overheads_us() -> tuple[float, float, float]:
+    """Per op (forward and backward, autograd's work in it), per view, per module call."""
+    one = torch.ones(1)
+    leaf = torch.ones(1, requires_grad=True)
+    nothing = nn.Identity()
+
+    def chain() -> None:  # 1000 ops forward, each recording its node, and 1000 in backward
+        value = leaf
+        for _ in range(1000):
+            value = value * 1.0001
+        value.backward()  # type: ignore[no-untyped-call]
+
+    def views() -> None:
+        for _ in range(2000):
+            one.view(1)
+
+    def modules() -> None:
+        for _ in range(2000):
+            nothing(one)
+
+    return _per_call_us(chain), _per_call_us(views), _per_call_us(modules)
+
+
+def measure_cpu() -> DeviceSpec:
+    """This machine's CPU measured now (about a second)."""
+    fp32 = _matmul_tflops(torch.float32)
+    bf16 = _matmul_tflops(torch.bfloat16)
+    fp16 = _matmul_tflops(torch.float16)
+    op_us, view_us, module_us = _overheads_us()
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: a figure to show, never to fit against
+        memory = 16 * 2**30
+    return DeviceSpec(
+        key="cpu",
+        name=f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        match=(),
+        memory_bytes=int(memory),
+        bandwidth_bytes_per_s=_copy_bandwidth(),
+        peak_tflops={"fp64": fp32 / 2, "fp32": fp32, "fp32-conv": _conv_tflops(), "bf16": bf16, "fp16": fp16},
+        op_overhead_us=op_us,
+        view_overhead_us=view_us,
+        op_classes=class_costs(),
+        module_overhead_us=module_us,
+    )

@@ -1,4 +1,5 @@
-"""The short benchmark behind ``device="cpu"`` (about a second; ``cpu_spec.py`` caches its result).
+"""The short benchmark behind ``device="cpu"`` (about a second of CPU time; ``cpu_spec.py`` caches
+its result).
 
 - Peaks: 512x512 matmuls for fp32, bf16 and fp16 (fp64 held to half of fp32); a 3x3 convolution of
   64 channels for fp32 convolutions (``fp32-conv``); a 16 MiB copy for the roofline's bandwidth.
@@ -6,14 +7,16 @@
   line through the two times: the slope is the class's rate (FLOP/s or bytes/s), the intercept
   less a one-element op's time its fixed cost per call (what a small call pays beyond dispatch:
   oneDNN's primitive for a convolution, a matmul's packing). So a small convolution costs what
-  small convolutions cost here, and a softmax what a softmax costs, not what a copy does.
+  small convolutions cost here, and a softmax what a softmax costs, not what a copy does. Each
+  time is the median of calls on fresh input sets after 64 MiB were written (inputs come from
+  memory, as in a step), a matmul's in the three layouts a ``Linear`` uses.
 - Per-op cost: a chain of one-element multiplications run forward and backward (dispatch, a kernel
-  call and autograd's work per op, as in a training step); a view's (dispatch only); a module
-  call's (``nn.Module.__call__`` on a forward that does nothing).
+  call and autograd's work per op, as in a training step); a view's (a chain of views, forward and
+  backward: dispatch and autograd's view node); a module call's (``nn.Module.__call__`` on a
+  forward that does nothing). Each the best of a few repeats.
 
-Each time is the best of a few repeats, with torch's current thread count, on the process's CPU
-time (so that a busy machine's waits for a core stay out), kernels on the wall clock when torch
-runs more than one thread (the CPU time of several threads adds up).
+Times are the process's CPU time with one torch thread (a busy machine's waits for a core stay
+out), the wall clock's with more (the CPU time of several threads adds up).
 """
 
 from __future__ import annotations
@@ -36,17 +39,23 @@ MEMORY_SIZES = (1 << 15, 1 << 19)
 #: Square matmul sizes and convolution map sizes of the compute classes' two runs.
 MATMUL_SIZES = (64, 512)
 CONV_SIZES = (4, 16)
-#: Each class runs over a pool of input sets at least this large, so that its inputs come from
-#: memory, not from the core's cache, as in a step (an op reads what ops long before it wrote:
-#: parameters, saved activations, optimizer state). Measured alone on one set, an add of 128 KiB
-#: ran 4x faster from the cache than from the pool.
-POOL_BYTES = 16 * 2**20
-#: The most input sets in a pool (small runs).
-POOL_SETS = 256
+#: Before a class's calls, this many bytes are written, so that their inputs come from memory, not
+#: from the core's caches, as in a step (an op reads what ops long before it wrote: parameters,
+#: saved activations, optimizer state; a small model's step moves tens of MiB). An add of 128 KiB
+#: ran 4x faster on inputs in the cache, and 2 MiB adds 1.5x faster after 16 MiB written than after
+#: 64 MiB (docs/benchmarks.md, issue 37).
+FLUSH_BYTES = 64 * 2**20
+#: Input sets per run (each used once, cold), and the bytes they may take in all.
+POOL_SETS = 16
+POOL_BYTES = 48 * 2**20
 
-#: A class's run: its op, a maker of one set of inputs, and the work one call does (FLOPs, or
-#: bytes: None, counted from a call as ``op_costs`` counts an op's: inputs plus outputs).
-Run = tuple[Callable[..., object], Callable[[], tuple[object, ...]], float | None]
+#: How many distinct input sets a pool holds (the rest are copies of them): a matmul's three
+#: layouts, as a ``Linear`` uses them forward (``x @ w.T``) and backward (``g @ w``, ``g.T @ x``).
+VARIANTS = 3
+
+#: A class's run: its op, a maker of the ``k``-th set of inputs, and the work one call does (FLOPs,
+#: or bytes: None, counted from a call as ``op_costs`` counts an op's: inputs plus outputs).
+Run = tuple[Callable[..., object], Callable[[int], tuple[object, ...]], float | None]
 
 
 def kernel_clock() -> Callable[[], float]:
@@ -83,29 +92,27 @@ def _copy(value: object) -> object:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
-def pooled_seconds(run: Run, calls: int = 48, budget_s: float = 0.03) -> tuple[float, float]:
-    """The median time of one call, each call on the next input set of a pool (``POOL_BYTES``),
-    over ``calls`` calls or ``budget_s`` (at least 5 calls), and the work of one call. The median,
-    not the best: a step is the sum of its ops' usual times."""
+def pooled_seconds(run: Run, flush: torch.Tensor) -> tuple[float, float]:
+    """The median time of one call, each call on its own input set (``POOL_SETS``, at least 5,
+    within ``POOL_BYTES``) after ``flush`` is written, and the work of one call. The median, not
+    the best: a step is the sum of its ops' usual times."""
     op, make, work = run
-    first = make()
+    first = make(0)
     out = op(*first)
     if work is None:
         outputs = list(out) if isinstance(out, tuple | list) else [out]
         work = float(_set_bytes(first) + tensor_bytes([t for t in outputs if isinstance(t, torch.Tensor)]))
-    count = max(4, min(POOL_SETS, POOL_BYTES // max(1, _set_bytes(first))))
-    # copies of the first set: as good as new inputs to the kernels, and far faster to make
-    pool = [first, *(tuple(_copy(a) for a in first) for _ in range(count - 1))]
+    count = max(5, min(POOL_SETS, POOL_BYTES // max(1, _set_bytes(first))))
+    pool = [first, *(make(k) for k in range(1, min(count, VARIANTS)))]
+    # copies of the first sets: as good as new inputs to the kernels, and faster to make
+    pool += [tuple(_copy(a) for a in pool[k % VARIANTS]) for k in range(len(pool), count)]
+    flush.fill_(1.0)
     clock = kernel_clock()
     times: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    for k in range(calls):
-        args = pool[k % count]
+    for args in pool:
         start = clock()
         op(*args)
         times.append(clock() - start)
-        if len(times) >= 5 and time.perf_counter() > deadline:
-            break
     times.sort()
     return times[len(times) // 2], work
 
@@ -117,17 +124,18 @@ def memory_run(cls: str, n: int) -> Run:
     stats = (torch.zeros(16), torch.ones(16))
     mask = torch.rand(128, 128) > 0.5
 
-    def flat() -> tuple[object, ...]:
+    def flat(k: int) -> tuple[object, ...]:
         return (torch.rand(n),)
 
-    def rows() -> tuple[object, ...]:
+    def rows(k: int) -> tuple[object, ...]:
         return (torch.rand(n // 256, 256),)
 
-    def maps() -> tuple[object, ...]:  # 8 x 16 channels of n/2048 x 16 maps
+    def maps(k: int) -> tuple[object, ...]:  # 8 x 16 channels of n/2048 x 16 maps
         return (torch.rand(8, 16, n // 2048, 16),)
 
     runs: dict[str, Run] = {
-        "elementwise": (torch.add, lambda: (torch.rand(n), torch.rand(n)), None),
+        "elementwise": (torch.add, lambda k: (torch.rand(n), torch.rand(n)), None),
+        "elementwise_": (torch.Tensor.add_, lambda k: (torch.rand(n), torch.rand(n)), None),
         "transcendental": (aten.gelu, flat, None),
         "reduction": (lambda x: aten.sum.dim_IntList(x, [-1]), rows, None),
         "softmax": (lambda x: aten._softmax(x, -1, False), rows, None),
@@ -139,7 +147,7 @@ def memory_run(cls: str, n: int) -> Run:
         ),
         "indexed": (
             lambda x: aten.masked_fill(x, mask, -1e4),
-            lambda: (torch.rand(n // 16384, 128, 128),),
+            lambda k: (torch.rand(n // 16384, 128, 128),),
             None,
         ),
         "pool": (lambda x: aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1]), maps, None),
@@ -150,32 +158,37 @@ def memory_run(cls: str, n: int) -> Run:
 def compute_run(cls: str, size: int) -> Run:
     """The representative op of compute class ``cls`` at ``size`` (a matmul's side, a map's)."""
     if cls == "matmul":
-        return torch.mm, lambda: (torch.rand(size, size), torch.rand(size, size)), 2.0 * size**3
+
+        def layouts(k: int) -> tuple[object, ...]:
+            a, b = torch.rand(size, size), torch.rand(size, size)
+            return (a, b.t()) if k % 3 == 0 else (a, b) if k % 3 == 1 else (a.t(), b)
+
+        return torch.mm, layouts, 2.0 * size**3
     flops = 2.0 * 8 * 64 * size * size * 64 * 9
     if cls == "conv":
 
         def conv(x: torch.Tensor, w: torch.Tensor) -> object:
             return torch.nn.functional.conv2d(x, w, padding=1)
 
-        return conv, lambda: (torch.rand(8, 64, size, size), torch.rand(64, 64, 3, 3)), flops
+        return conv, lambda k: (torch.rand(8, 64, size, size), torch.rand(64, 64, 3, 3)), flops
     if cls == "conv_backward":
         back = torch.ops.aten.convolution_backward
 
         def run(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> object:
             return back(grad, x, w, [0], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
 
-        def make() -> tuple[object, ...]:
+        def make(k: int) -> tuple[object, ...]:
             return torch.rand(8, 64, size, size), torch.rand(8, 64, size, size), torch.rand(64, 64, 3, 3)
 
         return run, make, 2 * flops
     raise ValueError(f"no compute class {cls!r}")
 
 
-def fit_line(small: Run, large: Run, base_s: float) -> OpClassCost:
+def fit_line(small: Run, large: Run, base_s: float, flush: torch.Tensor) -> OpClassCost:
     """The class's cost through its two runs' times (``base_s``: a one-element op's time, which
     the per-op cost already holds)."""
-    t_s, work_s = pooled_seconds(small)
-    t_l, work_l = pooled_seconds(large)
+    t_s, work_s = pooled_seconds(small, flush)
+    t_l, work_l = pooled_seconds(large, flush)
     # where noise hides the difference between the two, the large run's average rate
     slope = t_l > t_s and work_l > work_s
     rate = (work_l - work_s) / (t_l - t_s) if slope else work_l / t_l
@@ -186,12 +199,14 @@ def class_costs() -> dict[str, OpClassCost]:
     """Every class's measured cost."""
     one = torch.ones(1)
     base_s = best_seconds(lambda: torch.add(one, one), repeats=200)
+    flush = torch.empty(FLUSH_BYTES // 4)
     costs = {
-        cls: fit_line(compute_run(cls, sizes[0]), compute_run(cls, sizes[1]), base_s)
+        cls: fit_line(compute_run(cls, sizes[0]), compute_run(cls, sizes[1]), base_s, flush)
         for cls, sizes in zip(COMPUTE_CLASSES, (MATMUL_SIZES, CONV_SIZES, CONV_SIZES), strict=True)
     }
     for cls in MEMORY_CLASSES:
-        costs[cls] = fit_line(memory_run(cls, MEMORY_SIZES[0]), memory_run(cls, MEMORY_SIZES[1]), base_s)
+        small, large = memory_run(cls, MEMORY_SIZES[0]), memory_run(cls, MEMORY_SIZES[1])
+        costs[cls] = fit_line(small, large, base_s, flush)
     return costs
 
 
@@ -204,7 +219,7 @@ def _matmul_tflops(dtype: torch.dtype, n: int = 512) -> float:
 
 def _conv_tflops() -> float:
     op, make, flops = compute_run("conv", 32)
-    args = make()
+    args = make(0)
     return (flops or 0.0) / best_seconds(lambda: op(*args), repeats=10) / 1e12
 
 
@@ -232,9 +247,11 @@ def _overheads_us() -> tuple[float, float, float]:
             value = value * 1.0001
         value.backward()  # type: ignore[no-untyped-call]
 
-    def views() -> None:
-        for _ in range(2000):
-            one.view(1)
+    def views() -> None:  # the same for views: 1000 forward, 1000 in backward (ViewBackward's)
+        value = leaf
+        for _ in range(1000):
+            value = value.view(1)
+        value.backward()  # type: ignore[no-untyped-call]
 
     def modules() -> None:
         for _ in range(2000):

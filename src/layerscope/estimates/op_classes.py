@@ -4,7 +4,8 @@ measures each class once; ``op_costs.py`` prices an op by its class).
 A class groups ops whose kernels do alike work per byte or per FLOP: ``matmul``, ``conv`` and
 ``conv_backward`` (FLOP-bound: priced by FLOPs), and the memory classes (priced by bytes read plus
 written): ``elementwise`` (arithmetic that streams: add, mul, copies, ReLU, the optimizer's
-updates; also any op no class names), ``transcendental`` (GELU, SiLU, tanh, exp: more work per
+ops; also any op no class names; ``elementwise_`` when it writes in place, as the optimizer's
+updates do: no output to allocate), ``transcendental`` (GELU, SiLU, tanh, exp: more work per
 element than a copy), ``reduction`` (sum, mean, max over a dimension), ``softmax``, ``layer_norm``,
 ``batch_norm``, ``indexed`` (masked fills, ``where``, embeddings, gathers: a mask or an index read
 beside the data) and ``pool`` (max pooling: a window read per output). Each is measured with one
@@ -18,6 +19,7 @@ COMPUTE_CLASSES = ("matmul", "conv", "conv_backward")
 #: Classes priced by the bytes their ops read and write.
 MEMORY_CLASSES = (
     "elementwise",
+    "elementwise_",
     "transcendental",
     "reduction",
     "softmax",
@@ -35,6 +37,7 @@ REPRESENTATIVES = {
     "conv": "aten::convolution (3x3, 64 channels)",
     "conv_backward": "aten::convolution_backward (the same convolution)",
     "elementwise": "aten::add (two tensors, a new output)",
+    "elementwise_": "aten::add_ (in place)",
     "transcendental": "aten::gelu",
     "reduction": "aten::sum over the last dimension",
     "softmax": "aten::_softmax over the last dimension",
@@ -173,7 +176,9 @@ _BY_NAME = {op: cls for cls, ops in MEMBERS.items() for op in ops}
 
 def op_class(name: str) -> str:
     """The class of an aten op by its name (``aten::gelu_`` is ``gelu``'s, ``aten::add`` is
-    :data:`DEFAULT_CLASS`'s)."""
+    :data:`DEFAULT_CLASS`'s, ``aten::add_`` its in-place form's)."""
     base = name.removeprefix(_ATEN)
     found = _BY_NAME.get(base) or _BY_NAME.get(base.rstrip("_"))
-    return found or DEFAULT_CLASS
+    if found:
+        return found
+    return DEFAULT_CLASS + "_" if base.endswith("_") else DEFAULT_CLASS

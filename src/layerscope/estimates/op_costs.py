@@ -4,11 +4,12 @@ FLOPs come from the formulas a measured profile uses (``capture/flops.py``), giv
 arguments as the profiler records them (every schema argument, in order, defaults filled in), so
 an estimate's FLOPs equal a measured profile's. Bytes are the tensors read plus the tensors written
 (each tensor's own elements, not its storage's): a lower bound, since an op's kernel may read an
-input more than once or write a temporary. A view moves nothing. The time is the roofline's,
-``max(FLOPs / peak(dtype), bytes / bandwidth)``, plus the spec's per-op cost; on a spec with
-measured op classes (``device="cpu"``), an op of a measured class costs that class's fixed cost
-plus its work (FLOPs for a compute class, scaled from fp32 by the spec's peaks; bytes for the
-others) at the class's rate, plus the per-op cost (``op_classes.py``, ``cpu_bench.py``).
+input more than once or write a temporary. A view moves nothing, nor does an empty tensor's
+allocation. The time is the roofline's, ``max(FLOPs / peak(dtype), bytes / bandwidth)``, plus the
+spec's per-op cost; on a spec with measured op classes (``device="cpu"``), an op of a measured
+class costs that class's fixed cost plus its work (FLOPs for a compute class, scaled from fp32 by
+the spec's peaks; bytes for the others) at the class's rate, plus the per-op cost
+(``op_classes.py``, ``cpu_bench.py``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,20 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
 #: Convolutions: held to the spec's ``fp32-conv`` class where it has one (TF32 on an accelerator
 #: when cuDNN allows it, as MFU does).
 _CONVOLUTIONS = frozenset({"aten::convolution", "aten::_convolution", "aten::convolution_backward"})
-#: Ops that run no kernel although torch does not mark them as views.
-_NO_KERNEL = frozenset({"aten::_unsafe_view", "aten::lift_fresh", "aten::_local_scalar_dense"})
+#: Ops that run no kernel although torch does not mark them as views (the empties allocate and
+#: write nothing).
+_NO_KERNEL = frozenset(
+    {
+        "aten::_unsafe_view",
+        "aten::lift_fresh",
+        "aten::_local_scalar_dense",
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,9 +120,6 @@ def pooled_seconds(run: Run, flush: torch.Tensor) -> tuple[float, float]:
 def memory_run(cls: str, n: int) -> Run:
     """The representative op of memory class ``cls`` on ``n`` fp32 elements."""
     aten = torch.ops.aten
-    ones = torch.ones(256)
-    stats = (torch.zeros(16), torch.ones(16))
-    mask = torch.rand(128, 128) > 0.5
 
     def flat(k: int) -> tuple[object, ...]:
         return (torch.rand(n),)
@@ -130,26 +127,30 @@ def memory_run(cls: str, n: int) -> Run:
     def rows(k: int) -> tuple[object, ...]:
         return (torch.rand(n // 256, 256),)
 
+    def normed_rows(k: int) -> tuple[object, ...]:  # with a layer norm's weight and bias
+        return torch.rand(n // 256, 256), torch.ones(256), torch.zeros(256)
+
     def maps(k: int) -> tuple[object, ...]:  # 8 x 16 channels of n/2048 x 16 maps
         return (torch.rand(8, 16, n // 2048, 16),)
 
+    def normed(k: int) -> tuple[object, ...]:  # with a batch norm's weight, bias and statistics
+        return (*maps(k), torch.ones(16), torch.zeros(16), torch.zeros(16), torch.ones(16))
+
+    def masked(k: int) -> tuple[object, ...]:  # an attention mask broadcast over the batch
+        return torch.rand(n // 16384, 128, 128), torch.rand(128, 128) > 0.5
+
+    def two(k: int) -> tuple[object, ...]:
+        return torch.rand(n), torch.rand(n)
+
     runs: dict[str, Run] = {
-        "elementwise": (torch.add, lambda k: (torch.rand(n), torch.rand(n)), None),
-        "elementwise_": (torch.Tensor.add_, lambda k: (torch.rand(n), torch.rand(n)), None),
+        "elementwise": (torch.add, two, None),
+        "elementwise_": (torch.Tensor.add_, two, None),
         "transcendental": (aten.gelu, flat, None),
         "reduction": (lambda x: aten.sum.dim_IntList(x, [-1]), rows, None),
         "softmax": (lambda x: aten._softmax(x, -1, False), rows, None),
-        "layer_norm": (lambda x: aten.native_layer_norm(x, [256], ones, ones, 1e-5), rows, None),
-        "batch_norm": (
-            lambda x: aten.native_batch_norm(x, ones[:16], ones[:16], *stats, True, 0.1, 1e-5),
-            maps,
-            None,
-        ),
-        "indexed": (
-            lambda x: aten.masked_fill(x, mask, -1e4),
-            lambda k: (torch.rand(n // 16384, 128, 128),),
-            None,
-        ),
+        "layer_norm": (lambda x, w, b: aten.native_layer_norm(x, [256], w, b, 1e-5), normed_rows, None),
+        "batch_norm": (lambda x, *wbs: aten.native_batch_norm(x, *wbs, True, 0.1, 1e-5), normed, None),
+        "indexed": (lambda x, mask: aten.masked_fill(x, mask, -1e4), masked, None),
         "pool": (lambda x: aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1]), maps, None),
     }
     return runs[cls]
@@ -184,15 +185,19 @@ def compute_run(cls: str, size: int) -> Run:
     raise ValueError(f"no compute class {cls!r}")
 
 
-def fit_line(small: Run, large: Run, base_s: float, flush: torch.Tensor) -> OpClassCost:
-    """The class's cost through its two runs' times (``base_s``: a one-element op's time, which
-    the per-op cost already holds)."""
-    t_s, work_s = pooled_seconds(small, flush)
-    t_l, work_l = pooled_seconds(large, flush)
-    # where noise hides the difference between the two, the large run's average rate
+def line_through(small: tuple[float, float], large: tuple[float, float], base_s: float = 0.0) -> OpClassCost:
+    """The cost through two (seconds, work) points: the slope's rate, and the intercept less
+    ``base_s`` (a one-element op's time, which the per-op cost already holds) as the fixed cost,
+    never below 0. Where noise hides the difference between the two, the large run's average rate."""
+    (t_s, work_s), (t_l, work_l) = small, large
     slope = t_l > t_s and work_l > work_s
     rate = (work_l - work_s) / (t_l - t_s) if slope else work_l / t_l
     return OpClassCost(fixed_us=max(0.0, t_s - work_s / rate - base_s) * 1e6, rate_per_s=rate)
+
+
+def fit_line(small: Run, large: Run, base_s: float, flush: torch.Tensor) -> OpClassCost:
+    """A class's cost through its two runs' times (:func:`line_through`)."""
+    return line_through(pooled_seconds(small, flush), pooled_seconds(large, flush), base_s)
 
 
 def class_costs() -> dict[str, OpClassCost]:

@@ -44,7 +44,8 @@ def _spec(**changes: Any) -> DeviceSpec:
         op_overhead_us=3.0,
         view_overhead_us=1.0,
         op_classes={
-            cls: OpClassCost(fixed_us=2.0 * k, rate_per_s=1e9 * (k + 1)) for k, cls in enumerate(ALL_CLASSES)
+            cls: OpClassCost(2.0 * k, 1e9 * (k + 1), 5e8 if "conv" in cls else 0.0)
+            for k, cls in enumerate(ALL_CLASSES)
         },
         module_overhead_us=0.0,
     )
@@ -96,11 +97,12 @@ def test_each_representative_is_an_op_of_its_class_and_its_work_is_counted_as_an
     name = func._schema.name
     assert op_class(name) == cls, name
     cost = OpCoster(_spec()).cost(func, name, op_args, op_kwargs, outputs)
+    seconds, counted, moved = cpu_bench.pooled_seconds(run, torch.empty(1024))
+    assert seconds > 0 and moved == cost.bytes > 0  # the bytes an estimate counts
     if cls in COMPUTE_CLASSES:
-        assert work == cost.flops > 0  # the FLOPs a measured profile counts
+        assert work == counted == cost.flops > 0  # the FLOPs a measured profile counts
     else:
-        seconds, counted = cpu_bench.pooled_seconds(run, torch.empty(1024))
-        assert counted == cost.bytes > 0 and seconds > 0
+        assert counted == moved
 
 
 def test_the_line_through_two_runs() -> None:
@@ -113,6 +115,22 @@ def test_the_line_through_two_runs() -> None:
     assert cpu_bench.line_through((1e-7, 1e3), (1e-3, 1e6)).fixed_us == 0.0
     # noise larger than the difference: the large run's average rate
     assert cpu_bench.line_through((2e-3, 1e3), (1e-3, 1e6)).rate_per_s == pytest.approx(1e9)
+
+
+def test_the_plane_through_three_runs() -> None:
+    # 10 µs fixed, 100 GFLOP/s, and 2 GB/s of data beyond the FLOPs (a convolution's weights)
+    def seconds(flops: float, moved: float) -> float:
+        return 10e-6 + flops / 100e9 + moved / 2e9
+
+    points = [(seconds(w, b), w, b) for w, b in ((1e6, 1e5), (1e8, 1e6), (2.5e7, 2.5e6))]
+    cost = cpu_bench.plane_through(points, base_s=4e-6)
+    assert cost is not None
+    assert cost.fixed_us == pytest.approx(6.0)
+    assert cost.rate_per_s == pytest.approx(100e9) and cost.bytes_per_s == pytest.approx(2e9)
+    assert cost.seconds(1e8, 1e6) == pytest.approx(seconds(1e8, 1e6) - 4e-6)
+    # runs whose time does not grow with their bytes give no data term: the caller keeps a line
+    flat = [(10e-6 + w / 100e9 - b / 1e9, w, b) for _, w, b in points]
+    assert cpu_bench.plane_through(flat) is None
 
 
 def test_an_op_is_priced_by_its_class() -> None:
@@ -137,6 +155,10 @@ def test_an_op_is_priced_by_its_class() -> None:
     # bf16 at fp32's class rate times the spec's bf16/fp32 peak ratio (4x here)
     got16 = coster.cost(mm16[0], "aten::mm", mm16[1], mm16[2], mm16[3])
     assert got16.time_us == pytest.approx(3.0 + matmul.fixed_us + got.flops / (4 * matmul.rate_per_s) * 1e6)
+    # a compute class's data term adds its bytes at the term's rate
+    data = replace(matmul, bytes_per_s=1e9)
+    got_data = OpCoster(_spec(op_classes={"matmul": data})).cost(mm[0], "aten::mm", mm[1], mm[2], mm[3])
+    assert got_data.time_us == pytest.approx(got.time_us + got.bytes / 1e9 * 1e6)
     # a spec without classes (every accelerator's) keeps the roofline
     plain = OpCoster(_spec(op_classes={})).cost(add[0], "aten::add", add[1], add[2], add[3])
     assert plain.time_us == pytest.approx(3.0 + plain.bytes / 10e9 * 1e6)
@@ -194,7 +216,7 @@ def test_a_spec_measured_under_load_is_measured_again_when_quieter(
     load[0] = 0.5
     again = cpu_spec.cpu_spec()  # quieter: measured again, each figure its best
     assert bench.calls == 2 and again.op_overhead_us == 4.0
-    assert again.op_classes == _spec().op_classes
+    assert again.op_classes == _spec().op_classes  # read back from the file as measured
     saved = json.loads(cpu_spec.cache_file().read_text())
     assert saved["load_per_core"] == 0.5 and saved["op_overhead_us"] == 4.0
     load[0] = 0.1
@@ -221,14 +243,24 @@ def test_best_of_two_measurements_takes_each_figures_best() -> None:
     slow = _spec(
         op_overhead_us=5.0,
         bandwidth_bytes_per_s=5e9,
-        op_classes={"matmul": OpClassCost(1.0, 1e9), "softmax": OpClassCost(4.0, 1e9)},
+        op_classes={
+            "matmul": OpClassCost(1.0, 1e9),
+            "softmax": OpClassCost(4.0, 1e9),
+            "conv": OpClassCost(5.0, 1e9, 2e9),
+        },
     )
     fast = _spec(
         op_overhead_us=4.0,
         bandwidth_bytes_per_s=8e9,
-        op_classes={"matmul": OpClassCost(2.0, 3e9), "pool": OpClassCost(1.0, 1e9)},
+        op_classes={
+            "matmul": OpClassCost(2.0, 3e9),
+            "pool": OpClassCost(1.0, 1e9),
+            "conv": OpClassCost(5.0, 1e9, 1e9),
+        },
     )
     best = cpu_spec.best_of(slow, fast)
     assert best.op_overhead_us == 4.0 and best.bandwidth_bytes_per_s == 8e9
     assert best.op_classes["matmul"] == OpClassCost(1.0, 3e9)
-    assert set(best.op_classes) == {"matmul", "softmax", "pool"}
+    assert set(best.op_classes) == {"matmul", "softmax", "pool", "conv"}
+    assert best.op_classes["conv"].bytes_per_s == 2e9  # the faster data term
+    assert cpu_spec.best_of(fast, _spec()).op_classes["matmul"].bytes_per_s == 0.0  # none is fastest

@@ -23,14 +23,19 @@ class OpClassCost:
     """What one class of ops costs on a device, measured (``device="cpu"``): ``fixed_us`` per call on
     top of the spec's per-op cost (a kernel's set-up: oneDNN's primitive for a convolution, a
     small matmul's packing), and ``rate_per_s``, the rate its work runs at once it runs (FLOP/s for
-    a compute class, at fp32; bytes read plus written per second for the others)."""
+    a compute class, at fp32; bytes read plus written per second for the others). A compute class
+    may add a data term, its bytes at ``bytes_per_s`` (0: none): a convolution's weights reordered
+    and its weight gradient reduced cost time beyond its FLOPs."""
 
     fixed_us: float
     rate_per_s: float
+    bytes_per_s: float = 0.0
 
-    def seconds(self, work: float) -> float:
-        """The time of one call doing ``work`` (FLOPs or bytes), the per-op cost aside."""
-        return self.fixed_us * 1e-6 + work / self.rate_per_s
+    def seconds(self, work: float, moved: float = 0.0) -> float:
+        """The time of one call doing ``work`` (FLOPs or bytes) and moving ``moved`` bytes (the
+        data term's), the per-op cost aside."""
+        data = moved / self.bytes_per_s if self.bytes_per_s > 0 else 0.0
+        return self.fixed_us * 1e-6 + work / self.rate_per_s + data
 
 
 @dataclass(frozen=True)

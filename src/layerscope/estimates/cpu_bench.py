@@ -26,11 +26,12 @@ import platform
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 from layerscope.analysis.device_specs import DeviceSpec, OpClassCost
-from layerscope.estimates.op_classes import COMPUTE_CLASSES, MEMORY_CLASSES
+from layerscope.estimates.op_classes import MEMORY_CLASSES
 from layerscope.estimates.op_costs import tensor_bytes
 
 #: Elements (fp32) of a memory class's small and large run: 128 KiB and 2 MiB, the size of a small
@@ -47,7 +48,7 @@ CONV_SIZES = (4, 16)
 FLUSH_BYTES = 64 * 2**20
 #: Input sets per run (each used once, cold), and the bytes they may take in all.
 POOL_SETS = 16
-POOL_BYTES = 48 * 2**20
+POOL_BYTES = 24 * 2**20
 
 #: How many distinct input sets a pool holds (the rest are copies of them): a matmul's three
 #: layouts, as a ``Linear`` uses them forward (``x @ w.T``) and backward (``g @ w``, ``g.T @ x``).
@@ -92,16 +93,17 @@ def _copy(value: object) -> object:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
-def pooled_seconds(run: Run, flush: torch.Tensor) -> tuple[float, float]:
+def pooled_seconds(run: Run, flush: torch.Tensor) -> tuple[float, float, float]:
     """The median time of one call, each call on its own input set (``POOL_SETS``, at least 5,
-    within ``POOL_BYTES``) after ``flush`` is written, and the work of one call. The median, not
-    the best: a step is the sum of its ops' usual times."""
+    within ``POOL_BYTES``) after ``flush`` is written; the work of one call and the bytes it
+    moves (as ``op_costs`` counts an op's). The median, not the best: a step is the sum of its
+    ops' usual times."""
     op, make, work = run
     first = make(0)
     out = op(*first)
-    if work is None:
-        outputs = list(out) if isinstance(out, tuple | list) else [out]
-        work = float(_set_bytes(first) + tensor_bytes([t for t in outputs if isinstance(t, torch.Tensor)]))
+    outputs = list(out) if isinstance(out, tuple | list) else [out]
+    moved = float(_set_bytes(first) + tensor_bytes([t for t in outputs if isinstance(t, torch.Tensor)]))
+    work = moved if work is None else work
     count = max(5, min(POOL_SETS, POOL_BYTES // max(1, _set_bytes(first))))
     pool = [first, *(make(k) for k in range(1, min(count, VARIANTS)))]
     # copies of the first sets: as good as new inputs to the kernels, and faster to make
@@ -114,7 +116,7 @@ def pooled_seconds(run: Run, flush: torch.Tensor) -> tuple[float, float]:
         op(*args)
         times.append(clock() - start)
     times.sort()
-    return times[len(times) // 2], work
+    return times[len(times) // 2], work, moved
 
 
 def memory_run(cls: str, n: int) -> Run:
@@ -156,8 +158,9 @@ def memory_run(cls: str, n: int) -> Run:
     return runs[cls]
 
 
-def compute_run(cls: str, size: int) -> Run:
-    """The representative op of compute class ``cls`` at ``size`` (a matmul's side, a map's)."""
+def compute_run(cls: str, size: int, channels: int = 64) -> Run:
+    """The representative op of compute class ``cls`` at ``size`` (a matmul's side, a map's; a
+    convolution's ``channels`` in and out)."""
     if cls == "matmul":
 
         def layouts(k: int) -> tuple[object, ...]:
@@ -165,13 +168,14 @@ def compute_run(cls: str, size: int) -> Run:
             return (a, b.t()) if k % 3 == 0 else (a, b) if k % 3 == 1 else (a.t(), b)
 
         return torch.mm, layouts, 2.0 * size**3
-    flops = 2.0 * 8 * 64 * size * size * 64 * 9
+    c = channels
+    flops = 2.0 * 8 * c * size * size * c * 9
     if cls == "conv":
 
         def conv(x: torch.Tensor, w: torch.Tensor) -> object:
             return torch.nn.functional.conv2d(x, w, padding=1)
 
-        return conv, lambda k: (torch.rand(8, 64, size, size), torch.rand(64, 64, 3, 3)), flops
+        return conv, lambda k: (torch.rand(8, c, size, size), torch.rand(c, c, 3, 3)), flops
     if cls == "conv_backward":
         back = torch.ops.aten.convolution_backward
 
@@ -179,7 +183,7 @@ def compute_run(cls: str, size: int) -> Run:
             return back(grad, x, w, [0], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
 
         def make(k: int) -> tuple[object, ...]:
-            return torch.rand(8, 64, size, size), torch.rand(8, 64, size, size), torch.rand(64, 64, 3, 3)
+            return torch.rand(8, c, size, size), torch.rand(8, c, size, size), torch.rand(c, c, 3, 3)
 
         return run, make, 2 * flops
     raise ValueError(f"no compute class {cls!r}")
@@ -195,9 +199,40 @@ def line_through(small: tuple[float, float], large: tuple[float, float], base_s:
     return OpClassCost(fixed_us=max(0.0, t_s - work_s / rate - base_s) * 1e6, rate_per_s=rate)
 
 
+def plane_through(points: list[tuple[float, float, float]], base_s: float = 0.0) -> OpClassCost | None:
+    """The cost through three (seconds, FLOPs, bytes) points: ``fixed + FLOPs / rate + bytes /
+    bytes_rate``; None where they give no positive rates (noise, or a data term the runs cannot
+    tell from the FLOPs)."""
+    try:
+        fixed, per_flop, per_byte = np.linalg.solve(
+            np.array([[1.0, w, b] for _, w, b in points]), np.array([t for t, _, _ in points])
+        )
+    except np.linalg.LinAlgError:
+        return None
+    if per_flop <= 0 or per_byte <= 0:
+        return None
+    return OpClassCost(max(0.0, fixed - base_s) * 1e6, 1 / per_flop, 1 / per_byte)
+
+
 def fit_line(small: Run, large: Run, base_s: float, flush: torch.Tensor) -> OpClassCost:
     """A class's cost through its two runs' times (:func:`line_through`)."""
-    return line_through(pooled_seconds(small, flush), pooled_seconds(large, flush), base_s)
+    t_s, work_s, _ = pooled_seconds(small, flush)
+    t_l, work_l, _ = pooled_seconds(large, flush)
+    return line_through((t_s, work_s), (t_l, work_l), base_s)
+
+
+def fit_conv(cls: str, base_s: float, flush: torch.Tensor) -> OpClassCost:
+    """A convolution class: 64 channels on small and large maps, and 256 channels on 2x2 maps
+    (as a ResNet's last stage at a small input: the same FLOPs as 64 channels on 8x8 maps, its
+    weights 16x larger), through :func:`plane_through`; the line through the first two where the
+    three give no data term."""
+    runs = [compute_run(cls, CONV_SIZES[0]), compute_run(cls, CONV_SIZES[1]), compute_run(cls, 2, 256)]
+    points = [pooled_seconds(run, flush) for run in runs]
+    plane = plane_through(points, base_s)
+    if plane is not None:
+        return plane
+    (t_s, work_s, _), (t_l, work_l, _) = points[:2]
+    return line_through((t_s, work_s), (t_l, work_l), base_s)
 
 
 def class_costs() -> dict[str, OpClassCost]:
@@ -206,8 +241,11 @@ def class_costs() -> dict[str, OpClassCost]:
     base_s = best_seconds(lambda: torch.add(one, one), repeats=200)
     flush = torch.empty(FLUSH_BYTES // 4)
     costs = {
-        cls: fit_line(compute_run(cls, sizes[0]), compute_run(cls, sizes[1]), base_s, flush)
-        for cls, sizes in zip(COMPUTE_CLASSES, (MATMUL_SIZES, CONV_SIZES, CONV_SIZES), strict=True)
+        "matmul": fit_line(
+            compute_run("matmul", MATMUL_SIZES[0]), compute_run("matmul", MATMUL_SIZES[1]), base_s, flush
+        ),
+        "conv": fit_conv("conv", base_s, flush),
+        "conv_backward": fit_conv("conv_backward", base_s, flush),
     }
     for cls in MEMORY_CLASSES:
         small, large = memory_run(cls, MEMORY_SIZES[0]), memory_run(cls, MEMORY_SIZES[1])

@@ -53,15 +53,16 @@ def load_per_core() -> float:
         return 0.0
 
 
+def _best_class(a: OpClassCost, b: OpClassCost) -> OpClassCost:
+    # a data term's rate of 0 is no data term: the faster
+    data = 0.0 if not a.bytes_per_s or not b.bytes_per_s else max(a.bytes_per_s, b.bytes_per_s)
+    return OpClassCost(min(a.fixed_us, b.fixed_us), max(a.rate_per_s, b.rate_per_s), data)
+
+
 def best_of(a: DeviceSpec, b: DeviceSpec) -> DeviceSpec:
     """Each figure at its best of two measurements of one machine: the higher rate, the lower cost."""
     classes = {
-        name: OpClassCost(
-            min(cost.fixed_us, b.op_classes[name].fixed_us),
-            max(cost.rate_per_s, b.op_classes[name].rate_per_s),
-        )
-        if name in b.op_classes
-        else cost
+        name: _best_class(cost, b.op_classes[name]) if name in b.op_classes else cost
         for name, cost in a.op_classes.items()
     }
     peaks = {k: max(v, b.peak_tflops.get(k, 0.0)) for k, v in a.peak_tflops.items()}
@@ -86,7 +87,7 @@ def to_json(spec: DeviceSpec, load: float) -> dict[str, object]:
         "op_overhead_us": spec.op_overhead_us,
         "view_overhead_us": spec.view_overhead_us,
         "module_overhead_us": spec.module_overhead_us,
-        "op_classes": {k: [c.fixed_us, c.rate_per_s] for k, c in spec.op_classes.items()},
+        "op_classes": {k: [c.fixed_us, c.rate_per_s, c.bytes_per_s] for k, c in spec.op_classes.items()},
         "measured_at": time.time(),
         "load_per_core": load,
     }
@@ -105,7 +106,7 @@ def from_json(data: dict[str, Any]) -> tuple[DeviceSpec, float]:
         op_overhead_us=float(data["op_overhead_us"]),
         view_overhead_us=float(data["view_overhead_us"]),
         module_overhead_us=float(data["module_overhead_us"]),
-        op_classes={str(k): OpClassCost(float(v[0]), float(v[1])) for k, v in data["op_classes"].items()},
+        op_classes={str(k): OpClassCost(*(float(x) for x in v[:3])) for k, v in data["op_classes"].items()},
     )
     return spec, float(data["load_per_core"])
 

@@ -163,5 +163,5 @@ class OpCoster:
         if not flops:  # a compute op no formula counts: its bytes at the roofline's bandwidth
             return None
         scale = self._peak(peak_class.removesuffix("-conv")) / self._peak("fp32")
-        compute = cost.fixed_us * 1e-6 + flops / (cost.rate_per_s * scale)
+        compute = cost.seconds(flops / scale, moved)
         return max(compute, moved / self.spec.bandwidth_bytes_per_s)

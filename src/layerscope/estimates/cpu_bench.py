@@ -158,25 +158,16 @@ def memory_run(cls: str, n: int) -> Run:
     return runs[cls]
 
 
-def matmul_run(m: int, k: int, n: int) -> Run:
-    """``mm`` of (m, k) by (k, n), in turn in the three layouts a ``Linear`` uses: ``x @ w.T``
-    forward, ``g @ w`` and ``g.T @ x`` backward."""
-
-    def layouts(j: int) -> tuple[object, ...]:
-        if j % 3 == 0:
-            return torch.rand(m, k), torch.rand(n, k).t()
-        if j % 3 == 1:
-            return torch.rand(m, k), torch.rand(k, n)
-        return torch.rand(k, m).t(), torch.rand(k, n)
-
-    return torch.mm, layouts, 2.0 * m * k * n
-
-
 def compute_run(cls: str, size: int, channels: int = 64) -> Run:
     """The representative op of compute class ``cls`` at ``size`` (a matmul's side, a map's; a
     convolution's ``channels`` in and out)."""
     if cls == "matmul":
-        return matmul_run(size, size, size)
+
+        def layouts(k: int) -> tuple[object, ...]:
+            a, b = torch.rand(size, size), torch.rand(size, size)
+            return (a, b.t()) if k % 3 == 0 else (a, b) if k % 3 == 1 else (a.t(), b)
+
+        return torch.mm, layouts, 2.0 * size**3
     c = channels
     flops = 2.0 * 8 * c * size * size * c * 9
     if cls == "conv":
@@ -230,12 +221,12 @@ def fit_line(small: Run, large: Run, base_s: float, flush: torch.Tensor) -> OpCl
     return line_through((t_s, work_s), (t_l, work_l), base_s)
 
 
-def fit_plane(runs: list[Run], base_s: float, flush: torch.Tensor) -> OpClassCost:
-    """A compute class through three runs (:func:`plane_through`): ``matmul``: 64² and 512² squares
-    and a thin 64x512 by 512x1024 (as a small batch's ``Linear``: its operands' bytes, packed,
-    weigh beyond its FLOPs); a convolution: 64 channels on 4x4 and 16x16 maps and 256 channels on
-    2x2 maps (as a ResNet's last stage at a small input: the FLOPs of 64 channels on 8x8 maps, its
-    weights 16x larger). The line through the first two where the three give no data term."""
+def fit_conv(cls: str, base_s: float, flush: torch.Tensor) -> OpClassCost:
+    """A convolution class: 64 channels on small and large maps, and 256 channels on 2x2 maps
+    (as a ResNet's last stage at a small input: the same FLOPs as 64 channels on 8x8 maps, its
+    weights 16x larger), through :func:`plane_through`; the line through the first two where the
+    three give no data term."""
+    runs = [compute_run(cls, CONV_SIZES[0]), compute_run(cls, CONV_SIZES[1]), compute_run(cls, 2, 256)]
     points = [pooled_seconds(run, flush) for run in runs]
     plane = plane_through(points, base_s)
     if plane is not None:
@@ -250,15 +241,11 @@ def class_costs() -> dict[str, OpClassCost]:
     base_s = best_seconds(lambda: torch.add(one, one), repeats=200)
     flush = torch.empty(FLUSH_BYTES // 4)
     costs = {
-        "matmul": fit_plane(
-            [*(matmul_run(n, n, n) for n in MATMUL_SIZES), matmul_run(64, 512, 1024)], base_s, flush
+        "matmul": fit_line(
+            compute_run("matmul", MATMUL_SIZES[0]), compute_run("matmul", MATMUL_SIZES[1]), base_s, flush
         ),
-        **{
-            cls: fit_plane(
-                [*(compute_run(cls, n) for n in CONV_SIZES), compute_run(cls, 2, 256)], base_s, flush
-            )
-            for cls in ("conv", "conv_backward")
-        },
+        "conv": fit_conv("conv", base_s, flush),
+        "conv_backward": fit_conv("conv_backward", base_s, flush),
     }
     for cls in MEMORY_CLASSES:
         small, large = memory_run(cls, MEMORY_SIZES[0]), memory_run(cls, MEMORY_SIZES[1])

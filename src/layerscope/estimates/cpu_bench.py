@@ -37,14 +37,15 @@ from layerscope.estimates.op_costs import tensor_bytes
 #: Elements (fp32) of a memory class's small and large run: 128 KiB and 2 MiB, the size of a small
 #: model's activations.
 MEMORY_SIZES = (1 << 15, 1 << 19)
-#: Square matmul sizes and convolution map sizes of the compute classes' two runs.
+#: Square matmul sizes and convolution map sizes (64 channels) of the compute classes' runs; a
+#: convolution class also runs 256 channels on 2x2 maps (``fit_conv``).
 MATMUL_SIZES = (64, 512)
 CONV_SIZES = (4, 16)
 #: Before a class's calls, this many bytes are written, so that their inputs come from memory, not
 #: from the core's caches, as in a step (an op reads what ops long before it wrote: parameters,
 #: saved activations, optimizer state; a small model's step moves tens of MiB). An add of 128 KiB
-#: ran 4x faster on inputs in the cache, and 2 MiB adds 1.5x faster after 16 MiB written than after
-#: 64 MiB (docs/benchmarks.md, issue 37).
+#: ran 4x faster on inputs in the cache, and 2 MiB adds 1.5x faster over a pool of 16 MiB than over
+#: one of 64 MiB (docs/benchmarks.md, issue 37).
 FLUSH_BYTES = 64 * 2**20
 #: Input sets per run (each used once, cold), and the bytes they may take in all.
 POOL_SETS = 16

@@ -18,6 +18,7 @@ cores make every op wait on the others.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -211,6 +212,8 @@ def main() -> None:
     if args.llama8b:
         llama8b()
         return
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"load average {load:.1f} on {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)\n")
     print(
         "| model | FLOPs equal | params/grads/opt state equal | peak predicted | peak measured | peak error "
         "| step predicted | step measured (wall / CPU time, fastest) | time error (vs CPU time) "

@@ -51,3 +51,12 @@ def test_mfu_reads_the_same_table_and_user_specs_pass_through() -> None:
     assert device_spec(mine) is mine
     with pytest.raises(UsageError, match="choose from h200, h100-pcie, h100-sxm"):
         device_spec("b9000")
+
+
+def test_a_class_the_spec_quotes_is_its_own_figure() -> None:
+    # the measured CPU quotes fp32 convolutions apart; they were once held to its bf16 (AMX) peak
+    cpu = DeviceSpec("cpu", "a CPU", (), 10**9, 1e10, {"fp32": 0.2, "fp32-conv": 0.15, "bf16": 1.0})
+    assert cpu.peak_flops("fp32-conv") == 0.15e12
+    assert cpu.peak_flops("tf32") == 0.2e12 and cpu.peak_flops("int") == 1.0e12  # fallbacks as before
+    # the accelerators have no measured op classes nor module cost: their model is the roofline's
+    assert all(not s.op_classes and s.module_overhead_us == 0 for s in SPECS)

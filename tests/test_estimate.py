@@ -16,6 +16,7 @@ import layerscope as ls
 from layerscope.analysis.device_specs import DeviceSpec
 from layerscope.cli import main
 from layerscope.estimates import search_batch
+from layerscope.estimates.op_classes import COMPUTE_CLASSES, MEMORY_CLASSES
 from layerscope.models import GPTBlock
 
 #: A small fixed device, so that tests measure nothing and batch searches end quickly.
@@ -204,6 +205,11 @@ def test_cpu_device_is_measured_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     )
     assert first.totals.cpu_us > 0 and first.totals.device_us == 0
     assert first.meta.estimate.peak_tflops["fp32"] > 0  # type: ignore[union-attr]
+    # every op class measured, read back from the cache as measured
+    spec = ls.estimates.cpu_spec()
+    assert set(spec.op_classes) == set(COMPUTE_CLASSES) | set(MEMORY_CLASSES)
+    assert all(c.rate_per_s > 0 and c.fixed_us >= 0 for c in spec.op_classes.values())
+    assert spec.module_overhead_us > 0 and spec == ls.estimates.cpu_spec()
 
 
 class _Checkpointed(nn.Module):

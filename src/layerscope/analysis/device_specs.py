@@ -10,12 +10,32 @@ their own with :class:`DeviceSpec` wherever a key is taken.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from layerscope.errors import UsageError
 
 GB = 10**9
 TB = 10**12
+
+
+@dataclass(frozen=True)
+class OpClassCost:
+    """What one class of ops costs on a device, measured (``device="cpu"``): ``fixed_us`` per call on
+    top of the spec's per-op cost (a kernel's set-up: oneDNN's primitive for a convolution, a
+    small matmul's packing), and ``rate_per_s``, the rate its work runs at once it runs (FLOP/s for
+    a compute class, at fp32; bytes read plus written per second for the others). A compute class
+    may add a data term, its bytes at ``bytes_per_s`` (0: none): a convolution's weights reordered
+    and its weight gradient reduced cost time beyond its FLOPs."""
+
+    fixed_us: float
+    rate_per_s: float
+    bytes_per_s: float = 0.0
+
+    def seconds(self, work: float, moved: float = 0.0) -> float:
+        """The time of one call doing ``work`` (FLOPs or bytes) and moving ``moved`` bytes (the
+        data term's), the per-op cost aside."""
+        data = moved / self.bytes_per_s if self.bytes_per_s > 0 else 0.0
+        return self.fixed_us * 1e-6 + work / self.rate_per_s + data
 
 
 @dataclass(frozen=True)
@@ -26,7 +46,12 @@ class DeviceSpec:
 
     Estimates add to each op's roofline time ``op_overhead_us`` (an op that runs a kernel: launch
     and dispatch) or ``view_overhead_us`` (a view, which moves no data). The accelerators' defaults
-    are a typical eager launch gap; ``device="cpu"`` measures both on this machine."""
+    are a typical eager launch gap; ``device="cpu"`` measures both on this machine.
+
+    ``op_classes`` (measured for ``device="cpu"``, empty for the accelerators): per class of ops
+    (``estimates/op_classes.py``) its own fixed cost and rate, used instead of the roofline's peak
+    and bandwidth for the ops of that class; ``module_overhead_us``: what each module call costs
+    beyond its ops (``nn.Module.__call__`` in Python)."""
 
     key: str
     name: str
@@ -36,11 +61,14 @@ class DeviceSpec:
     peak_tflops: Mapping[str, float]
     op_overhead_us: float = 4.0
     view_overhead_us: float = 0.0
+    op_classes: Mapping[str, OpClassCost] = field(default_factory=dict)
+    module_overhead_us: float = 0.0
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for a dtype class (``fp32``, ``bf16``...). A class the spec has no
         figure for is held to the nearest one it has: tf32 to fp32, fp8 to bf16/fp16, fp64 to
-        fp32, anything else (int, unknown) to bf16, then to the spec's lowest figure."""
+        fp32, anything else (int, unknown) to bf16, then to the spec's lowest figure. A class the
+        spec quotes (``fp32-conv`` on the measured CPU) is its own figure."""
         fallbacks = {
             "tf32": ("tf32", "fp32"),
             "fp8": ("fp8", "bf16", "fp16"),
@@ -49,7 +77,7 @@ class DeviceSpec:
             "bf16": ("bf16", "fp16"),
             "fp32": ("fp32",),
         }
-        for name in (*fallbacks.get(dtype, ()), "bf16", "fp32"):
+        for name in (dtype, *fallbacks.get(dtype, ()), "bf16", "fp32"):
             figure = self.peak_tflops.get(name)
             if figure:
                 return float(figure) * 1e12
@@ -160,4 +188,4 @@ def device_spec(device: str | DeviceSpec) -> DeviceSpec:
     return found
 
 
-__all__ = ["SPECS", "DeviceSpec", "device_spec", "spec_for_device_name"]
+__all__ = ["SPECS", "DeviceSpec", "OpClassCost", "device_spec", "spec_for_device_name"]

@@ -1,17 +1,17 @@
-"""``device="cpu"``: this machine measured once, as a :class:`DeviceSpec`, so that CPU estimates can
-be checked against CPU profiles here.
+"""``device="cpu"``: this machine measured once (``cpu_bench.py``, about a second), as a
+:class:`DeviceSpec`, so that CPU estimates can be checked against CPU profiles here.
 
-A short benchmark (about a second): matmuls (512x512) for the peak FLOP/s of fp32, bf16 and fp16
-(fp64 is held to half of fp32), a 3x3 convolution of 64 channels for fp32 convolutions' own rate
-(``fp32-conv``), a 16 MiB copy for the memory bandwidth (bytes read plus written per second; the
-size of a typical weight or activation of a model one checks on a CPU, so partly cache-resident:
-DRAM's alone is lower), and tiny ops for the per-op cost (a chain of one-element multiplications
-run forward and backward: dispatch, a kernel call and autograd's work per op, as in a training
-step; a view: dispatch only). Each figure is the best of a few repeats, taken with torch's current
-thread count (the per-op loops in the process's CPU time, so that a busy machine's waits for a core
-stay out). The result is cached as JSON in the layerscope cache folder (``LAYERSCOPE_CACHE``,
-default ``~/.cache/layerscope``, as the native module's), keyed by torch's version, the thread count
-and the processor, so it is measured once per machine and setting.
+The result is cached as JSON in the layerscope cache folder (``LAYERSCOPE_CACHE``, default
+``~/.cache/layerscope``, as the native module's), keyed by torch's version, the thread count and the
+processor, with when it was measured and the machine's load then (the 1-minute load average per
+core). A spec measured on a busy machine is slower than the machine (one such spec predicted a
+step twice as long as a quiet one), so the cache is not kept blindly:
+
+- a cached spec measured under load (more than one runnable process per core) is measured again
+  when it is read on a machine at most half as busy, and each figure keeps the best of the old and
+  the new (a quiet machine's figures win, a loaded one's never replace them);
+- ``cpu_spec(refresh=True)`` measures now and replaces the cache: what ``benchmarks/estimate.py
+  --paired`` does, so that the spec and the steps it is compared with see the same load.
 """
 
 from __future__ import annotations
@@ -20,12 +20,17 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from layerscope.analysis.device_specs import DeviceSpec
+from layerscope.analysis.device_specs import DeviceSpec, OpClassCost
+from layerscope.estimates.cpu_bench import measure_cpu
+
+#: Load per core above which a measurement counts as taken on a busy machine.
+BUSY_LOAD = 1.0
 
 
 def cache_file() -> Path:
@@ -37,89 +42,43 @@ def cache_file() -> Path:
         else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerscope"
     )
     cpu = "".join(c if c.isalnum() else "-" for c in (platform.processor() or platform.machine()))[:40]
-    return base / "devices" / f"cpu-v3-{torch.__version__}-{torch.get_num_threads()}t-{cpu}.json"
+    return base / "devices" / f"cpu-v4-{torch.__version__}-{torch.get_num_threads()}t-{cpu}.json"
 
 
-def _best_seconds(
-    run: Callable[[], object],
-    repeats: int,
-    budget_s: float = 0.15,
-    clock: Callable[[], float] = time.perf_counter,
-) -> float:
-    """The shortest time of one ``run()``, over ``repeats`` runs or ``budget_s``, whichever ends first."""
-    run()  # warm up (allocations, first-call dispatch)
-    best = float("inf")
-    deadline = time.perf_counter() + budget_s
-    for _ in range(repeats):
-        start = clock()
-        run()
-        best = min(best, clock() - start)
-        if time.perf_counter() > deadline:
-            break
-    return best
-
-
-def _matmul_tflops(dtype: torch.dtype, n: int = 512) -> float:
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    seconds = _best_seconds(lambda: torch.mm(a, b), repeats=20)
-    return 2 * n**3 / seconds / 1e12
-
-
-def _conv_tflops() -> float:
-    x = torch.randn(8, 64, 32, 32)
-    w = torch.randn(64, 64, 3, 3)
-    seconds = _best_seconds(lambda: torch.nn.functional.conv2d(x, w, padding=1), repeats=10)
-    return 2 * 8 * 64 * 32 * 32 * 64 * 9 / seconds / 1e12
-
-
-def _copy_bandwidth(nbytes: int = 16 * 2**20) -> float:
-    src = torch.ones(nbytes // 4)
-    dst = torch.empty_like(src)
-    seconds = _best_seconds(lambda: dst.copy_(src), repeats=10)
-    return 2 * nbytes / seconds
-
-
-def _per_op_us(loop: Callable[[], object], calls: int = 2000) -> float:
-    # One thread's Python loop: its CPU time, so that a busy machine's waits for a core stay out.
-    return _best_seconds(loop, repeats=5, clock=time.process_time) / calls * 1e6
-
-
-def measure_cpu() -> DeviceSpec:
-    """This machine's CPU measured now (about a second)."""
-    fp32 = _matmul_tflops(torch.float32)
-    bf16 = _matmul_tflops(torch.bfloat16)
-    fp16 = _matmul_tflops(torch.float16)
-    one = torch.ones(1)
-    leaf = torch.ones(1, requires_grad=True)
-
-    def chain() -> None:  # 1000 ops forward, each recording its node, and 1000 in backward
-        value = leaf
-        for _ in range(1000):
-            value = value * 1.0001
-        value.backward()  # type: ignore[no-untyped-call]
-
-    def views() -> None:
-        for _ in range(2000):
-            one.view(1)
-
+def load_per_core() -> float:
+    """The 1-minute load average per core (0 where the OS does not say)."""
     try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not POSIX: a figure to show, never to fit against
-        memory = 16 * 2**30
-    return DeviceSpec(
-        key="cpu",
-        name=f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-        match=(),
-        memory_bytes=int(memory),
-        bandwidth_bytes_per_s=_copy_bandwidth(),
-        peak_tflops={"fp64": fp32 / 2, "fp32": fp32, "fp32-conv": _conv_tflops(), "bf16": bf16, "fp16": fp16},
-        op_overhead_us=_per_op_us(chain),
-        view_overhead_us=_per_op_us(views),
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (OSError, AttributeError):
+        return 0.0
+
+
+def _best_class(a: OpClassCost, b: OpClassCost) -> OpClassCost:
+    # a data term's rate of 0 is no data term: the faster
+    data = 0.0 if not a.bytes_per_s or not b.bytes_per_s else max(a.bytes_per_s, b.bytes_per_s)
+    return OpClassCost(min(a.fixed_us, b.fixed_us), max(a.rate_per_s, b.rate_per_s), data)
+
+
+def best_of(a: DeviceSpec, b: DeviceSpec) -> DeviceSpec:
+    """Each figure at its best of two measurements of one machine: the higher rate, the lower cost."""
+    classes = {
+        name: _best_class(cost, b.op_classes[name]) if name in b.op_classes else cost
+        for name, cost in a.op_classes.items()
+    }
+    peaks = {k: max(v, b.peak_tflops.get(k, 0.0)) for k, v in a.peak_tflops.items()}
+    return replace(
+        a,
+        bandwidth_bytes_per_s=max(a.bandwidth_bytes_per_s, b.bandwidth_bytes_per_s),
+        peak_tflops=peaks,
+        op_overhead_us=min(a.op_overhead_us, b.op_overhead_us),
+        view_overhead_us=min(a.view_overhead_us, b.view_overhead_us),
+        module_overhead_us=min(a.module_overhead_us, b.module_overhead_us),
+        op_classes={**b.op_classes, **classes},
     )
 
 
-def _to_json(spec: DeviceSpec) -> dict[str, object]:
+def to_json(spec: DeviceSpec, load: float) -> dict[str, object]:
+    """The cache file's content: the spec, when it was measured and the load per core then."""
     return {
         "name": spec.name,
         "memory_bytes": spec.memory_bytes,
@@ -127,34 +86,62 @@ def _to_json(spec: DeviceSpec) -> dict[str, object]:
         "peak_tflops": dict(spec.peak_tflops),
         "op_overhead_us": spec.op_overhead_us,
         "view_overhead_us": spec.view_overhead_us,
+        "module_overhead_us": spec.module_overhead_us,
+        "op_classes": {k: [c.fixed_us, c.rate_per_s, c.bytes_per_s] for k, c in spec.op_classes.items()},
+        "measured_at": time.time(),
+        "load_per_core": load,
     }
+
+
+def from_json(data: dict[str, Any]) -> tuple[DeviceSpec, float]:
+    """A cache file's spec and the load per core it was measured under (KeyError, ValueError or
+    TypeError on a damaged file)."""
+    spec = DeviceSpec(
+        key="cpu",
+        name=str(data["name"]),
+        match=(),
+        memory_bytes=int(data["memory_bytes"]),
+        bandwidth_bytes_per_s=float(data["bandwidth_bytes_per_s"]),
+        peak_tflops={str(k): float(v) for k, v in data["peak_tflops"].items()},
+        op_overhead_us=float(data["op_overhead_us"]),
+        view_overhead_us=float(data["view_overhead_us"]),
+        module_overhead_us=float(data["module_overhead_us"]),
+        op_classes={str(k): OpClassCost(*(float(x) for x in v[:3])) for k, v in data["op_classes"].items()},
+    )
+    return spec, float(data["load_per_core"])
+
+
+def _read(path: Path) -> tuple[DeviceSpec, float] | None:
+    try:
+        return from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None  # missing or damaged: measured again
+
+
+def _write(path: Path, spec: DeviceSpec, load: float) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(to_json(spec, load), indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache: measured each time, still right
 
 
 def cpu_spec(refresh: bool = False) -> DeviceSpec:
     """This machine's CPU as a spec: read from the cache, else measured and cached (``refresh``:
-    measure again)."""
+    measure now and replace the cache). A cached spec measured under load is measured again on a
+    quieter machine, keeping each figure's best (module docstring)."""
     path = cache_file()
-    if not refresh and path.is_file():
-        try:
-            data = json.loads(path.read_text())
-            return DeviceSpec(
-                key="cpu",
-                name=str(data["name"]),
-                match=(),
-                memory_bytes=int(data["memory_bytes"]),
-                bandwidth_bytes_per_s=float(data["bandwidth_bytes_per_s"]),
-                peak_tflops={str(k): float(v) for k, v in data["peak_tflops"].items()},
-                op_overhead_us=float(data["op_overhead_us"]),
-                view_overhead_us=float(data["view_overhead_us"]),
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a damaged cache file is measured again
+    cached = None if refresh else _read(path)
+    load = load_per_core()
+    if cached is not None:
+        spec, cached_load = cached
+        if cached_load <= BUSY_LOAD or load > cached_load / 2:
+            return spec
+        merged = best_of(measure_cpu(), spec)
+        _write(path, merged, load)
+        return merged
     spec = measure_cpu()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(_to_json(spec), indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache: measured each time, still right
+    _write(path, spec, load)
     return spec

@@ -4,8 +4,12 @@ FLOPs come from the formulas a measured profile uses (``capture/flops.py``), giv
 arguments as the profiler records them (every schema argument, in order, defaults filled in), so
 an estimate's FLOPs equal a measured profile's. Bytes are the tensors read plus the tensors written
 (each tensor's own elements, not its storage's): a lower bound, since an op's kernel may read an
-input more than once or write a temporary. A view moves nothing. The time is the roofline's,
-``max(FLOPs / peak(dtype), bytes / bandwidth)``, plus the spec's per-op cost.
+input more than once or write a temporary. A view moves nothing, nor does an empty tensor's
+allocation. The time is the roofline's, ``max(FLOPs / peak(dtype), bytes / bandwidth)``, plus the
+spec's per-op cost; on a spec with measured op classes (``device="cpu"``), an op of a measured
+class costs that class's fixed cost plus its work (FLOPs for a compute class, scaled from fp32 by
+the spec's peaks; bytes for the others) at the class's rate, plus the per-op cost
+(``op_classes.py``, ``cpu_bench.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 
 from layerscope.analysis.device_specs import DeviceSpec
 from layerscope.capture.flops import FlopCalculator
+from layerscope.estimates.op_classes import COMPUTE_CLASSES, op_class
 
 #: torch dtypes -> the classes peaks are quoted for (as ``attribution/flop_dtypes.py`` names them).
 DTYPE_CLASSES: dict[torch.dtype, str] = {
@@ -36,8 +41,20 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
 #: Convolutions: held to the spec's ``fp32-conv`` class where it has one (TF32 on an accelerator
 #: when cuDNN allows it, as MFU does).
 _CONVOLUTIONS = frozenset({"aten::convolution", "aten::_convolution", "aten::convolution_backward"})
-#: Ops that run no kernel although torch does not mark them as views.
-_NO_KERNEL = frozenset({"aten::_unsafe_view", "aten::lift_fresh", "aten::_local_scalar_dense"})
+#: Ops that run no kernel although torch does not mark them as views (the empties allocate and
+#: write nothing).
+_NO_KERNEL = frozenset(
+    {
+        "aten::_unsafe_view",
+        "aten::lift_fresh",
+        "aten::_local_scalar_dense",
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,5 +143,25 @@ class OpCoster:
         if func.is_view or name in _NO_KERNEL:
             return OpCost(flops, 0, dtype, spec.view_overhead_us, str(shapes))
         moved = tensor_bytes(inputs) + tensor_bytes(outputs)
-        seconds = max(flops / self._peak(peak_class) if flops else 0.0, moved / spec.bandwidth_bytes_per_s)
+        seconds = self._measured_class(name, flops, moved, peak_class) if spec.op_classes else None
+        if seconds is None:
+            seconds = max(
+                flops / self._peak(peak_class) if flops else 0.0, moved / spec.bandwidth_bytes_per_s
+            )
         return OpCost(flops, moved, dtype, seconds * 1e6 + spec.op_overhead_us, str(shapes))
+
+    def _measured_class(self, name: str, flops: int, moved: int, peak_class: str) -> float | None:
+        """Seconds by the op's measured class (None: the spec did not measure it). A compute
+        class's rate is fp32's; another dtype's is scaled by the spec's matmul peaks, and the time is
+        never below the bytes' at the spec's bandwidth."""
+        cls = op_class(name)
+        cost = self.spec.op_classes.get(cls)
+        if cost is None:
+            return None
+        if cls not in COMPUTE_CLASSES:
+            return cost.seconds(moved)
+        if not flops:  # a compute op no formula counts: its bytes at the roofline's bandwidth
+            return None
+        scale = self._peak(peak_class.removesuffix("-conv")) / self._peak("fp32")
+        compute = cost.seconds(flops / scale, moved)
+        return max(compute, moved / self.spec.bandwidth_bytes_per_s)

@@ -61,6 +61,15 @@ class StepRecord:
     #: how many times each ``record_function`` range was entered (an entry's calls, as measured)
     label_calls: dict[str, int] = field(default_factory=dict)
 
+    def charge_module_calls(self, calls: dict[str, int], phase: str, us_per_call: float) -> None:
+        """Each module call's own cost beyond its ops (``nn.Module.__call__``), booked to the
+        module's own time in ``phase`` (no op row: a measured profile shows it as the module's
+        self time outside its ops) and to the clock."""
+        for path, count in calls.items():
+            if count and us_per_call:
+                self.modules.setdefault((path, phase), Sums()).time_us += count * us_per_call
+                self.clock_us += count * us_per_call
+
 
 class StepRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Costs every aten op run under it and books it where the scope tracker says it runs."""

@@ -34,7 +34,7 @@ from layerscope.estimates.fake_step import (
 )
 from layerscope.estimates.op_costs import OpCoster
 from layerscope.estimates.recorder import StepRecorder
-from layerscope.estimates.scopes import ScopeTracker
+from layerscope.estimates.scopes import BACKWARD, FORWARD, ScopeTracker
 from layerscope.estimates.storages import ACTIVATION, GRADIENT, INPUT, PARAMETER, StorageLedger
 
 #: Memory kept back from a device's total before a peak is said to fit: 5% plus 512 MiB (the
@@ -151,6 +151,9 @@ def fake_run(model: nn.Module, example_inputs: Any, step: StepSpec, coster: OpCo
             raise _failed(exc) from exc
         ledger.sweep()
         end = ledger.live_by_category()
+    overhead = coster.spec.module_overhead_us
+    recorder.record.charge_module_calls(scopes.calls, FORWARD, overhead)
+    recorder.record.charge_module_calls(scopes.recompute_calls, BACKWARD, overhead)
     return FakeRun(recorder, ledger, scopes, saved, end)
 
 

@@ -15,7 +15,6 @@ from layerscope.analysis.device import (
     DeviceReport,
     KernelStats,
     is_graph_launch,
-    kernel_function_name,
     kernel_kind,
 )
 from layerscope.analysis.streams import (
@@ -36,6 +35,19 @@ from layerscope.events.steps import step_windows
 from layerscope.events.table import EventKind, EventTable
 
 Intervals = tuple[np.ndarray, np.ndarray]
+
+
+def kernel_function_name(name: str) -> str:
+    """A demangled kernel name without its parameter list: ``void f<T>(int, Foo)`` -> ``void f<T>``."""
+    depth = 0
+    for k, ch in enumerate(name):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == "(" and depth == 0 and k > 0 and not name.startswith("(anonymous namespace)", k):
+            return name[:k]
+    return name
 
 
 def stream_work(table: EventTable, device: np.ndarray) -> StreamWork:

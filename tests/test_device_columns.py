@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from layerscope import loading
-from layerscope.analysis.device import device_report
+from layerscope.analysis.device import device_report, kernel_function_name
 from layerscope.analysis.device_columns import launch_calls
 from layerscope.analysis.segments import covered_in_windows, segment_sums, window_pieces
 from layerscope.analysis.sync_points import enclosing_ops
@@ -174,3 +174,11 @@ def test_covered_and_pieces_per_window_are_the_clipped_union() -> None:
             keep = np.flatnonzero(e > s)
             assert covered[k] == union_length(s[keep], e[keep])
             assert [p.tolist() for p in pieces[k]] == [s[keep].tolist(), e[keep].tolist(), keep.tolist()]
+
+
+def test_kernel_function_names_as_the_character_loop_found_them() -> None:
+    rng = np.random.default_rng(2)
+    alphabet = np.asarray([*"<>(), a:_", "(anonymous namespace)", "void "])
+    names = ["".join(rng.choice(alphabet, int(rng.integers(0, 30)))) for _ in range(3000)]
+    for name in [*names, *KERNELS, "(anonymous namespace)::f(int)", "a>>(b)"]:
+        assert kernel_function_name(name) == device_reference.kernel_function_name(name)

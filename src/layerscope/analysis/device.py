@@ -74,14 +74,18 @@ KERNEL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 def kernel_function_name(name: str) -> str:
     """A demangled kernel name without its parameter list: ``void f<T>(int, Foo)`` -> ``void f<T>``."""
     depth = 0
-    for k, ch in enumerate(name):
+    for found in _BRACKETS.finditer(name):  # only the brackets: names run to hundreds of characters
+        ch, k = found.group(), found.start()
         if ch == "<":
             depth += 1
         elif ch == ">":
             depth = max(0, depth - 1)
-        elif ch == "(" and depth == 0 and k > 0 and not name.startswith("(anonymous namespace)", k):
+        elif depth == 0 and k > 0 and not name.startswith("(anonymous namespace)", k):
             return name[:k]
     return name
+
+
+_BRACKETS = re.compile(r"[<>(]")
 
 
 TINY_KERNEL_US = 10.0
@@ -220,7 +224,7 @@ def device_report(table: EventTable) -> DeviceReport | None:
 
     launchers = launch_calls(table, device)
     work = StreamWork.of(table, device, launchers)
-    is_comm, is_comp = _comm_and_comp(table, device)
+    is_comm, is_comp = _comm_and_comp(table, device, kernels)
     windows = step_windows(table)
     timelines = device_timelines(work, (lo, hi))
     return DeviceReport(
@@ -251,14 +255,16 @@ def _launch_bound(table: EventTable, kernels: np.ndarray, launchers: np.ndarray)
     return int((shorter & ~name_flags(table, launchers, is_graph_launch)).sum())
 
 
-def _comm_and_comp(table: EventTable, device: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _comm_and_comp(
+    table: EventTable, device: np.ndarray, kernels: Sequence[KernelStats]
+) -> tuple[np.ndarray, np.ndarray]:
     """Which of ``device`` are communication kernels and which computation kernels (copies and
-    sets are neither, as in HTA)."""
+    sets are neither, as in HTA), by the kinds ``kernels`` found for their names (only kernels are
+    of kind communication)."""
     is_kernel = table.array("span_kind")[device] == EventKind.KERNEL
+    communication = {stat.name for stat in kernels if stat.kind == "communication"}
     is_comm = np.zeros(device.size, dtype=bool)
-    is_comm[is_kernel] = name_flags(
-        table, device[is_kernel], lambda name: kernel_kind(name, EventKind.KERNEL) == "communication"
-    )
+    is_comm[is_kernel] = name_flags(table, device[is_kernel], communication.__contains__)
     return is_comm, is_kernel & ~is_comm
 
 

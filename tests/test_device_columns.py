@@ -152,6 +152,10 @@ def test_segment_sums_are_numpy_sums() -> None:
         bounds = np.concatenate([[0], np.sort(rng.integers(0, n + 1, int(rng.integers(0, 40)))), [n]])
         expected = [values[a:b].sum() for a, b in itertools.pairwise(bounds)]
         assert segment_sums(values, bounds).tolist() == expected
+    values = rng.integers(1, 10**9, 60_000) / 1000.0  # more segments than one grid holds
+    bounds = np.concatenate([[0], np.sort(rng.integers(0, values.size, 9000)), [values.size]])
+    expected = [values[a:b].sum() for a, b in itertools.pairwise(bounds)]
+    assert segment_sums(values, bounds).tolist() == expected
 
 
 def test_covered_and_pieces_per_window_are_the_clipped_union() -> None:

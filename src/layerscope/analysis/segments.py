@@ -16,8 +16,10 @@ import numpy as np
 #: numpy's pairwise summation sums arrays up to this long with eight running sums.
 _BLOCK = 128
 _LANES = 8
+#: Segments summed at a time (a grid of 1 MB per 1024).
+_ROWS = 4096
 #: Pieces cut at a time: bounds the memory of many windows over a long trace.
-_CHUNK = 1 << 21
+_CHUNK = 1 << 18
 
 
 def segment_sums(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -31,30 +33,35 @@ def segment_sums(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     for k in np.flatnonzero(sizes > _BLOCK).tolist():
         out[k] = values[bounds[k] : bounds[k + 1]].sum()
     small = np.flatnonzero((sizes > 0) & (sizes <= _BLOCK))
-    if not small.size:
-        return out
-    size = sizes[small]
+    for at in range(0, small.size, _ROWS):  # a few MB of grid at a time
+        rows = small[at : at + _ROWS]
+        out[rows] = _lane_sums(values, bounds[:-1][rows], sizes[rows])
+    return out
+
+
+def _lane_sums(values: np.ndarray, first: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """numpy's sums of ``values[first[k]:first[k] + size[k]]``, each 1 to 128 long."""
     # one row per segment, zero-padded: adding 0.0 leaves a non-negative sum as it is
     column = np.arange(_BLOCK)
-    grid = np.zeros((small.size, _BLOCK))
+    grid = np.zeros((size.size, _BLOCK))
     inside = column < size[:, None]
-    grid[inside] = values[(bounds[:-1][small][:, None] + column)[inside]]
-    short = np.zeros(small.size)
+    grid[inside] = values[(first[:, None] + column)[inside]]
+    short = np.zeros(size.size)
     for i in range(_LANES - 1):
         short = short + grid[:, i]
     whole = size - size % _LANES
-    lanes = np.where(column < whole[:, None], grid, 0.0).reshape(small.size, _BLOCK // _LANES, _LANES)
+    lanes = np.where(column < whole[:, None], grid, 0.0).reshape(size.size, _BLOCK // _LANES, _LANES)
     running = lanes[:, 0, :].copy()
     for row in range(1, _BLOCK // _LANES):
         running = running + lanes[:, row, :]
     r = [running[:, j] for j in range(_LANES)]
     total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-    rows = np.arange(small.size)
+    rows = np.arange(size.size)
     for extra in range(_LANES - 1):
         at = whole + extra
         total = total + np.where(at < size, grid[rows, np.minimum(at, _BLOCK - 1)], 0.0)
-    out[small] = np.where(size < _LANES, short, total)
-    return out
+    found: np.ndarray = np.where(size < _LANES, short, total)
+    return found
 
 
 def covered_in_windows(start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

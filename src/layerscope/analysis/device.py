@@ -4,6 +4,7 @@ communication/computation overlap, and a verdict per step from what the device's
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -102,8 +103,10 @@ def is_graph_launch(name: str) -> bool:
     return name.startswith(GRAPH_LAUNCH_CALLS)
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def kernel_kind(name: str, kind: int) -> str:
-    """The kind of one piece of device work (memcpy directions from Kineto's names)."""
+    """The kind of one piece of device work (memcpy directions from Kineto's names); remembered,
+    since ranks and traces of one job share their kernel names and the patterns are many."""
     if kind == EventKind.MEMSET:
         return "memset"
     if kind == EventKind.MEMCPY:

@@ -14,7 +14,7 @@ import pytest
 
 from layerscope import loading
 from layerscope.analysis.device import device_report, kernel_function_name
-from layerscope.analysis.device_columns import launch_calls
+from layerscope.analysis.device_columns import first_seen, launch_calls
 from layerscope.analysis.segments import covered_in_windows, segment_sums, window_pieces
 from layerscope.analysis.sync_points import enclosing_ops
 from layerscope.events.intervals import union_length
@@ -186,3 +186,12 @@ def test_kernel_function_names_as_the_character_loop_found_them() -> None:
     names = ["".join(rng.choice(alphabet, int(rng.integers(0, 30)))) for _ in range(3000)]
     for name in [*names, *KERNELS, "(anonymous namespace)::f(int)", "a>>(b)"]:
         assert kernel_function_name(name) == device_reference.kernel_function_name(name)
+
+
+@pytest.mark.parametrize("scale", [1, 10**15, -1])  # counted (small ids), sorted (large, negative)
+def test_first_seen_is_dict_order(scale: int) -> None:
+    keys = np.random.default_rng(3).integers(0, 40, 5000) * scale
+    index: dict[int, int] = {}
+    expected = [index.setdefault(k, len(index)) for k in keys.tolist()]
+    distinct, group = first_seen(keys)
+    assert distinct.tolist() == list(index) and group.tolist() == expected

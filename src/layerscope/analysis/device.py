@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from layerscope.analysis.collectives import CollectiveKernel
-from layerscope.analysis.device_columns import launch_calls, name_flags, thread_groups
+from layerscope.analysis.device_columns import first_seen, group_sums, launch_calls, name_flags, thread_groups
 from layerscope.analysis.streams import (
     IdleTime,
     StreamStats,
@@ -186,20 +186,14 @@ class DeviceReport:
 
 def _kernel_stats(table: EventTable, device: np.ndarray) -> list[KernelStats]:
     """One row per kernel name (and kind of work), most time first; ties in the order first run."""
-    kind, name_id = table.array("span_kind")[device], table.array("span_name")[device]
-    _, first, inverse = np.unique(
-        name_id * (max(EventKind) + 1) + kind, return_index=True, return_inverse=True
-    )
-    inverse = inverse.reshape(-1)
-    launches = np.bincount(inverse)
-    starts = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(launches)[:-1]])
-    # int64 sums per group: exact, as Python's sum of the durations
-    total = np.add.reduceat(table.array("span_dur")[device][np.argsort(inverse, kind="stable")], starts)
+    width = max(EventKind) + 1
+    keys, group = first_seen(table.array("span_name")[device] * width + table.array("span_kind")[device])
+    launches = np.bincount(group, minlength=keys.size)
+    total = group_sums(group, table.array("span_dur")[device], keys.size)
     rows = []
-    for g in np.argsort(first, kind="stable").tolist():
-        name = table.names[int(name_id[first[g]])]
-        kernel = kernel_kind(name, int(kind[first[g]]))
-        rows.append(KernelStats(name, kernel, int(launches[g]), int(total[g]) / 1000.0))
+    for key, count, ns in zip(keys.tolist(), launches.tolist(), total.tolist(), strict=True):
+        name = table.names[key // width]
+        rows.append(KernelStats(name, kernel_kind(name, key % width), count, ns / 1000.0))
     return sorted(rows, key=lambda s: -s.total_us)
 
 
@@ -309,19 +303,16 @@ def _copies(table: EventTable, device: np.ndarray) -> tuple[CopyStats, ...]:
     if not copies.size:
         return ()
     copy_bytes: dict[str, int] = table.meta.get("copy_bytes", {})
-    ids, first, inverse = np.unique(table.array("span_name")[copies], return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    count = np.bincount(inverse)
-    order = np.argsort(inverse, kind="stable")
-    starts = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(count)[:-1]])
-    time_ns = np.add.reduceat(table.array("span_dur")[copies][order], starts)
+    ids, group = first_seen(table.array("span_name")[copies])
+    count = np.bincount(group, minlength=ids.size)
+    time_ns = group_sums(group, table.array("span_dur")[copies], ids.size)
     found: dict[str, list[int]] = {}
-    for g in np.argsort(first, kind="stable").tolist():
-        name = table.names[int(ids[g])]
+    for name_id, n, ns in zip(ids.tolist(), count.tolist(), time_ns.tolist(), strict=True):
+        name = table.names[name_id]
         entry = found.setdefault(kernel_kind(name, EventKind.MEMCPY), [0, 0, 0])
-        entry[0] += int(count[g])
+        entry[0] += n
         entry[1] += int(copy_bytes.get(name, 0))
-        entry[2] += int(time_ns[g])
+        entry[2] += ns
     return tuple(
         sorted(
             (CopyStats(kind, c, b, ns / 1000.0) for kind, (c, b, ns) in found.items()),

@@ -47,17 +47,41 @@ def name_flags(table: EventTable, spans: np.ndarray, test: Callable[[str], bool]
     return found
 
 
+def first_seen(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of ``keys`` in the order each first occurs, and for each key the index
+    of its value among them. Small non-negative keys (thread ids, name ids) are counted into a table
+    of their own size; others are sorted (a stable sort of a long column costs far more)."""
+    if not keys.size:
+        return keys[:0], np.zeros(0, dtype=np.int64)
+    low, high = int(keys.min()), int(keys.max())
+    if low >= 0 and high < keys.size + (1 << 16):
+        first = np.full(high + 1, keys.size, dtype=np.int64)
+        np.minimum.at(first, keys, np.arange(keys.size))
+        present = np.flatnonzero(first < keys.size)
+        distinct = present[np.argsort(first[present], kind="stable")]
+        rank = np.zeros(high + 1, dtype=np.int64)
+        rank[distinct] = np.arange(distinct.size)
+        return distinct, rank[keys]
+    values, at, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(at, kind="stable")
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    return values[order], rank[inverse.reshape(-1)]
+
+
+def group_sums(group: np.ndarray, values: np.ndarray, groups: int) -> np.ndarray:
+    """Per group index, the sum of its ``values`` (int64: exact, as Python's sum)."""
+    found = np.zeros(groups, dtype=np.int64)
+    np.add.at(found, group, values)
+    return found
+
+
 def thread_groups(
     table: EventTable, spans: np.ndarray, key: Callable[[int], K]
 ) -> tuple[list[K], np.ndarray]:
     """The distinct ``key(tid)`` of the threads of ``spans``, in the order each first occurs among
     them, and for each span the index of its key: ``key`` is asked once per distinct thread."""
-    tids = table.array("span_tid")[spans]
-    if not tids.size:
-        return [], np.zeros(0, dtype=np.int64)
-    distinct, first, inverse = np.unique(tids, return_index=True, return_inverse=True)
+    distinct, thread = first_seen(table.array("span_tid")[spans])
     index: dict[K, int] = {}
-    of_thread = np.zeros(distinct.size, dtype=np.int64)
-    for t in np.argsort(first, kind="stable").tolist():
-        of_thread[t] = index.setdefault(key(int(distinct[t])), len(index))
-    return list(index), of_thread[inverse.reshape(-1)]
+    of_thread = np.asarray([index.setdefault(key(t), len(index)) for t in distinct.tolist()], dtype=np.int64)
+    return list(index), of_thread[thread] if distinct.size else np.zeros(0, dtype=np.int64)

@@ -219,8 +219,9 @@ def stream_stats(work: StreamWork) -> tuple[StreamStats, ...]:
     if not work.keys:
         return ()
     found = []
-    # each stream's rows in row order, from one sort
-    order = np.argsort(work.stream, kind="stable")
+    # each stream's rows in row order, from one sort (of 16-bit numbers: numpy's radix sort)
+    narrow = work.stream.astype(np.int16) if len(work.keys) < 1 << 15 else work.stream
+    order = np.argsort(narrow, kind="stable")
     picks = np.split(order, np.searchsorted(work.stream[order], np.arange(1, len(work.keys))))
     for (device, stream), pick in zip(work.keys, picks, strict=True):
         busy = union_length(work.start[pick], work.end[pick]) / 1000.0

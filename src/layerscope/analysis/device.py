@@ -207,9 +207,10 @@ def device_report(table: EventTable) -> DeviceReport | None:
     starts, ends = ts[device], ts[device] + dur[device]
     devices, device_of = thread_groups(table, device, lambda tid: table.threads.get(tid, (0, 0))[0])
     busy_ns = sum(union_length(starts[device_of == k], ends[device_of == k]) for k in range(len(devices)))
-    cpu = np.flatnonzero(kinds < EventKind.PYTHON)
-    lo = min(int(starts.min()), int(ts[cpu].min())) if cpu.size else int(starts.min())
-    hi = max(int(ends.max()), int((ts[cpu] + dur[cpu]).max())) if cpu.size else int(ends.max())
+    # the CPU side's first start and last end, read in place (no copy of the CPU spans)
+    cpu = kinds < EventKind.PYTHON
+    lo = int(ts.min(where=cpu, initial=starts.min()))
+    hi = int((ts + dur).max(where=cpu, initial=ends.max()))
     window_ns = (hi - lo) * max(1, len(devices))
 
     kernels = _kernel_stats(table, device)

@@ -97,6 +97,17 @@ def test_random_traces_report_as_the_loops_did(seed: int) -> None:
     assert repr(found) == repr(expected)
 
 
+def test_live_capture_threads_report_as_the_loops_did() -> None:
+    """A live capture's table: threads by the OS's large ids, no (pid, tid) names."""
+    table = random_trace(3, device_tids=(10, 11, 12))
+    big = 140_000_000_000
+    table.span_tid = [tid + big for tid in table.span_tid]
+    table.threads = {}
+    found = device_report(table)
+    assert found is not None and {s.device for s in found.streams} == {"?"} and len(found.streams) == 3
+    assert repr(found) == repr(device_reference.device_report(table))
+
+
 def test_windows_with_hundreds_of_gaps_sum_as_numpy() -> None:
     """Over 128 gaps of one cause in one window: numpy's pairwise halves, not the eight lanes."""
     table = random_trace(7, steps=2, per_step=800, device_tids=(10,))

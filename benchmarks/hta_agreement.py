@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -123,7 +124,7 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for path in args.traces:
         try:
-            read = _read(path)
+            read = _read(Path(path), None, False)
         except TraceFormatError as exc:
             print(f"{path}: {exc}", file=sys.stderr)
             continue

@@ -4,21 +4,32 @@ communication/computation overlap, and a verdict per step from what the device's
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from layerscope.analysis.collectives import CollectiveKernel
+from layerscope.analysis.device_columns import first_seen, group_sums, launch_calls, name_flags, thread_groups
 from layerscope.analysis.streams import (
     IdleTime,
     StreamStats,
     StreamWork,
     stream_stats,
 )
-from layerscope.analysis.verdict import StepVerdict, comm_overlap, device_idle, step_verdicts
+from layerscope.analysis.sync_points import SyncPoint as SyncPoint
+from layerscope.analysis.sync_points import sync_points
+from layerscope.analysis.verdict import (
+    StepVerdict,
+    comm_overlap,
+    device_idle,
+    device_timelines,
+    step_verdicts,
+)
 from layerscope.events.intervals import union_length
-from layerscope.events.steps import step_windows
+from layerscope.events.steps import StepWindow, step_windows
 from layerscope.events.table import EventKind, EventTable
 
 #: Kernel kinds, first match wins (names of cuBLAS/cuDNN/CUTLASS/Triton/NCCL/ROCm kernels), tried on
@@ -64,33 +75,21 @@ KERNEL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 def kernel_function_name(name: str) -> str:
     """A demangled kernel name without its parameter list: ``void f<T>(int, Foo)`` -> ``void f<T>``."""
     depth = 0
-    for k, ch in enumerate(name):
+    for found in _BRACKETS.finditer(name):  # only the brackets: names run to hundreds of characters
+        ch, k = found.group(), found.start()
         if ch == "<":
             depth += 1
         elif ch == ">":
             depth = max(0, depth - 1)
-        elif ch == "(" and depth == 0 and k > 0 and not name.startswith("(anonymous namespace)", k):
+        elif depth == 0 and k > 0 and not name.startswith("(anonymous namespace)", k):
             return name[:k]
     return name
 
 
-SYNC_CALLS = (
-    "cudaDeviceSynchronize",
-    "cudaStreamSynchronize",
-    "cudaEventSynchronize",
-    "hipDeviceSynchronize",
-    "hipStreamSynchronize",
-    "hipEventSynchronize",
-    "cudaMemcpy",
-    "hipMemcpy",
-)
+_BRACKETS = re.compile(r"[<>(]")
+
+
 TINY_KERNEL_US = 10.0
-
-
-def is_sync_call(name: str) -> bool:
-    """Runtime calls that block the host until the device catches up (async copies and device-side
-    waits do not)."""
-    return name.startswith(SYNC_CALLS) and "Async" not in name
 
 
 #: Runtime calls that launch a whole captured graph: one call, many kernels.
@@ -104,8 +103,10 @@ def is_graph_launch(name: str) -> bool:
     return name.startswith(GRAPH_LAUNCH_CALLS)
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def kernel_kind(name: str, kind: int) -> str:
-    """The kind of one piece of device work (memcpy directions from Kineto's names)."""
+    """The kind of one piece of device work (memcpy directions from Kineto's names); remembered,
+    since ranks and traces of one job share their kernel names and the patterns are many."""
     if kind == EventKind.MEMSET:
         return "memset"
     if kind == EventKind.MEMCPY:
@@ -133,16 +134,6 @@ class KernelStats:
     def mean_us(self) -> float:
         """Mean duration of one launch."""
         return self.total_us / self.launches if self.launches else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class SyncPoint:
-    """A host-device synchronisation call, with the op that made it."""
-
-    call: str
-    op: str
-    count: int
-    total_us: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,33 +184,17 @@ class DeviceReport:
         return self.busy_us / self.window_us if self.window_us > 0 else 0.0
 
 
-def _enclosing_ops(table: EventTable, wanted: list[int]) -> dict[int, int]:
-    """For each span in ``wanted``, the innermost CPU op or range around it on its thread (-1)."""
-    if not wanted:
-        return {}
-    kinds = table.array("span_kind")
-    ts, dur = table.array("span_ts"), table.array("span_dur")
-    cpu = np.flatnonzero((kinds == EventKind.CPU_OP) | (kinds == EventKind.USER_ANNOTATION))
-    cpu_order = cpu[np.lexsort((-dur[cpu], ts[cpu]))].tolist()
-    targets = sorted(wanted, key=lambda i: int(ts[i]))
-    result: dict[int, int] = {}
-    stacks: dict[int, list[int]] = {}
-    j = 0
-    span_ts, span_dur, span_tid = table.span_ts, table.span_dur, table.span_tid
-    for i in targets:
-        t = span_ts[i]
-        while j < len(cpu_order) and span_ts[cpu_order[j]] <= t:
-            k = cpu_order[j]
-            stack = stacks.setdefault(span_tid[k], [])
-            while stack and span_ts[stack[-1]] + span_dur[stack[-1]] < span_ts[k] + span_dur[k]:
-                stack.pop()
-            stack.append(k)
-            j += 1
-        stack = stacks.get(span_tid[i], [])
-        while stack and span_ts[stack[-1]] + span_dur[stack[-1]] < t + span_dur[i]:
-            stack.pop()
-        result[i] = stack[-1] if stack else -1
-    return result
+def _kernel_stats(table: EventTable, device: np.ndarray) -> list[KernelStats]:
+    """One row per kernel name (and kind of work), most time first; ties in the order first run."""
+    width = max(EventKind) + 1
+    keys, group = first_seen(table.array("span_name")[device] * width + table.array("span_kind")[device])
+    launches = np.bincount(group, minlength=keys.size)
+    total = group_sums(group, table.array("span_dur")[device], keys.size)
+    rows = []
+    for key, count, ns in zip(keys.tolist(), launches.tolist(), total.tolist(), strict=True):
+        name = table.names[key // width]
+        rows.append(KernelStats(name, kernel_kind(name, key % width), count, ns / 1000.0))
+    return sorted(rows, key=lambda s: -s.total_us)
 
 
 def device_report(table: EventTable) -> DeviceReport | None:
@@ -230,35 +205,26 @@ def device_report(table: EventTable) -> DeviceReport | None:
         return None
     ts, dur = table.array("span_ts"), table.array("span_dur")
     starts, ends = ts[device], ts[device] + dur[device]
-    busy_ns = 0
-    devices = [table.threads.get(int(t), (0, 0))[0] for t in table.array("span_tid")[device].tolist()]
-    for dev in set(devices):
-        pick = np.asarray([d == dev for d in devices])
-        busy_ns += union_length(starts[pick], ends[pick])
-    cpu = np.flatnonzero(kinds < EventKind.PYTHON)
-    lo = min(int(starts.min()), int(ts[cpu].min())) if cpu.size else int(starts.min())
-    hi = max(int(ends.max()), int((ts[cpu] + dur[cpu]).max())) if cpu.size else int(ends.max())
-    window_ns = (hi - lo) * max(1, len(set(devices)))
+    devices, device_of = thread_groups(table, device, lambda tid: table.threads.get(tid, (0, 0))[0])
+    busy_ns = sum(union_length(starts[device_of == k], ends[device_of == k]) for k in range(len(devices)))
+    # the CPU side's first start and last end, read in place (no copy of the CPU spans)
+    cpu = kinds < EventKind.PYTHON
+    lo = int(ts.min(where=cpu, initial=starts.min()))
+    hi = int((ts + dur).max(where=cpu, initial=ends.max()))
+    window_ns = (hi - lo) * max(1, len(devices))
 
-    names = table.names
-    per_name: dict[tuple[int, int], list[int]] = {}
-    for k in device.tolist():
-        per_name.setdefault((table.span_name[k], table.span_kind[k]), []).append(table.span_dur[k])
-    kernels = sorted(
-        (
-            KernelStats(names[n], kernel_kind(names[n], kd), len(d), sum(d) / 1000.0)
-            for (n, kd), d in per_name.items()
-        ),
-        key=lambda s: -s.total_us,
-    )
+    kernels = _kernel_stats(table, device)
     by_kind: dict[str, float] = {}
     for stat in kernels:
         by_kind[stat.kind] = by_kind.get(stat.kind, 0.0) + stat.total_us
     is_kernel = kinds[device] == EventKind.KERNEL
     tiny = int(((dur[device] < TINY_KERNEL_US * 1000) & is_kernel).sum())
 
-    work = StreamWork.of(table, device)
-    is_comm, is_comp = _comm_and_comp(table, device)
+    launchers = launch_calls(table, device)
+    work = StreamWork.of(table, device, launchers)
+    is_comm, is_comp = _comm_and_comp(table, device, kernels)
+    windows = step_windows(table)
+    timelines = device_timelines(work, (lo, hi))
     return DeviceReport(
         window_us=window_ns / 1000.0,
         busy_us=busy_ns / 1000.0,
@@ -266,106 +232,88 @@ def device_report(table: EventTable) -> DeviceReport | None:
         kernels=tuple(kernels),
         launches=int(is_kernel.sum()),
         tiny_kernels=tiny,
-        launch_bound=_launch_bound(table, device[is_kernel]),
-        syncs=_sync_points(table),
-        steps=step_verdicts(table, work, is_comm, is_comp, (lo, hi)),
-        idle=device_idle(work, (lo, hi)),
+        launch_bound=_launch_bound(table, device[is_kernel], launchers[is_kernel]),
+        syncs=sync_points(table),
+        steps=step_verdicts(windows, work, timelines, is_comm, is_comp),
+        idle=device_idle(timelines),
         streams=stream_stats(work),
         copies=_copies(table, device),
         comm_compute_overlap=comm_overlap(work, is_comm, is_comp),
-        collectives=_collective_kernels(table, device[is_comm]),
+        collectives=_collective_kernels(table, device[is_comm], windows),
     )
 
 
-def _launch_bound(table: EventTable, kernels: np.ndarray) -> int:
-    """Kernels shorter than the runtime call that launched them (graph launches left out: one call
-    runs a whole graph)."""
-    kinds = table.array("span_kind")
-    names = table.names
-    runtime_by_corr = {
-        table.span_corr[i]: i
-        for i in np.flatnonzero(kinds == EventKind.RUNTIME).tolist()
-        if table.span_corr[i] > 0
-    }
-    count = 0
-    for k in kernels.tolist():
-        launcher = runtime_by_corr.get(table.span_corr[k])
-        if (
-            launcher is not None
-            and table.span_dur[k] < table.span_dur[launcher]
-            and not is_graph_launch(names[table.span_name[launcher]])
-        ):
-            count += 1
-    return count
+def _launch_bound(table: EventTable, kernels: np.ndarray, launchers: np.ndarray) -> int:
+    """Kernels shorter than the runtime call that launched them (``launchers``; graph launches left
+    out: one call runs a whole graph)."""
+    dur = table.array("span_dur")
+    has = launchers >= 0
+    kernels, launchers = kernels[has], launchers[has]
+    shorter = dur[kernels] < dur[launchers]
+    return int((shorter & ~name_flags(table, launchers, is_graph_launch)).sum())
 
 
-def _sync_points(table: EventTable) -> tuple[SyncPoint, ...]:
-    """Synchronising runtime calls grouped by call and the op around them, longest first."""
-    names = table.names
-    sync_calls = [
-        i
-        for i in np.flatnonzero(table.array("span_kind") == EventKind.RUNTIME).tolist()
-        if is_sync_call(names[table.span_name[i]])
-    ]
-    owner = _enclosing_ops(table, sync_calls)
-    syncs: dict[tuple[str, str], list[int]] = {}
-    for i in sync_calls:
-        p = owner.get(i, -1)
-        op = names[table.span_name[p]] if p >= 0 else "(outside ops)"
-        syncs.setdefault((names[table.span_name[i]], op), []).append(table.span_dur[i])
-    return tuple(
-        sorted(
-            (SyncPoint(c, o, len(d), sum(d) / 1000.0) for (c, o), d in syncs.items()),
-            key=lambda s: -s.total_us,
-        )
-    )
-
-
-def _comm_and_comp(table: EventTable, device: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _comm_and_comp(
+    table: EventTable, device: np.ndarray, kernels: Sequence[KernelStats]
+) -> tuple[np.ndarray, np.ndarray]:
     """Which of ``device`` are communication kernels and which computation kernels (copies and
-    sets are neither, as in HTA)."""
-    names, kinds = table.names, table.span_kind
+    sets are neither, as in HTA), by the kinds ``kernels`` found for their names (only kernels are
+    of kind communication)."""
+    is_kernel = table.array("span_kind")[device] == EventKind.KERNEL
+    communication = {stat.name for stat in kernels if stat.kind == "communication"}
     is_comm = np.zeros(device.size, dtype=bool)
-    is_comp = np.zeros(device.size, dtype=bool)
-    kind_of: dict[int, bool] = {}
-    for j, k in enumerate(device.tolist()):
-        if kinds[k] != EventKind.KERNEL:
-            continue
-        n = table.span_name[k]
-        comm = kind_of.get(n)
-        if comm is None:
-            comm = kind_of[n] = kernel_kind(names[n], EventKind.KERNEL) == "communication"
-        is_comm[j], is_comp[j] = comm, not comm
-    return is_comm, is_comp
+    is_comm[is_kernel] = name_flags(table, device[is_kernel], communication.__contains__)
+    return is_comm, is_kernel & ~is_comm
 
 
-def _collective_kernels(table: EventTable, comm: np.ndarray) -> tuple[CollectiveKernel, ...]:
+def _step_of(windows: Sequence[StepWindow], starts: np.ndarray) -> list[int | None]:
+    """The number of the step window each of ``starts`` falls in (None: none)."""
+    w_start = np.asarray([w.start for w in windows], dtype=np.int64)
+    w_end = np.asarray([w.end for w in windows], dtype=np.int64)
+    if w_start.size > 1 and not bool((w_end[:-1] <= w_start[1:]).all()):
+        # windows out of order or overlapping (step_windows makes none): the first that holds it
+        return [next((w.number for w in windows if w.start <= s < w.end), None) for s in starts.tolist()]
+    at = np.searchsorted(w_start, starts, side="right") - 1
+    inside = (at >= 0) & (starts < w_end[np.maximum(at, 0)]) if w_start.size else np.zeros(starts.size, bool)
+    numbers = [w.number for w in windows]
+    return [numbers[a] if ok else None for a, ok in zip(at.tolist(), inside.tolist(), strict=True)]
+
+
+def _collective_kernels(
+    table: EventTable, comm: np.ndarray, windows: Sequence[StepWindow]
+) -> tuple[CollectiveKernel, ...]:
     """The communication kernels at span positions ``comm``, with the step each started in."""
-    windows = step_windows(table)
+    starts = table.array("span_ts")[comm]
+    ends = (starts + table.array("span_dur")[comm]).tolist()
+    short: dict[int, str] = {}
+    names = table.names
     found = []
-    for k in comm.tolist():
-        start = table.span_ts[k]
-        step = next((w.number for w in windows if w.start <= start < w.end), None)
-        name = kernel_function_name(table.names[table.span_name[k]]).removeprefix("void ")
-        found.append(CollectiveKernel(name, start / 1000.0, (start + table.span_dur[k]) / 1000.0, step))
+    for n, start, end, step in zip(
+        table.array("span_name")[comm].tolist(), starts.tolist(), ends, _step_of(windows, starts), strict=True
+    ):
+        name = short.get(n)
+        if name is None:
+            name = short[n] = kernel_function_name(names[n]).removeprefix("void ")
+        found.append(CollectiveKernel(name, start / 1000.0, end / 1000.0, step))
     return tuple(sorted(found, key=lambda c: c.start_us))
 
 
 def _copies(table: EventTable, device: np.ndarray) -> tuple[CopyStats, ...]:
     """Memory copies by kind, with the bytes the trace says each moved (``args.bytes``)."""
+    copies = device[table.array("span_kind")[device] == EventKind.MEMCPY]
+    if not copies.size:
+        return ()
     copy_bytes: dict[str, int] = table.meta.get("copy_bytes", {})
+    ids, group = first_seen(table.array("span_name")[copies])
+    count = np.bincount(group, minlength=ids.size)
+    time_ns = group_sums(group, table.array("span_dur")[copies], ids.size)
     found: dict[str, list[int]] = {}
-    counted: set[str] = set()
-    for k in device.tolist():
-        if table.span_kind[k] != EventKind.MEMCPY:
-            continue
-        name = table.names[table.span_name[k]]
+    for name_id, n, ns in zip(ids.tolist(), count.tolist(), time_ns.tolist(), strict=True):
+        name = table.names[name_id]
         entry = found.setdefault(kernel_kind(name, EventKind.MEMCPY), [0, 0, 0])
-        entry[0] += 1
-        entry[2] += table.span_dur[k]
-        if name not in counted:
-            counted.add(name)
-            entry[1] += int(copy_bytes.get(name, 0))
+        entry[0] += n
+        entry[1] += int(copy_bytes.get(name, 0))
+        entry[2] += ns
     return tuple(
         sorted(
             (CopyStats(kind, c, b, ns / 1000.0) for kind, (c, b, ns) in found.items()),

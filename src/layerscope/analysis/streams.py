@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layerscope.analysis.device_columns import launch_calls, name_flags, thread_groups
 from layerscope.events.intervals import union_length
 from layerscope.events.table import EventKind, EventTable
 
@@ -131,37 +132,25 @@ class StreamWork:
         )
 
     @staticmethod
-    def of(table: EventTable, device: np.ndarray) -> StreamWork:
-        """The work at span positions ``device``, linked to launch calls by correlation id."""
+    def of(table: EventTable, device: np.ndarray, launchers: np.ndarray | None = None) -> StreamWork:
+        """The work at span positions ``device``, linked to launch calls by correlation id
+        (``launchers``: each one's launch call or -1, when the caller has them already)."""
         kinds = table.array("span_kind")
         ts, dur = table.array("span_ts"), table.array("span_dur")
-        names = table.names
-        runtime = {
-            table.span_corr[i]: i
-            for i in np.flatnonzero(kinds == EventKind.RUNTIME).tolist()
-            if table.span_corr[i] > 0
-        }
-        launchers = [runtime.get(table.span_corr[k], -1) for k in device.tolist()]
-        has = np.asarray([j >= 0 for j in launchers], dtype=bool)
-        picked = np.asarray([j if j >= 0 else 0 for j in launchers], dtype=np.int64)
+        if launchers is None:
+            launchers = launch_calls(table, device)
+        has = launchers >= 0
+        picked = np.where(has, launchers, 0)
         launch_start = np.where(has, ts[picked], -1) if device.size else np.zeros(0, np.int64)
         launch_end = np.where(has, ts[picked] + dur[picked], -1) if device.size else np.zeros(0, np.int64)
-        queued = np.asarray(
-            [j >= 0 and names[table.span_name[j]] in LAUNCH_CALLS for j in launchers], dtype=bool
-        )
-        index: dict[tuple[str, str], int] = {}
-        stream = np.asarray(
-            [
-                index.setdefault(_stream_key(table, int(t)), len(index))
-                for t in table.array("span_tid")[device].tolist()
-            ],
-            dtype=np.int64,
-        )
+        queued = has.copy()
+        queued[has] = name_flags(table, launchers[has], LAUNCH_CALLS.__contains__)
+        keys, stream = thread_groups(table, device, lambda tid: _stream_key(table, tid))
         return StreamWork(
             start=ts[device],
             end=ts[device] + dur[device],
             stream=stream,
-            keys=list(index),
+            keys=keys,
             is_kernel=kinds[device] == EventKind.KERNEL,
             launch_start=launch_start,
             launch_end=launch_end,
@@ -227,9 +216,14 @@ def _launch_delay(work: StreamWork, pick: np.ndarray) -> tuple[float | None, flo
 
 def stream_stats(work: StreamWork) -> tuple[StreamStats, ...]:
     """Per stream, busiest first."""
+    if not work.keys:
+        return ()
     found = []
-    for s, (device, stream) in enumerate(work.keys):
-        pick = np.flatnonzero(work.stream == s)
+    # each stream's rows in row order, from one sort (of 16-bit numbers: numpy's radix sort)
+    narrow = work.stream.astype(np.int16) if len(work.keys) < 1 << 15 else work.stream
+    order = np.argsort(narrow, kind="stable")
+    picks = np.split(order, np.searchsorted(work.stream[order], np.arange(1, len(work.keys))))
+    for (device, stream), pick in zip(work.keys, picks, strict=True):
         busy = union_length(work.start[pick], work.end[pick]) / 1000.0
         queue_mean, queue_max, full_queue = _queue(work, pick)
         delay_median, delay_p95 = _launch_delay(work, pick)

@@ -12,14 +12,14 @@ moment once per idle stream, which says nothing about what bounds the step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from layerscope.analysis.segments import covered_in_windows, segment_sums, window_pieces
 from layerscope.analysis.streams import KERNEL_WAIT_US, IdleTime, StreamWork, idle_time, overlap_parts
-from layerscope.events.intervals import union_length
-from layerscope.events.steps import step_windows
-from layerscope.events.table import EventTable
+from layerscope.events.steps import StepWindow
 
 #: What bounds a step (StepVerdict.verdict), decided by :func:`step_verdict`.
 VERDICTS = (
@@ -80,8 +80,10 @@ def device_gaps(work: StreamWork, origin: int, horizon: int) -> tuple[np.ndarray
     with cause 0 host wait, 1 kernel wait, 2 other (see the module docstring)."""
     if not work.start.size:
         return np.asarray([origin], np.int64), np.asarray([horizon], np.int64), np.zeros(1, np.int64)
-    order = np.argsort(work.start, kind="stable")
-    start, end = work.start[order], work.end[order]
+    start, end, launch_start = work.start, work.end, work.launch_start
+    if bool((start[1:] < start[:-1]).any()):
+        order = np.argsort(start, kind="stable")
+        start, end, launch_start = start[order], end[order], launch_start[order]
     reach = np.maximum.accumulate(end)
     # a gap before work i when it starts after everything before it ended
     opens = np.flatnonzero(start[1:] > reach[:-1]) + 1
@@ -90,7 +92,7 @@ def device_gaps(work: StreamWork, origin: int, horizon: int) -> tuple[np.ndarray
     # earliest launch of any work that starts at or after each gap's end; work without a launch
     # call queues nothing we know of. int64 throughout: epoch nanoseconds do not fit a float64.
     never = np.iinfo(np.int64).max
-    launch = np.where(work.launch_start[order] < 0, never, work.launch_start[order])
+    launch = np.where(launch_start < 0, never, launch_start)
     later_launch = np.minimum.accumulate(launch[::-1])[::-1]
     first_after = np.searchsorted(start, gap_end, side="left")
     queued_from = np.full(gap_end.size, never, dtype=np.int64)
@@ -106,46 +108,30 @@ def device_gaps(work: StreamWork, origin: int, horizon: int) -> tuple[np.ndarray
     return starts[keep], ends[keep], causes[keep]
 
 
-class _Timeline:
-    """Intervals sorted by start, cut to a window in O(log n): steps of long traces each touch
-    only their own work."""
+@dataclass(frozen=True)
+class DeviceTimeline:
+    """One device's work: its rows in ``work`` sorted by start, and its idle gaps over the trace's
+    span (:func:`device_gaps`), made once for the whole-trace idle time and the step verdicts."""
 
-    def __init__(self, intervals: Intervals, *extra: np.ndarray) -> None:
-        order = np.argsort(intervals[0], kind="stable")
-        self.start, self.end = intervals[0][order], intervals[1][order]
-        self.extra = [x[order] for x in extra]
-        # the latest end so far: everything before the first reach past lo ends by lo
-        self.reach = np.maximum.accumulate(self.end) if self.end.size else self.end
-
-    def _slice(self, lo: int, hi: int) -> slice:
-        first = int(np.searchsorted(self.reach, lo, side="right"))
-        return slice(first, max(first, int(np.searchsorted(self.start, hi, side="left"))))
-
-    def within(self, lo: int, hi: int) -> Intervals:
-        """The parts inside [lo, hi) (empty ones dropped)."""
-        return self.within_with(lo, hi)[:2]  # type: ignore[return-value]
-
-    def within_with(self, lo: int, hi: int) -> tuple[np.ndarray, ...]:
-        """The parts inside [lo, hi), then the extra columns of the same rows."""
-        cut = self._slice(lo, hi)
-        s, e = np.clip(self.start[cut], lo, hi), np.clip(self.end[cut], lo, hi)
-        keep = e > s
-        return (s[keep], e[keep], *(x[cut][keep] for x in self.extra))
+    order: np.ndarray
+    gaps: tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def exposed_comm_us(comm: Intervals, comp: Intervals) -> float:
-    """Time when communication kernels run and no computation kernel does (µs)."""
-    if not comm[0].size:
-        return 0.0
-    both = union_length(np.concatenate([comm[0], comp[0]]), np.concatenate([comm[1], comp[1]]))
-    return (both - union_length(*comp)) / 1000.0
-
-
-def device_idle(work: StreamWork, span: tuple[int, int]) -> IdleTime:
-    """Idle time by cause over ``span`` (ns), each device on its own timeline, summed."""
-    total = IdleTime()
+def device_timelines(work: StreamWork, span: tuple[int, int]) -> list[DeviceTimeline]:
+    """Per device (streams of one device share its timeline), its work sorted and its gaps."""
+    found = []
     for rows in work.devices():
-        total = total + idle_time(*device_gaps(work.take(rows), *span))
+        pick = np.flatnonzero(rows)
+        order = pick[np.argsort(work.start[pick], kind="stable")]
+        found.append(DeviceTimeline(order, device_gaps(work.take(order), *span)))
+    return found
+
+
+def device_idle(devices: Sequence[DeviceTimeline]) -> IdleTime:
+    """Idle time by cause over the trace's span, each device on its own timeline, summed."""
+    total = IdleTime()
+    for device in devices:
+        total = total + idle_time(*device.gaps)
     return total
 
 
@@ -162,63 +148,124 @@ def comm_overlap(work: StreamWork, is_comm: np.ndarray, is_comp: np.ndarray) -> 
     return overlapped / comm_total if comm_total > 0 else None
 
 
-@dataclass
-class _DeviceTimelines:
-    """One device's work, gaps, communication and computation, each cut to a window cheaply."""
+class _Timeline:
+    """Intervals sorted by start (with extra columns of the same rows), cut to many windows at once."""
 
-    work: _Timeline
-    gaps: _Timeline
-    comm: _Timeline
-    comp: _Timeline
+    def __init__(self, intervals: Intervals, *extra: np.ndarray) -> None:
+        self.start, self.end = intervals
+        self.extra = list(extra)
+        if bool((self.start[1:] < self.start[:-1]).any()):
+            order = np.argsort(self.start, kind="stable")
+            self.start, self.end = self.start[order], self.end[order]
+            self.extra = [x[order] for x in extra]
+        # the latest end so far: everything before the first reach past a window's start ends by it
+        self.reach = np.maximum.accumulate(self.end) if self.end.size else self.end
+
+    def covered(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Per window ``[lo, hi)``, the time the intervals cover (int64 ns, overlaps once)."""
+        return covered_in_windows(self.start, self.end, lo, hi)
+
+    def idle(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Gaps (the first extra column their cause) per window: idle µs by cause, shape (3, windows),
+        each sum the float :func:`~layerscope.analysis.streams.idle_time` gives the window's gaps."""
+        found = np.zeros((3, lo.size))
+        for cut in window_pieces(self.start, self.end, self.reach, lo, hi):
+            length = np.maximum(cut.end - cut.start, 0) / 1000.0
+            cause = self.extra[0][cut.rows]
+            window = np.repeat(np.arange(cut.bounds.size - 1), np.diff(cut.bounds))
+            for c in range(3):
+                mine = cause == c
+                bounds = np.concatenate(
+                    [[0], np.cumsum(np.bincount(window[mine], minlength=cut.bounds.size - 1))]
+                )
+                found[c, cut.windows] = segment_sums(length[mine], bounds)
+        return found
+
+
+@dataclass
+class _DeviceWindows:
+    """One device's figures per window: busy time, idle time by cause, communication and
+    computation time and both together (int64 ns; idle float µs, shape (3, windows))."""
+
+    busy: np.ndarray
+    idle: np.ndarray
+    comm: np.ndarray
+    comp: np.ndarray
+    either: np.ndarray
 
     @staticmethod
     def of(
-        work: StreamWork, rows: np.ndarray, is_comm: np.ndarray, is_comp: np.ndarray, span: tuple[int, int]
-    ) -> _DeviceTimelines:
-        mine = work.take(rows)
-        gap_start, gap_end, cause = device_gaps(mine, *span)
-        return _DeviceTimelines(
-            _Timeline((mine.start, mine.end)),
-            _Timeline((gap_start, gap_end), cause),
-            _Timeline((work.start[rows & is_comm], work.end[rows & is_comm])),
-            _Timeline((work.start[rows & is_comp], work.end[rows & is_comp])),
+        work: StreamWork,
+        device: DeviceTimeline,
+        is_comm: np.ndarray,
+        is_comp: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+    ) -> _DeviceWindows:
+        def covered(rows: np.ndarray) -> np.ndarray:
+            # a subset of rows sorted by start stays sorted: no sort again
+            return _Timeline((work.start[rows], work.end[rows])).covered(lo, hi)
+
+        comm_rows = device.order[is_comm[device.order]]
+        comp = covered(device.order[is_comp[device.order]])
+        return _DeviceWindows(
+            busy=covered(device.order),
+            idle=_Timeline(device.gaps[:2], device.gaps[2]).idle(lo, hi),
+            comm=covered(comm_rows) if comm_rows.size else np.zeros(lo.size, dtype=np.int64),
+            comp=comp,
+            either=covered(device.order[(is_comm | is_comp)[device.order]]) if comm_rows.size else comp,
         )
 
 
 def step_verdicts(
-    table: EventTable, work: StreamWork, is_comm: np.ndarray, is_comp: np.ndarray, span: tuple[int, int]
+    windows: Sequence[StepWindow],
+    work: StreamWork,
+    timelines: Sequence[DeviceTimeline],
+    is_comm: np.ndarray,
+    is_comp: np.ndarray,
 ) -> tuple[StepVerdict, ...]:
     """Per step window (``events/steps.py``: the step table's windows): device busy time, idle time
     by cause and the verdict, each device on its own timeline and summed. ``is_comm``/``is_comp``
-    mark the communication and computation kernels among ``work``'s rows; ``span`` is the trace's
-    (start, end): idle time before the first and after the last device work counts."""
-    windows = step_windows(table)
+    mark the communication and computation kernels among ``work``'s rows; ``timelines`` are its
+    devices' (:func:`device_timelines`, whose gaps count idle time before the first and after the
+    last device work).
+
+    All windows at once, with the very float operations (same order) a loop over windows makes:
+    per device the time communication and computation overlap is ``comm + comp - either``
+    (integers), the exposed communication ``either - comp``."""
     if not windows:
         return ()
-    devices = [_DeviceTimelines.of(work, rows, is_comm, is_comp, span) for rows in work.devices()]
+    lo = np.asarray([w.start for w in windows], dtype=np.int64)
+    hi = np.asarray([w.end for w in windows], dtype=np.int64)
+    devices = [_DeviceWindows.of(work, device, is_comm, is_comp, lo, hi) for device in timelines]
+    busy_ns, exposed_ns, overlapped, comm_total = (np.zeros(lo.size) for _ in range(4))
+    idle = np.zeros((3, lo.size))
+    for d in devices:
+        idle = idle + d.idle
+        ran = d.comm > 0
+        exposed_ns = exposed_ns + np.where(ran, ((d.either - d.comp) / 1000.0) * 1000.0, 0.0)
+        overlapped = overlapped + np.where(ran, d.comm + d.comp - d.either, 0)
+        comm_total = comm_total + np.where(ran, d.comm, 0)
+        busy_ns = busy_ns + d.busy
+    span_ns = hi - lo
+    wall = (span_ns / 1000.0).tolist()
+    share = np.where(span_ns > 0, busy_ns / np.maximum(span_ns * len(devices), 1), 0.0).tolist()
+    exposed = np.where(busy_ns > 0, exposed_ns / np.where(busy_ns > 0, busy_ns, 1.0), 0.0).tolist()
+    comm_share = (overlapped / np.where(comm_total > 0, comm_total, 1.0)).tolist()
+    has_comm = (comm_total > 0).tolist()
+    busy_us = (busy_ns / 1000.0).tolist()
+    idle_rows = idle.T.tolist()
     verdicts = []
-    for window in windows:
-        lo, hi = window.start, window.end
-        busy_ns = exposed_ns = overlapped = comm_total = 0.0
-        idle = IdleTime()
-        for d in devices:
-            busy = union_length(*d.work.within(lo, hi))
-            in_comm, in_comp = d.comm.within(lo, hi), d.comp.within(lo, hi)
-            idle = idle + idle_time(*d.gaps.within_with(lo, hi))
-            exposed_ns += exposed_comm_us(in_comm, in_comp) * 1000.0
-            o, c = overlap_parts(in_comm, in_comp)
-            busy_ns, overlapped, comm_total = busy_ns + busy, overlapped + o, comm_total + c
-        wall = (hi - lo) / 1000.0
-        share = busy_ns / ((hi - lo) * len(devices)) if hi > lo else 0.0
-        exposed = exposed_ns / busy_ns if busy_ns > 0 else 0.0
+    for k, window in enumerate(windows):
+        idle_k = IdleTime(*idle_rows[k])
         verdicts.append(
             StepVerdict(
                 window.number,
-                wall,
-                busy_ns / 1000.0,
-                step_verdict(share, idle, exposed),
-                idle,
-                overlapped / comm_total if comm_total > 0 else None,
+                wall[k],
+                busy_us[k],
+                step_verdict(share[k], idle_k, exposed[k]),
+                idle_k,
+                comm_share[k] if has_comm[k] else None,
                 len(devices),
             )
         )

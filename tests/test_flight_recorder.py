@@ -174,7 +174,7 @@ def test_a_slow_backward_names_the_module_and_the_phase(out: Path, hooks: str) -
     sleepy.in_backward = True
 
     def before(i: int) -> None:
-        sleepy.delay = 0.2 if i == 15 else 0.0
+        sleepy.delay = 1.0 if i == 15 else 0.0  # > 50x a loaded machine's median step (~5 ms)
 
     # keep=4: a step slowed by a loaded machine's noise quiets the trigger for `keep` steps only
     with ls.flight_recorder(model, keep=4, out=out, slow=50.0, warmup=5, after=1) as rec:
@@ -668,7 +668,7 @@ def test_a_slow_step_with_after_zero_and_the_median_it_was_compared_with(out: Pa
     sleepy = model.blocks[2]
 
     def before(i: int) -> None:
-        sleepy.delay = 0.2 if i == 8 else 0.0
+        sleepy.delay = 1.0 if i == 8 else 0.0  # > 50x a loaded machine's median step (~5 ms)
 
     with ls.flight_recorder(model, keep=4, out=out, slow=50.0, warmup=5, after=0) as rec:
         train(model, 12, rec, before)

@@ -150,7 +150,7 @@ def test_a_slow_step_is_dumped_with_its_number_and_its_module_first(out: Path) -
     sleepy = model.blocks[2]
 
     def before(i: int) -> None:
-        sleepy.delay = 0.2 if i == 20 else 0.0
+        sleepy.delay = 1.0 if i == 20 else 0.0  # > 50x a loaded machine's median step (~5 ms)
 
     # a factor far above a busy machine's noise on sub-millisecond steps
     with ls.flight_recorder(model, keep=30, out=out, slow=50.0, warmup=5, after=2) as rec:

@@ -6,6 +6,7 @@ tensors saved for backward per module that keeps them, and allocations refused (
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
+from layerscope.attribution.forward_ops import ForwardOps
 from layerscope.attribution.memory.over_time import memory_over_time
 from layerscope.attribution.memory.story import MemoryStory, placement_of
 from layerscope.attribution.memory.sums import innermost_spans
@@ -86,12 +88,12 @@ def _step_figures(story: MemoryStory, windows: list[tuple[int, int, int]]) -> tu
 
 def saved_by_module(
     snapshots: list[Snapshot],
-    keeper_of: Any,
+    keepers: Callable[[Snapshot], list[str | None]],
     parameter_addrs: set[int],
 ) -> dict[str, dict[str, int]]:
-    """Bytes saved for backward per keeping module (the module of the op that saved them), split
-    into activation, parameter and input: summed over the recording's root calls, each storage
-    once per module and call, a parameter once per module."""
+    """Bytes saved for backward per keeping module (the module of the op that saved them, per entry
+    of a snapshot: ``keepers``), split into activation, parameter and input: summed over the
+    recording's root calls, each storage once per module and call, a parameter once per module."""
     out: dict[str, dict[str, int]] = {}
     # A root call's walk also meets the graph of earlier calls it builds on (h = model(h)): an
     # autograd node (sequence number) counts in the first walk that meets it only.
@@ -103,11 +105,10 @@ def saved_by_module(
         inputs = {e.addr for e in snapshot.entries if e.category == "input"}
         seen: set[tuple[str, int]] = set()
         here: set[tuple[int, int]] = set()
-        for entry in snapshot.entries:
+        for entry, module in zip(snapshot.entries, keepers(snapshot), strict=True):
             if entry.category != "activation" or (entry.seq, entry.addr) in walked:
                 continue
             here.add((entry.seq, entry.addr))
-            module = keeper_of(snapshot.tid, entry.seq)
             if module is None or (module, entry.addr) in seen:
                 continue
             seen.add((module, entry.addr))
@@ -151,35 +152,48 @@ def build_memory_report(
         if bool((on_device == device).any())
     ]
     windows = [(w.number, w.start, w.end) for w in step_windows(table)]
-    ops = swept.forward_op_of
-    by_seq: dict[int, int] = {}  # for snapshots whose thread is unknown (no marks)
-    if any(s.tid < 0 for s in snaps if s.kind == "forward"):
-        for (_, seq), span in ops.items():
-            by_seq.setdefault(seq, span)
-
     # per bucket, the keeping module's path (None: saved outside every module, a loss computed in
-    # the block)
-    path_of = [
-        catalog[buckets.module_of(b)].path if buckets.is_module(b) else None for b in range(buckets.count)
-    ]
+    # the block; the last entry: no bucket)
+    path_of = np.array(
+        [catalog[buckets.module_of(b)].path if buckets.is_module(b) else None for b in range(buckets.count)]
+        + [None],
+        dtype=object,
+    )
 
-    def keeper_of(tid: int, seq: int) -> str | None:
-        span = ops.get((tid, seq), by_seq.get(seq, -1) if tid < 0 else -1)
-        b = int(bucket[span]) if span >= 0 else -1
-        return path_of[b] if b >= 0 else None
+    def keepers(snapshot: Snapshot) -> list[str | None]:
+        seq = snapshot.columns().seq
+        span = _forward_ops_of(swept.forward_op_of, snapshot.tid, seq)
+        return path_of[np.where(span >= 0, bucket[span], -1)].tolist()  # type: ignore[no-any-return]
 
     parameter_addrs = {
         e.addr for s in snaps if s.kind == "start" for e in s.entries if e.category == "parameter"
     }
-    start_ns = int(ts[order].min()) if order.size else int(min(table.mem_ts)) if table.mem_ts else None
+    start_ns = (
+        int(ts[order].min())
+        if order.size
+        else int(table.array("mem_ts").min())
+        if table.memory_count
+        else None
+    )
     return MemoryReport(
         classes=memory_classes(stories, windows, start_ns),
-        saved=saved_by_module(snaps, keeper_of, parameter_addrs),
+        saved=saved_by_module(snaps, keepers, parameter_addrs),
         watched=bool(snaps),
         start_ns=start_ns,
         out_of_memory=_out_of_memory(table, order, parent, place, stories) if table.out_of_memory else (),
-        addresses=bool(table.mem_ts) and bool(table.array("mem_addr").any()),
+        addresses=bool(table.memory_count) and bool(table.array("mem_addr").any()),
     )
+
+
+def _forward_ops_of(ops: ForwardOps, tid: int, seq: np.ndarray) -> np.ndarray:
+    """The forward op of each sequence number on thread ``tid`` (-1: none); a snapshot whose thread
+    is unknown (no marks) takes the first thread that has the number."""
+    if tid >= 0:
+        return ops.lookup(np.full(seq.size, tid, dtype=np.int64), seq)
+    by_seq: dict[int, int] = {}
+    for (_, number), span in ops.mapping().items():
+        by_seq.setdefault(number, span)
+    return np.asarray([by_seq.get(number, -1) for number in seq.tolist()], dtype=np.int64)
 
 
 def with_step_memory(steps: tuple[StepStats, ...], memory: MemoryReport) -> tuple[StepStats, ...]:

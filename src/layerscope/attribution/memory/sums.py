@@ -48,7 +48,7 @@ class MemoryTotals:
 
 def memory_totals(table: EventTable) -> MemoryTotals:
     """Bytes allocated (CPU, device) and the net change over every memory event of the table."""
-    if not table.mem_ts:
+    if not table.memory_count:
         return MemoryTotals(0, 0, 0)
     mem_bytes = table.array("mem_bytes")
     mem_dev = table.array("mem_on_device")
@@ -63,7 +63,7 @@ def bucket_memory(
     table: EventTable, owners: np.ndarray, bucket: np.ndarray, outside_bucket: int, bucket_count: int
 ) -> BucketMemory:
     """Sum every memory event into its owner span's bucket (``outside_bucket`` when no span owns it)."""
-    n_mem = len(table.mem_ts)
+    n_mem = table.memory_count
     if not n_mem:
         zero = np.zeros(bucket_count)
         return BucketMemory(zero, zero, zero)
@@ -88,7 +88,7 @@ def span_memory(
     self_cpu_alloc: np.ndarray = np.zeros(n_spans)
     self_dev_alloc: np.ndarray = np.zeros(n_spans)
     self_net: np.ndarray = np.zeros(n_spans)
-    if table.mem_ts:
+    if table.memory_count:
         mem_bytes = table.array("mem_bytes")
         mem_dev = table.array("mem_on_device")
         owned = owners >= 0

@@ -23,6 +23,7 @@ import layerscope as ls
 from layerscope.attribution import attribute, module_range_name
 from layerscope.attribution.buckets import ROLE_STEP, Buckets, name_roles
 from layerscope.attribution.devices import device_launchers
+from layerscope.attribution.forward_ops import ForwardOps
 from layerscope.attribution.nest_columns import parents, sweep_columns
 from layerscope.attribution.nesting import sweep, time_order
 from layerscope.capture import recording
@@ -235,3 +236,24 @@ def test_device_launchers_as_before_on_random_tables(seed: int) -> None:
             table.add_span(name, kind, 1, rng.randint(0, 40), rng.randint(0, 30), corr=corr, ext=ext)
         linked += check_launchers(table, {i for i, n in enumerate(table.names) if n == "ProfilerStep#1"})
     assert linked
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_forward_ops_are_the_dict_they_replaced(seed: int) -> None:
+    """ForwardOps answers as the dict of the forward ops in time order did: the last op of each
+    (thread, sequence number) wins, keys in order of first sight, -1 for pairs it lacks."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    tids = rng.integers(1, 4, n) * 1000
+    seqs = rng.integers(0, 15, n)
+    ops = np.arange(n, dtype=np.int64) * 7
+    expected: dict[tuple[int, int], int] = {}
+    for t, s, op in zip(tids.tolist(), seqs.tolist(), ops.tolist(), strict=True):
+        expected[(t, s)] = op
+    found = ForwardOps(tids, seqs, ops)
+    assert found.mapping() == expected and list(found.mapping()) == list(expected)
+    asked_t = rng.integers(0, 5, 40) * 1000
+    asked_s = rng.integers(-2, 18, 40)
+    assert found.lookup(asked_t, asked_s).tolist() == [
+        expected.get((t, s), -1) for t, s in zip(asked_t.tolist(), asked_s.tolist(), strict=True)
+    ]

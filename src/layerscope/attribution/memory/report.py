@@ -6,7 +6,6 @@ tensors saved for backward per module that keeps them, and allocations refused (
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -16,14 +15,17 @@ from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.forward_ops import ForwardOps
 from layerscope.attribution.memory.over_time import memory_over_time
+from layerscope.attribution.memory.saved import saved_by_module
 from layerscope.attribution.memory.story import MemoryStory, placement_of
 from layerscope.attribution.memory.sums import innermost_spans
 from layerscope.attribution.nesting import Sweep
-from layerscope.events.memory_snapshots import Snapshot
+from layerscope.events.memory_snapshots import CATEGORIES, Snapshot
 from layerscope.events.steps import step_windows
 from layerscope.events.table import EventTable
 from layerscope.model.memory import ClassMemory, MemoryReport, MemoryRow, OutOfMemory, StepMemory
 from layerscope.model.profile import StepStats
+
+_PARAMETER = CATEGORIES.index("parameter")
 
 
 def memory_classes(
@@ -86,49 +88,6 @@ def _step_figures(story: MemoryStory, windows: list[tuple[int, int, int]]) -> tu
     return tuple(out)
 
 
-def saved_by_module(
-    snapshots: list[Snapshot],
-    keepers: Callable[[Snapshot], list[str | None]],
-    parameter_addrs: set[int],
-) -> dict[str, dict[str, int]]:
-    """Bytes saved for backward per keeping module (the module of the op that saved them, per entry
-    of a snapshot: ``keepers``), split into activation, parameter and input: summed over the
-    recording's root calls, each storage once per module and call, a parameter once per module."""
-    out: dict[str, dict[str, int]] = {}
-    # A root call's walk also meets the graph of earlier calls it builds on (h = model(h)): an
-    # autograd node (sequence number) counts in the first walk that meets it only.
-    walked: set[tuple[int, int]] = set()
-    kept_parameters: set[tuple[str, int]] = set()  # a weight saved by every call is kept once
-    for snapshot in snapshots:
-        if snapshot.kind != "forward":
-            continue
-        inputs = {e.addr for e in snapshot.entries if e.category == "input"}
-        seen: set[tuple[str, int]] = set()
-        here: set[tuple[int, int]] = set()
-        for entry, module in zip(snapshot.entries, keepers(snapshot), strict=True):
-            if entry.category != "activation" or (entry.seq, entry.addr) in walked:
-                continue
-            here.add((entry.seq, entry.addr))
-            if module is None or (module, entry.addr) in seen:
-                continue
-            seen.add((module, entry.addr))
-            kind = (
-                "parameter"
-                if entry.addr in parameter_addrs
-                else "input"
-                if entry.addr in inputs
-                else "activation"
-            )
-            if kind == "parameter":
-                if (module, entry.addr) in kept_parameters:
-                    continue
-                kept_parameters.add((module, entry.addr))
-            figures = out.setdefault(module, {"activation": 0, "parameter": 0, "input": 0})
-            figures[kind] += entry.nbytes
-        walked |= here
-    return out
-
-
 def build_memory_report(
     table: EventTable,
     owners: np.ndarray,
@@ -152,22 +111,19 @@ def build_memory_report(
         if bool((on_device == device).any())
     ]
     windows = [(w.number, w.start, w.end) for w in step_windows(table)]
-    # per bucket, the keeping module's path (None: saved outside every module, a loss computed in
-    # the block; the last entry: no bucket)
-    path_of = np.array(
-        [catalog[buckets.module_of(b)].path if buckets.is_module(b) else None for b in range(buckets.count)]
-        + [None],
-        dtype=object,
+    # per bucket, the keeping module (-1: saved outside every module, a loss computed in the block;
+    # the last entry: no bucket)
+    module_of = np.array(
+        [buckets.module_of(b) if buckets.is_module(b) else -1 for b in range(buckets.count)] + [-1]
     )
 
-    def keepers(snapshot: Snapshot) -> list[str | None]:
-        seq = snapshot.columns().seq
-        span = _forward_ops_of(swept.forward_op_of, snapshot.tid, seq)
-        return path_of[np.where(span >= 0, bucket[span], -1)].tolist()  # type: ignore[no-any-return]
+    def keepers(snapshot: Snapshot) -> np.ndarray:
+        span = _forward_ops_of(swept.forward_op_of, snapshot.tid, snapshot.columns().seq)
+        return module_of[np.where(span >= 0, bucket[span], -1)]
 
-    parameter_addrs = {
-        e.addr for s in snaps if s.kind == "start" for e in s.entries if e.category == "parameter"
-    }
+    parameter_addrs = [
+        c.addr[c.category == _PARAMETER] for c in (s.columns() for s in snaps if s.kind == "start")
+    ]
     start_ns = (
         int(ts[order].min())
         if order.size
@@ -177,7 +133,12 @@ def build_memory_report(
     )
     return MemoryReport(
         classes=memory_classes(stories, windows, start_ns),
-        saved=saved_by_module(snaps, keepers, parameter_addrs),
+        saved=saved_by_module(
+            snaps,
+            keepers,
+            [info.path for info in catalog],
+            np.concatenate([np.zeros(0, np.int64), *parameter_addrs]),
+        ),
         watched=bool(snaps),
         start_ns=start_ns,
         out_of_memory=_out_of_memory(table, order, parent, place, stories) if table.out_of_memory else (),

@@ -23,6 +23,7 @@ import layerscope as ls
 from layerscope.attribution import attribute, module_range_name
 from layerscope.attribution.buckets import ROLE_STEP, Buckets, name_roles
 from layerscope.attribution.devices import device_launchers
+from layerscope.attribution.flop_dtypes import _unique_rows
 from layerscope.attribution.forward_ops import ForwardOps
 from layerscope.attribution.nest_columns import parents, sweep_columns
 from layerscope.attribution.nesting import sweep, time_order
@@ -257,3 +258,14 @@ def test_forward_ops_are_the_dict_they_replaced(seed: int) -> None:
     assert found.lookup(asked_t, asked_s).tolist() == [
         expected.get((t, s), -1) for t, s in zip(asked_t.tolist(), asked_s.tolist(), strict=True)
     ]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_unique_rows_is_numpys_unique_over_rows(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    columns = [rng.integers(-3, 5, int(rng.integers(1, 60))) for _ in range(1)]
+    columns += [rng.integers(-3, 5, columns[0].size) for _ in range(2)]
+    distinct, inverse = _unique_rows(*columns)
+    rows, expected = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+    assert np.array_equal(np.stack(distinct, axis=1), rows)
+    assert np.array_equal(inverse, expected.reshape(-1))

@@ -49,7 +49,7 @@ def saved_by_module(
     picked = np.flatnonzero(category == _ACTIVATION)  # in entry order throughout
     # walked: the first snapshot that meets a (sequence number, storage) pair keeps it
     pair = _dense(seq[picked], addr[picked])
-    first_snap = np.full(int(pair.max()) + 1 if pair.size else 0, np.iinfo(np.int64).max, dtype=np.int64)
+    first_snap = np.full(pair.size, np.iinfo(np.int64).max, dtype=np.int64)  # ids are below the count
     np.minimum.at(first_snap, pair, snap[picked])
     picked = picked[(snap[picked] == first_snap[pair]) & (module[picked] >= 0)]
     # once per (snapshot, module, storage)
@@ -73,13 +73,14 @@ def saved_by_module(
 
 
 def _dense(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """One int64 id per distinct (a, b) pair, in the pairs' sorted order (no overflow: ranks)."""
+    """One id per distinct (a, b) pair, 0 up to the number of pairs, in the pairs' sorted order (no
+    overflow: the pair is packed from ranks)."""
     if not a.size:
         return np.zeros(0, dtype=np.int64)
-    values_a, rank_a = np.unique(a, return_inverse=True)
+    rank_a = np.unique(a, return_inverse=True)[1].reshape(-1).astype(np.int64)
     values_b, rank_b = np.unique(b, return_inverse=True)
-    del values_a
-    return rank_a.reshape(-1).astype(np.int64) * values_b.size + rank_b.reshape(-1)
+    packed = rank_a * values_b.size + rank_b.reshape(-1)
+    return np.unique(packed, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def _first_of(key: np.ndarray) -> np.ndarray:

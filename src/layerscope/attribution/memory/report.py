@@ -17,7 +17,7 @@ from layerscope.attribution.forward_ops import ForwardOps
 from layerscope.attribution.memory.over_time import memory_over_time
 from layerscope.attribution.memory.saved import saved_by_module
 from layerscope.attribution.memory.story import MemoryStory, placement_of
-from layerscope.attribution.memory.sums import innermost_spans
+from layerscope.attribution.memory.sums import innermost_spans, range_max
 from layerscope.attribution.nesting import Sweep
 from layerscope.events.memory_snapshots import CATEGORIES, Snapshot
 from layerscope.events.steps import step_windows
@@ -73,19 +73,23 @@ def _where_of(story: MemoryStory, k: int) -> dict[str, str] | None:
 
 def _step_figures(story: MemoryStory, windows: list[tuple[int, int, int]]) -> tuple[StepMemory, ...]:
     """Per step window (number, start, end): its absolute peak, bytes allocated and net change."""
-    running = story.running
-    out = []
-    for number, start, end in windows:
-        lo = int(np.searchsorted(story.ts, start, side="left"))
-        hi = int(np.searchsorted(story.ts, end, side="right"))
-        before = int(running[lo - 1]) if lo > 0 else story.baseline.total
-        if hi > lo:
-            window = story.nbytes[lo:hi]
-            peak = max(before, int(running[lo:hi].max()))
-            out.append(StepMemory(number, peak, int(window[window > 0].sum()), int(window.sum())))
-        else:
-            out.append(StepMemory(number, before, 0, 0))
-    return tuple(out)
+    if not windows:
+        return ()
+    numbers, starts, ends = (np.asarray(column, dtype=np.int64) for column in zip(*windows, strict=True))
+    running, nbytes = story.running, story.nbytes
+    lo = np.searchsorted(story.ts, starts, side="left")
+    hi = np.searchsorted(story.ts, ends, side="right")
+    before = np.where(lo > 0, running[np.maximum(lo - 1, 0)] if running.size else 0, story.baseline.total)
+    events = hi > lo
+    peak = before.copy()
+    if events.any():
+        peak[events] = np.maximum(before[events], range_max(running, lo[events], hi[events]))
+    # sums over each window's events, from running sums (exact, in int64)
+    allocated = np.r_[0, np.cumsum(np.where(nbytes > 0, nbytes, 0))]
+    net = np.r_[0, np.cumsum(nbytes)]
+    hi = np.maximum(hi, lo)  # a window with no events changes nothing
+    columns = (numbers, peak, allocated[hi] - allocated[lo], net[hi] - net[lo])
+    return tuple(StepMemory(*row) for row in zip(*(c.tolist() for c in columns), strict=True))
 
 
 def build_memory_report(

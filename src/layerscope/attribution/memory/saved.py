@@ -80,7 +80,8 @@ def _dense(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     rank_a = np.unique(a, return_inverse=True)[1].reshape(-1).astype(np.int64)
     values_b, rank_b = np.unique(b, return_inverse=True)
     packed = rank_a * values_b.size + rank_b.reshape(-1)
-    return np.unique(packed, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    ids: np.ndarray = np.unique(packed, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return ids
 
 
 def _first_of(key: np.ndarray) -> np.ndarray:

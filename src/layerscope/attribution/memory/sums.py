@@ -177,7 +177,7 @@ def window_peaks(
             values = np.where(on_dev[sel] if cls else ~on_dev[sel], mem_bytes[sel], 0)
             cum = np.cumsum(values)
             base = np.where(lo > 0, cum[np.maximum(lo - 1, 0)], 0)
-            window_peak = _range_max(cum, lo, hi) - base
+            window_peak = range_max(cum, lo, hi) - base
             # Largest window per bucket: sort by (bucket, peak) and keep each bucket's last entry
             # (vectorised, where np.maximum.at is not).
             by = np.lexsort((window_peak, owners))
@@ -187,7 +187,7 @@ def window_peaks(
                     peaks[b][cls] = peak
 
 
-def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """max(values[lo[k]:hi[k]]) for every k (all ranges non-empty), with a sparse table."""
     table = [values]
     span = 1

@@ -23,6 +23,8 @@ import layerscope as ls
 from layerscope.attribution import attribute, module_range_name
 from layerscope.attribution.buckets import ROLE_STEP, Buckets, name_roles
 from layerscope.attribution.devices import device_launchers
+from layerscope.attribution.flop_dtypes import _unique_rows
+from layerscope.attribution.forward_ops import ForwardOps
 from layerscope.attribution.nest_columns import parents, sweep_columns
 from layerscope.attribution.nesting import sweep, time_order
 from layerscope.capture import recording
@@ -156,9 +158,10 @@ def test_random_tables_sweep_the_same(seed: int) -> None:
             buckets = Buckets(len(named.catalog))
             swept = way(table, order, named.roles, named.role_module, buckets, recorded_ops_are_forward=True)
             made = dict(vars(swept))
-            arrays = made.pop("arrays")
-            for column, values in arrays.items():  # the arrays the vectorised sweep hands on
-                assert values.tolist() == getattr(swept, column)
+            for column in ("parent", "excl", "bucket"):
+                assert made[column].dtype == np.int64
+                made[column] = made[column].tolist()
+            made["forward_op_of"] = made["forward_op_of"].mapping()
             found.append((made, buckets))
         assert found[0] == found[1]
 
@@ -234,3 +237,35 @@ def test_device_launchers_as_before_on_random_tables(seed: int) -> None:
             table.add_span(name, kind, 1, rng.randint(0, 40), rng.randint(0, 30), corr=corr, ext=ext)
         linked += check_launchers(table, {i for i, n in enumerate(table.names) if n == "ProfilerStep#1"})
     assert linked
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_forward_ops_are_the_dict_they_replaced(seed: int) -> None:
+    """ForwardOps answers as the dict of the forward ops in time order did: the last op of each
+    (thread, sequence number) wins, keys in order of first sight, -1 for pairs it lacks."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    tids = rng.integers(1, 4, n) * 1000
+    seqs = rng.integers(0, 15, n)
+    ops = np.arange(n, dtype=np.int64) * 7
+    expected: dict[tuple[int, int], int] = {}
+    for t, s, op in zip(tids.tolist(), seqs.tolist(), ops.tolist(), strict=True):
+        expected[(t, s)] = op
+    found = ForwardOps(tids, seqs, ops)
+    assert found.mapping() == expected and list(found.mapping()) == list(expected)
+    asked_t = rng.integers(0, 5, 40) * 1000
+    asked_s = rng.integers(-2, 18, 40)
+    assert found.lookup(asked_t, asked_s).tolist() == [
+        expected.get((t, s), -1) for t, s in zip(asked_t.tolist(), asked_s.tolist(), strict=True)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_unique_rows_is_numpys_unique_over_rows(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    columns = [rng.integers(-3, 5, int(rng.integers(1, 60))) for _ in range(1)]
+    columns += [rng.integers(-3, 5, columns[0].size) for _ in range(2)]
+    distinct, inverse = _unique_rows(*columns)
+    rows, expected = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+    assert np.array_equal(np.stack(distinct, axis=1), rows)
+    assert np.array_equal(inverse, expected.reshape(-1))

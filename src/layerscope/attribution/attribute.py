@@ -106,7 +106,9 @@ def build_profile(
 
     # ---- memory: each event to the innermost CPU span containing it ----------------------------------
     owners = (
-        memory_owners(table, nested.order, nested.parent) if table.mem_ts else np.zeros(0, dtype=np.int64)
+        memory_owners(table, nested.order, nested.parent)
+        if table.memory_count
+        else np.zeros(0, dtype=np.int64)
     )
     outside = int((owners == -1).sum())
     # Label buckets are numbered in order of first use: memory outside ops, then unlinked device work.
@@ -187,12 +189,7 @@ def _nest(
         buckets,
         swept.module_calls,
     )
-    made = swept.arrays  # the vectorised sweep's arrays; compiled kernels moved changed the list
-    parent = made["parent"] if "parent" in made else np.asarray(swept.parent, dtype=np.int64)
-    kernels_moved = bool(swept.compiled_graph_spans) and bool(graphs)
-    bucket = (
-        made["bucket"] if "bucket" in made and not kernels_moved else np.asarray(swept.bucket, dtype=np.int64)
-    )
+    parent, bucket = swept.parent, swept.bucket  # the compiled kernels placed
     by_level = levels(order, depths(parent))
     # Ops run while compiling work on fake tensors, and ops a checkpoint's recomputation stopped in
     # never ran their kernels: their FLOPs are no work done.
@@ -200,8 +197,8 @@ def _nest(
     if swept.compiling_bucket >= 0:
         compiling = bucket == swept.compiling_bucket
         not_run = compiling if not_run is None else not_run | compiling
-    counted_flops = outermost_flops(table.span_flops, parent, by_level, not_run)
-    excl = made["excl"] if "excl" in made else np.asarray(swept.excl, dtype=np.int64)
+    counted_flops = outermost_flops(table.array("span_flops"), parent, by_level, not_run)
+    excl = swept.excl
     moved = span_bytes(table, parent, by_level, counted_flops, not_run)
     return _Nested(order, swept, parent, bucket, excl, by_level, counted_flops, compiled, moved)
 
@@ -215,7 +212,7 @@ def _memory_report(
     snapshots: list[Snapshot] | None,
 ) -> MemoryReport | None:
     """Absolute memory (``memory/report.py``), when the table has memory events."""
-    if not table.mem_ts and not table.out_of_memory:
+    if not table.memory_count and not table.out_of_memory:
         return None
     return build_memory_report(
         table,
@@ -293,12 +290,12 @@ def _bucket_metrics(
     b_order = nested.bucket[order]
     self_cpu_ns = np.bincount(b_order, weights=nested.excl[order], minlength=nb)
     self_dev_ns = np.bincount(b_order, weights=device.self_ns[order], minlength=nb)
-    for k in device.unlinked:
-        self_dev_ns[unlinked_bucket] += table.span_dur[k]
+    if device.unlinked:
+        self_dev_ns[unlinked_bucket] += sum(table.array("span_dur")[device.unlinked].tolist())
     self_flops = exact_sums(nested.bucket, nested.flops, nb)
     mem = bucket_memory(table, owners, nested.bucket, outside_bucket, nb)
     peaks = [[0, 0] for _ in range(nb)]  # per bucket: [cpu, device]
-    if table.mem_ts:
+    if table.memory_count:
         w = peak_windows(table, order, nested.parent, nested.bucket, buckets, swept)
         window_peaks(table, w.tid, w.start, w.end, w.bucket, peaks)
     per_bucket = {  # lists, not arrays: read one element at a time

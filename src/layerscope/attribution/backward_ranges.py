@@ -16,8 +16,8 @@ def backward_ranges(table: EventTable) -> list[tuple[str, int, int, int]]:
     buckets = Buckets(len(catalog))
     swept = sweep(table, time_order(table), named.roles, named.role_module, buckets)
     ranges: list[tuple[str, int, int, int]] = []
-    for i in swept.backward_windows:
-        b = swept.bucket[i]
+    nodes = swept.backward_windows
+    for i, b in zip(nodes, swept.bucket[nodes].tolist(), strict=True):
         if not buckets.is_backward(b):
             continue
         path, tid = catalog[buckets.module_of(b)].path, table.span_tid[i]

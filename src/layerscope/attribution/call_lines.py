@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from layerscope.attribution.forward_ops import ForwardOps
 from layerscope.events.table import EventTable
 
 
@@ -18,7 +19,7 @@ def call_line_stacks(
     table: EventTable,
     parent: np.ndarray,
     levels: list[np.ndarray],
-    forward_op_of: dict[tuple[int, int], int],
+    forward_op_of: ForwardOps,
 ) -> tuple[np.ndarray, list[tuple[str, ...]]] | None:
     """Each span's stack id (-1: none) and the stacks, or None when no call lines were recorded."""
     lines, op_handles = table.call_lines, table.op_handles
@@ -32,8 +33,7 @@ def call_line_stacks(
     seq, fwd_tid = table.array("span_seq"), table.array("span_fwd_tid")
     backward = np.flatnonzero((seq >= 0) & (fwd_tid != 0))
     if backward.size:
-        keys = zip(fwd_tid[backward].tolist(), seq[backward].tolist(), strict=True)
-        owners = np.fromiter((forward_op_of.get(k, -1) for k in keys), dtype=np.int64, count=backward.size)
+        owners = forward_op_of.lookup(fwd_tid[backward], seq[backward])
         has = owners >= 0
         own = own.copy()
         own[backward[has]] = stack[owners[has]]

@@ -146,29 +146,27 @@ MAX_PATHS_SAVED = 8
 def attribute_compiled_kernels(
     table: Any,
     order: np.ndarray,
-    parent: list[int],
-    bucket: list[int],
+    parents: np.ndarray,
+    buckets_of: np.ndarray,
     graph_spans: list[int],
     graphs: list[CompiledGraph],
     catalog: list[ModuleInfo],
     buckets: Buckets,
     module_calls: list[int],
 ) -> CompiledAttribution:
-    """Move the kernels of every matched graph call to their modules (``bucket`` is changed in
-    place, children follow their parents) and count a call for each module that ran a kernel."""
+    """Move the kernels of every matched graph call to their modules (``buckets_of``, each span's
+    bucket, is changed in place, children follow their parents) and count a call for each module
+    that ran a kernel."""
     result = CompiledAttribution(graph_calls=len(graph_spans))
     if not graph_spans or not graphs:
         return result
+    # as lists: the matching below reads and changes one span at a time
+    parent, bucket = parents.tolist(), buckets_of.tolist()
     index = {info.path: i for i, info in enumerate(catalog)}
     names = table.names
     span_name = table.span_name
-    is_graph = set(graph_spans)
-    children: dict[int, list[int]] = {g: [] for g in graph_spans}
     in_time_order = order.tolist()
-    for i in in_time_order:
-        p = parent[i]
-        if p in is_graph:
-            children[p].append(i)
+    children = _graph_children(in_time_order, parent, graph_spans)
     cache: dict[tuple[str, ...], tuple[CompiledGraph, list[int]] | None] = {}
     changed: dict[int, tuple[int, int]] = {}  # span -> (old bucket, new bucket)
     # Graph calls outside every scope go to the model's root only where the root's own scope never
@@ -221,7 +219,18 @@ def attribute_compiled_kernels(
                 module_calls[root] += 1
     if changed:
         _children_follow(in_time_order, parent, bucket, changed)
+        buckets_of[:] = bucket
     return result
+
+
+def _graph_children(order: list[int], parent: list[int], graph_spans: list[int]) -> dict[int, list[int]]:
+    """Each graph call's children, in time order."""
+    children: dict[int, list[int]] = {g: [] for g in graph_spans}
+    for i in order:
+        p = parent[i]
+        if p in children:
+            children[p].append(i)
+    return children
 
 
 def _compiled_root(graph_bucket: int, buckets: Buckets, model_root: bool) -> tuple[int, int, bool] | None:

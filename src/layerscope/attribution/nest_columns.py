@@ -33,7 +33,8 @@ from layerscope.attribution.buckets import (
     ROLE_STEP,
     Buckets,
 )
-from layerscope.attribution.nesting import Sweep, forward_ops, sweep
+from layerscope.attribution.forward_ops import ForwardOps
+from layerscope.attribution.nesting import Sweep, sweep
 from layerscope.events.names import backward_node_name
 from layerscope.events.table import EventTable
 from layerscope.model.profile import Phase
@@ -59,14 +60,9 @@ def sweep_columns(
         return sweep(table, order, roles, role_module, buckets, recorded_ops_are_forward)
     parent = parents(table, order)
     excl = exclusive(table, order, parent)
-    found = Sweep(
-        parent.tolist(),
-        excl.tolist(),
-        [-1] * table.span_count,
-        [0] * buckets.module_count,
-        [0] * buckets.module_count,
-    )
-    found.forward_op_of = forward_ops(table, order)
+    no_calls = [0] * buckets.module_count
+    found = Sweep(parent, excl, np.full(table.span_count, -1, dtype=np.int64), no_calls, list(no_calls))
+    found.forward_op_of = ForwardOps.of(table, order)
     found.module_windows = order[role_in_order == ROLE_MODULE].tolist()
     found.backward_windows = order[role_in_order == ROLE_BACKWARD_NODE].tolist()
     found.step_spans = order[role_in_order == ROLE_STEP].tolist()
@@ -90,10 +86,7 @@ def sweep_columns(
     )
     index = np.zeros(table.span_count, dtype=np.int64)  # an anchor's place among the anchors
     index[anchors] = np.arange(anchors.size)
-    everything = np.full(table.span_count, -1, dtype=np.int64)
-    everything[order] = np.asarray(chosen, dtype=np.int64)[index[anchor[order]]]
-    found.bucket = everything.tolist()
-    found.arrays = {"parent": parent, "excl": excl, "bucket": everything}
+    found.bucket[order] = chosen[index[anchor[order]]]
     return found
 
 
@@ -185,6 +178,10 @@ def _anchors(order: np.ndarray, parent: np.ndarray, span_role: np.ndarray) -> np
         anchor = up
 
 
+_LABEL = -3  # an anchor whose bucket is a label's (numbered once all are known)
+_OPEN = -2  # a backward node whose forward op's anchor is not settled yet
+
+
 def _anchor_buckets(
     table: EventTable,
     anchors: np.ndarray,
@@ -196,59 +193,96 @@ def _anchor_buckets(
     anchor: np.ndarray,
     position: np.ndarray,
     recorded_ops_are_forward: bool,
-) -> list[int]:
-    """The sweep's bucket rules for the anchors (in time order: label buckets are numbered by first
-    use), one bucket per anchor. What the rules ask of other spans is looked up in numpy first."""
+) -> np.ndarray:
+    """The sweep's bucket rules for the anchors, one bucket per anchor, as the sweep would choose
+    them in time order: module buckets first, then backward nodes from their forward ops' anchors,
+    then the labels, numbered in order of first use."""
     role = span_role[anchors]
-    names, name_of = table.names, table.array("span_name")[anchors].tolist()
+    name_of = table.array("span_name")[anchors]
     seq, fwd_tid = table.array("span_seq")[anchors], table.array("span_fwd_tid")[anchors]
-    # a module range inside a backward node is checkpointing's recomputation (recompute.py)
-    recomputed = np.zeros(anchors.size, dtype=bool)
+    bucket = np.full(anchors.size, _LABEL, dtype=np.int64)
+    # module calls: the forward bucket, or inside a backward node (checkpointing's recomputation,
+    # recompute.py) the backward one, counted as a recomputation
     modules = np.flatnonzero(role == ROLE_MODULE)
-    up = parent[anchors[modules]]
-    while modules.size:  # up the chain, one level per pass
-        alive = up >= 0
-        modules, up = modules[alive], up[alive]
-        hit = span_role[up] == ROLE_BACKWARD_NODE
-        recomputed[modules[hit]] = True
-        modules, up = modules[~hit], parent[up[~hit]]
-    # a backward node's forward op, and the anchor whose bucket it had: set only if it came first
+    m = np.asarray(role_module, dtype=np.int64)[name_of[modules]]
+    again = _recomputed(anchors[modules], parent, span_role)
+    bucket[modules] = 2 * m + again  # Buckets.with_phase
+    found.module_calls = np.bincount(m[~again], minlength=buckets.module_count).tolist()
+    found.recompute_calls = np.bincount(m[again], minlength=buckets.module_count).tolist()
+    # a backward node goes to its forward op's module, backward, when that op came first
     nodes = np.flatnonzero(role == ROLE_BACKWARD_NODE)
-    op_of = found.forward_op_of
-    owner = np.fromiter(
-        (op_of.get(key, -1) for key in zip(fwd_tid[nodes].tolist(), seq[nodes].tolist(), strict=True)),
-        dtype=np.int64,
-        count=nodes.size,
-    )
-    owner[seq[nodes] < 0] = -1
+    owner = found.forward_op_of.lookup(fwd_tid[nodes], seq[nodes])
     first = owner >= 0
     first[first] = position[owner[first]] < position[anchors[nodes[first]]]
-    owned = np.full(anchors.size, -1, dtype=np.int64)
-    owned[nodes[first]] = np.searchsorted(position[anchors], position[anchor[owner[first]]])
-    forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_module()
-    forward = (recorded_ops_are_forward & (seq >= 0) & (fwd_tid == 0)).tolist()
-    bucket: list[int] = []
-    node_labels: dict[int, str] = {}  # per backward node name id, its entry's label
-    rows = zip(role.tolist(), name_of, recomputed.tolist(), owned.tolist(), forward, strict=True)
-    for r, name_id, again, k, is_forward in rows:
-        if r == ROLE_MODULE:
-            m = role_module[name_id]
-            if again:
-                found.recompute_calls[m] += 1
-                b = forward_bucket[m] + 1
-            else:
-                found.module_calls[m] += 1
-                b = forward_bucket[m]
-        elif r == ROLE_BACKWARD_NODE:
-            b = backward_of.get(bucket[k], -1) if k >= 0 else -1  # the owner's module, backward
-            if b < 0:
-                label = node_labels.get(name_id)
-                if label is None:
-                    label = node_labels[name_id] = backward_node_name(names[name_id]) or ""
-                b = buckets.unattributed(label, Phase.BACKWARD)
-        elif r == ROLE_STEP:
-            b = buckets.unattributed(LABEL_STEP_GAPS, Phase.OTHER)
+    owned = np.full(nodes.size, -1, dtype=np.int64)
+    owned[first] = np.searchsorted(position[anchors], position[anchor[owner[first]]])
+    bucket[nodes[first]] = _OPEN
+    _settle_nodes(bucket, nodes[first], owned[first], buckets.module_bucket_count)
+    return _number_labels(table, bucket, role, name_of, seq, fwd_tid, buckets, recorded_ops_are_forward)
+
+
+def _recomputed(spans: np.ndarray, parent: np.ndarray, span_role: np.ndarray) -> np.ndarray:
+    """Whether each module range is inside a backward node (checkpointing's recomputation)."""
+    recomputed = np.zeros(spans.size, dtype=bool)
+    at, up = np.arange(spans.size), parent[spans]
+    while at.size:  # up the chain, one level per pass
+        alive = up >= 0
+        at, up = at[alive], up[alive]
+        hit = span_role[up] == ROLE_BACKWARD_NODE
+        recomputed[at[hit]] = True
+        at, up = at[~hit], parent[up[~hit]]
+    return recomputed
+
+
+def _settle_nodes(bucket: np.ndarray, nodes: np.ndarray, owned: np.ndarray, module_buckets: int) -> None:
+    """Backward nodes (``_OPEN``) take the backward bucket of the module their forward op's anchor
+    went to, or a label. An owner that is itself an open node (a forward op run inside backward) is
+    always earlier, so each pass settles at least the earliest open node."""
+    while nodes.size:
+        b = bucket[owned]
+        settled = b != _OPEN
+        is_module = settled & (b >= 0) & (b < module_buckets)
+        bucket[nodes[is_module]] = b[is_module] | 1  # Buckets.backward_of_module
+        bucket[nodes[settled & ~is_module]] = _LABEL
+        nodes, owned = nodes[~settled], owned[~settled]
+
+
+def _number_labels(
+    table: EventTable,
+    bucket: np.ndarray,
+    role: np.ndarray,
+    name_of: np.ndarray,
+    seq: np.ndarray,
+    fwd_tid: np.ndarray,
+    buckets: Buckets,
+    recorded_ops_are_forward: bool,
+) -> np.ndarray:
+    """Label buckets for the anchors marked ``_LABEL``, made in order of first use: a backward node's
+    (named after the node), the steps' gaps, or an op's own name (forward work where modules are
+    unknown and autograd recorded the op)."""
+    picked = np.flatnonzero(bucket == _LABEL)
+    if not picked.size:
+        return bucket
+    n = len(table.names)
+    forward = recorded_ops_are_forward & (seq[picked] >= 0) & (fwd_tid[picked] == 0)
+    r = role[picked]
+    code = np.where(
+        r == ROLE_BACKWARD_NODE,
+        2 * n + name_of[picked],
+        np.where(r == ROLE_STEP, 3 * n, 2 * name_of[picked] + forward),
+    )
+    codes, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    counts = np.bincount(inverse.reshape(-1), minlength=codes.size).tolist()
+    made = np.zeros(codes.size, dtype=np.int64)
+    names = table.names
+    for k in np.argsort(first, kind="stable").tolist():  # in order of first use
+        c = int(codes[k])
+        if c == 3 * n:
+            label, phase = LABEL_STEP_GAPS, Phase.OTHER
+        elif c >= 2 * n:
+            label, phase = backward_node_name(names[c - 2 * n]) or "", Phase.BACKWARD
         else:
-            b = buckets.unattributed(names[name_id], Phase.FORWARD if is_forward else Phase.OTHER)
-        bucket.append(b)
+            label, phase = names[c // 2], Phase.FORWARD if c & 1 else Phase.OTHER
+        made[k] = buckets.unattributed(label, phase, counts[k])
+    bucket[picked] = made[inverse.reshape(-1)]
     return bucket

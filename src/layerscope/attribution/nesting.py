@@ -20,7 +20,7 @@ level at a time with numpy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from layerscope.attribution.buckets import (
     Buckets,
 )
 from layerscope.attribution.compiled import LABEL_COMPILING
+from layerscope.attribution.forward_ops import ForwardOps
 from layerscope.events.intervals import union_length
 from layerscope.events.names import backward_node_name
 from layerscope.events.table import CPU_KINDS, EventTable
@@ -62,31 +63,27 @@ def time_order(table: EventTable) -> np.ndarray:
 class Sweep:
     """What the sweep over CPU spans finds: nesting, exclusive time, buckets, module calls."""
 
-    parent: list[int]  # enclosing span, -1 at top level
-    excl: list[int]  # duration minus direct children's (overlaps counted once, never below 0), ns
-    bucket: list[int]  # -1 for spans that are not CPU spans
+    parent: np.ndarray  # enclosing span, -1 at top level (int64, per span)
+    excl: np.ndarray  # duration minus direct children's (overlaps counted once, never below 0), ns
+    bucket: np.ndarray  # -1 for spans that are not CPU spans
     module_calls: list[int]  # forward calls per module
     #: calls per module made inside the backward pass: activation checkpointing's recomputation
     recompute_calls: list[int]
     module_windows: list[int] = field(default_factory=list)  # module-range spans, in time order
     backward_windows: list[int] = field(default_factory=list)  # backward-node spans
     #: Forward ops by (thread, sequence number): what backward nodes and saved tensors point at.
-    forward_op_of: dict[tuple[int, int], int] = field(default_factory=dict)
+    forward_op_of: ForwardOps = field(default_factory=lambda: ForwardOps(*[np.zeros(0, np.int64)] * 3))
     #: Step ranges (``events/steps.py``; the step windows are ``step_windows``'s, not these)
     step_spans: list[int] = field(default_factory=list)
     # compiled graph call spans (their kernels are children)
     compiled_graph_spans: list[int] = field(default_factory=list)
     compiling_bucket: int = -1  # the bucket of torch.compile compiling, -1 if it never did
-    #: ``parent``, ``excl`` and ``bucket`` as int64 arrays too, where the sweep made them so
-    #: (``nest_columns.py``); the lists are what later steps change, these are never changed.
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     @staticmethod
-    def start(span_count: int, span_dur: list[int], module_count: int) -> Sweep:
-        """The state before the first span: no parents, exclusive time the whole duration, no buckets."""
-        return Sweep(
-            [-1] * span_count, list(span_dur), [-1] * span_count, [0] * module_count, [0] * module_count
-        )
+    def start(module_count: int) -> Sweep:
+        """Nothing found yet (``parent``, ``excl`` and ``bucket`` are set when the sweep ends)."""
+        empty = np.zeros(0, dtype=np.int64)
+        return Sweep(empty, empty, empty, [0] * module_count, [0] * module_count)
 
 
 def sweep(
@@ -101,10 +98,12 @@ def sweep(
     exclusive time, and each span's bucket (module range, backward node, inherited, or a label)."""
     span_name, span_tid, span_ts, span_dur = table.span_name, table.span_tid, table.span_ts, table.span_dur
     span_seq, span_fwd_tid, names = table.span_seq, table.span_fwd_tid, table.names
-    found = Sweep.start(table.span_count, span_dur, buckets.module_count)
-    parent, excl, bucket = found.parent, found.excl, found.bucket
+    # lists while the loop runs (indexing them is what it does most), arrays once it is done
+    parent, excl, bucket = [-1] * table.span_count, list(span_dur), [-1] * table.span_count
+    found = Sweep.start(buckets.module_count)
     module_windows, backward_windows = found.module_windows, found.backward_windows
-    forward_op_of = found.forward_op_of = forward_ops(table, order)
+    found.forward_op_of = ForwardOps.of(table, order)
+    forward_op_of = found.forward_op_of.mapping()
     # Bucket numbers from tables that Buckets makes once: no method call per event.
     forward_bucket, backward_of = buckets.forward_buckets(), buckets.backward_of_module()
     compiling = -1  # the bucket of compilation, once seen
@@ -143,7 +142,7 @@ def sweep(
         elif compiling >= 0 and p >= 0 and bucket[p] == compiling:
             b = compiling  # whatever torch.compile runs while compiling (autograd on fake tensors too)
         elif role == ROLE_MODULE:
-            b = _module_call(found, role_module[name_id], p, span_name, roles, forward_bucket)
+            b = _module_call(found, parent, role_module[name_id], p, span_name, roles, forward_bucket)
             module_windows.append(i)
         elif role == ROLE_BACKWARD_NODE:
             owner = forward_op_of.get((span_fwd_tid[i], span_seq[i]), -1) if span_seq[i] >= 0 else -1
@@ -165,12 +164,18 @@ def sweep(
             forward = recorded_ops_are_forward and span_seq[i] >= 0 and not span_fwd_tid[i]
             b = buckets.unattributed(names[name_id], Phase.FORWARD if forward else Phase.OTHER)
         bucket[i] = b
-    found.compiling_bucket = compiling
-    return found
+    found.parent, found.excl, found.bucket = (np.asarray(c, dtype=np.int64) for c in (parent, excl, bucket))
+    return replace(found, compiling_bucket=compiling)
 
 
 def _module_call(
-    found: Sweep, m: int, p: int, span_name: list[int], roles: list[int], forward_bucket: list[int]
+    found: Sweep,
+    parent: list[int],
+    m: int,
+    p: int,
+    span_name: list[int],
+    roles: list[int],
+    forward_bucket: list[int],
 ) -> int:
     """Count a call of module ``m`` (its range's parent span is ``p``) and return its bucket: the
     forward's, or, inside a backward node (activation checkpointing re-running the module, see
@@ -180,23 +185,9 @@ def _module_call(
         if roles[span_name[span]] == ROLE_BACKWARD_NODE:
             found.recompute_calls[m] += 1
             return forward_bucket[m] + 1
-        span = found.parent[span]
+        span = parent[span]
     found.module_calls[m] += 1
     return forward_bucket[m]
-
-
-def forward_ops(table: EventTable, order: np.ndarray) -> dict[tuple[int, int], int]:
-    """Forward ops by (thread, sequence number), for backward nodes to find the op that made them.
-
-    Sequence numbers never repeat on a thread, and a backward node always starts after its forward
-    op, so the sweep finds the forward op's bucket already set. Where several ops share a number
-    (aten::linear and the aten::t inside), the innermost, which ran last, wins; both sit in the same
-    module."""
-    seq_arr = table.array("span_seq")
-    is_forward_op = (seq_arr >= 0) & (table.array("span_fwd_tid") == 0)
-    ops = order[is_forward_op[order]]
-    keys = zip(table.array("span_tid")[ops].tolist(), seq_arr[ops].tolist(), strict=True)
-    return dict(zip(keys, ops.tolist(), strict=True))
 
 
 def depths(parent: np.ndarray) -> np.ndarray:
@@ -230,7 +221,10 @@ def inclusive(own: np.ndarray, parent: np.ndarray, levels: list[np.ndarray]) -> 
 
 
 def outermost_flops(
-    flops: list[int], parent: np.ndarray, levels: list[np.ndarray], not_counted: np.ndarray | None = None
+    flops: list[int] | np.ndarray,
+    parent: np.ndarray,
+    levels: list[np.ndarray],
+    not_counted: np.ndarray | None = None,
 ) -> np.ndarray:
     """FLOPs that count: a span's own FLOPs unless an enclosing span already counted FLOPs."""
     values = np.asarray(flops, dtype=np.int64)

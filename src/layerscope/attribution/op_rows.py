@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -67,33 +68,20 @@ def op_rows(
     scopes = ["" if buckets.is_module(b) else buckets.where(b, catalog) for b in range(buckets.count)]
     all_stacks = stacks[1] if stacks is not None else []
     result: list[OpStats] = []
-    for r, (name_id, b, shape_id, stack_id) in enumerate(zip(*row_keys, strict=True)):
-        fl = exact_flops[r]
+    columns = zip(*row_keys, calls, exact_flops, *sums, row_bytes, row_dtypes, strict=True)
+    for name_id, b, shape_id, stack_id, count, fl, *v, moved, dtype in columns:
         result.append(
             OpStats(
                 name=names[name_id],
                 phase=phases[b],
                 module=modules[b],
                 input_shapes=names[shape_id] if shape_id >= 0 else None,
-                calls=calls[r],
-                metrics=Metrics(
-                    sums["self_cpu_us"][r],
-                    sums["cpu_us"][r],
-                    sums["self_device_us"][r],
-                    sums["device_us"][r],
-                    fl,
-                    fl,
-                    int(sums["self_cpu_alloc_bytes"][r]),
-                    int(sums["cpu_alloc_bytes"][r]),
-                    int(sums["self_device_alloc_bytes"][r]),
-                    int(sums["device_alloc_bytes"][r]),
-                    int(sums["self_net_bytes"][r]),
-                    int(sums["net_bytes"][r]),
-                ),
+                calls=count,
+                metrics=Metrics(v[0], v[1], v[2], v[3], fl, fl, v[4], v[5], v[6], v[7], v[8], v[9]),
                 scope=scopes[b],
                 stack=all_stacks[stack_id] if stack_id >= 0 else (),
-                bytes=row_bytes[r],
-                dtype=row_dtypes[r],
+                bytes=moved,
+                dtype=dtype,
             )
         )
     return (*result, *_unlinked_rows(table, unlinked_device))
@@ -169,29 +157,30 @@ def _group(
 
 def _row_sums(
     table: EventTable, idx: np.ndarray, row_of: np.ndarray, rows: int, figures: SpanFigures
-) -> tuple[dict[str, list[float]], list[int], list[int]]:
-    """Per row: its spans' figures summed (by Metrics field name), their FLOPs and their count."""
+) -> tuple[list[list[Any]], list[int], list[int]]:
+    """Per row: its spans' figures summed (in Metrics' order, FLOPs left out), their FLOPs and their
+    count."""
 
     def summed(values: np.ndarray) -> np.ndarray:
         return np.bincount(row_of, weights=np.asarray(values)[idx], minlength=rows)
 
     mem = figures.memory
-    cols = {
-        "self_cpu_us": summed(figures.excl) / 1000.0,
-        "cpu_us": summed(table.array("span_dur")) / 1000.0,
-        "self_device_us": summed(figures.device_self) / 1000.0,
-        "device_us": summed(figures.device_total) / 1000.0,
-        "self_cpu_alloc_bytes": summed(mem.self_cpu_alloc),
-        "cpu_alloc_bytes": summed(mem.cpu_alloc),
-        "self_device_alloc_bytes": summed(mem.self_device_alloc),
-        "device_alloc_bytes": summed(mem.device_alloc),
-        "self_net_bytes": summed(mem.self_net),
-        "net_bytes": summed(mem.net),
-    }
+    times = [summed(values) / 1000.0 for values in (figures.excl, table.array("span_dur"))]
+    times += [summed(values) / 1000.0 for values in (figures.device_self, figures.device_total)]
+    memory: tuple[np.ndarray, ...] = (
+        mem.self_cpu_alloc,
+        mem.cpu_alloc,
+        mem.self_device_alloc,
+        mem.device_alloc,
+    )
+    memory += (mem.self_net, mem.net)
     # FLOPs can exceed 2**53 over a long run: sum them exactly, as Python ints.
     exact_flops = exact_sums(row_of, np.asarray(figures.flops, dtype=np.int64)[idx], rows)
     # Plain Python lists: the rows are built one element at a time, which numpy scalars make slow.
-    return {k: v.tolist() for k, v in cols.items()}, exact_flops, np.bincount(row_of, minlength=rows).tolist()
+    # Metrics' order: self and total CPU time, self and total device time, then (after the FLOPs) the
+    # allocations, self and total, CPU, device and net; bytes as ints, as int() of the float sum.
+    sums = [t.tolist() for t in times] + [summed(values).astype(np.int64).tolist() for values in memory]
+    return sums, exact_flops, np.bincount(row_of, minlength=rows).tolist()
 
 
 def _row_bytes(
@@ -218,8 +207,9 @@ def _row_bytes(
 def _unlinked_rows(table: EventTable, unlinked_device: list[int]) -> list[OpStats]:
     """Device work no CPU op launched: one row per name, so that device totals reconcile."""
     unlinked: dict[int, list[int]] = {}
-    for k in unlinked_device:
-        unlinked.setdefault(table.span_name[k], []).append(table.span_dur[k])
+    span_name, span_dur = table.array("span_name")[unlinked_device], table.array("span_dur")[unlinked_device]
+    for name_id, dur in zip(span_name.tolist(), span_dur.tolist(), strict=True):
+        unlinked.setdefault(name_id, []).append(dur)
     result = []
     for name_id, durs in unlinked.items():
         us = sum(durs) / 1000.0

@@ -32,8 +32,8 @@ def full_meta(
     and the memory timeline."""
     ts, dur = table.array("span_ts"), table.array("span_dur")
     timeline = None
-    if table.mem_ts:
-        start = int(ts[order].min()) if order.size else int(min(table.mem_ts))
+    if table.memory_count:
+        start = int(ts[order].min()) if order.size else int(table.array("mem_ts").min())
         timeline = memory_timeline(table, owners, bucket, buckets, catalog, start)
     return replace(
         meta,

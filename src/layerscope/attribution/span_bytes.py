@@ -86,15 +86,18 @@ def _own_bytes(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
     ops = np.flatnonzero((shapes >= 0) & (dtypes >= 0))
     if not ops.size:
         return own, first
-    flops = np.asarray(table.span_flops, dtype=np.int64)[ops]
+    flops = table.array("span_flops")[ops]
     # One key per distinct (name, shapes, dtypes), in two 1-D steps (a 3-column key could overflow);
     # FLOPs are part of the key only where a rule reads them (convolutions): spans with FLOPs.
     size = len(table.names) + 1
     _, pair = np.unique(table.array("span_name")[ops] * size + shapes[ops], return_inverse=True)
     keys = pair.reshape(-1).astype(np.int64) * size + dtypes[ops]
     counted = np.flatnonzero(flops > 0)
-    if counted.size:  # FLOP spans keyed apart, by (key, FLOPs): negative keys
-        _, apart = np.unique(np.stack((keys[counted], flops[counted]), axis=1), axis=0, return_inverse=True)
+    if counted.size:  # FLOP spans keyed apart, by (key, FLOPs) in that order: negative keys
+        _, by_key = np.unique(keys[counted], return_inverse=True)
+        values, by_flops = np.unique(flops[counted], return_inverse=True)
+        pairs = by_key.reshape(-1).astype(np.int64) * values.size + by_flops.reshape(-1)
+        _, apart = np.unique(pairs, return_inverse=True)
         keys[counted] = -1 - apart.reshape(-1)
     distinct, index = np.unique(keys, return_inverse=True)
     index = index.reshape(-1)

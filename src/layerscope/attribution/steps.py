@@ -20,20 +20,16 @@ def device_in_windows(table: EventTable, lo: np.ndarray, hi: np.ndarray) -> np.n
     result = np.zeros(lo.size, dtype=np.int64)
     if not work.size:
         return result
-    ts = table.array("span_ts")[work]
-    by_start = np.argsort(ts, kind="stable")
-    starts = ts[by_start]
-    ends = starts + table.array("span_dur")[work][by_start]
-    # Work that starts before a window can still run into it: from the first span whose running
-    # maximum end passes the window's start, every later span is a candidate.
-    reach = np.maximum.accumulate(ends)
-    first = np.searchsorted(reach, lo, side="right")
-    last = np.searchsorted(starts, hi, side="left")
-    for w in range(lo.size):
-        a, b = int(first[w]), int(last[w])
-        if a < b:
-            clipped = np.minimum(ends[a:b], hi[w]) - np.maximum(starts[a:b], lo[w])
-            result[w] = int(clipped[clipped > 0].sum())
+    start = table.array("span_ts")[work]
+    end = start + table.array("span_dur")[work]
+    # each piece of work with every window it overlaps (the windows are sorted and disjoint)
+    first = np.searchsorted(hi, start, side="right")
+    count = np.maximum(np.searchsorted(lo, end, side="left") - first, 0)
+    piece = np.repeat(np.arange(work.size), count)
+    window = np.repeat(first - np.cumsum(count) + count, count) + np.arange(piece.size)
+    clipped = np.minimum(end[piece], hi[window]) - np.maximum(start[piece], lo[window])
+    positive = clipped > 0
+    np.add.at(result, window[positive], clipped[positive])
     return result
 
 
@@ -81,25 +77,28 @@ def step_stats(
         if parent is not None:
             forward[:, index[parent]] += forward[:, m]
             backward[:, index[parent]] += backward[:, m]
+    # lists, read one element at a time below (numpy scalars are slow)
+    kept = [(m, info.path) for m, info in enumerate(catalog) if info.path in kept_paths]
+    forward_rows, backward_rows, device = forward.tolist(), backward.tolist(), device_ns.tolist()
+    labels = [label for label, _ in buckets.labels]
+    rows, columns = np.nonzero(sums[:, buckets.module_bucket_count :])
+    label_values = sums[rows, buckets.module_bucket_count + columns].tolist()
+    row_starts = np.searchsorted(rows, np.arange(len(windows) + 1)).tolist()
+    columns_list = columns.tolist()
     result = []
     for row, window in enumerate(windows):
-        modules = {
-            info.path: (float(forward[row, m]), float(backward[row, m]))
-            for m, info in enumerate(catalog)
-            if info.path in kept_paths
-        }
+        f, b = forward_rows[row], backward_rows[row]
         unattributed: dict[str, float] = {}
-        for k, (label, _) in enumerate(buckets.labels):
-            value = float(sums[row, buckets.label_bucket(k)])
-            if value:
-                unattributed[label] = unattributed.get(label, 0.0) + value
+        for at in range(row_starts[row], row_starts[row + 1]):  # the labels with time, in order
+            label = labels[columns_list[at]]
+            unattributed[label] = unattributed.get(label, 0.0) + label_values[at]
         result.append(
             StepStats(
                 step=window.number,
                 wall_us=window.wall_ns / 1000.0,
-                device_us=int(device_ns[row]) / 1000.0,
+                device_us=device[row] / 1000.0,
                 cpu_us=float(sums[row].sum()),
-                modules=modules,
+                modules={path: (f[m], b[m]) for m, path in kept},
                 unattributed=unattributed,
             )
         )

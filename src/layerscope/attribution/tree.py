@@ -111,6 +111,6 @@ def module_tree(
         (per_bucket[buckets.forward(m)], per_bucket[buckets.backward(m)]) for m in range(buckets.module_count)
     ]
     first_call: dict[int, int] = {}
-    for i in swept.module_windows:
-        first_call.setdefault(named.role_module[table.span_name[i]], len(first_call))
+    for name_id in table.array("span_name")[swept.module_windows].tolist():
+        first_call.setdefault(named.role_module[name_id], len(first_call))
     return assemble_tree(named.catalog, own, swept.module_calls, first_call, swept.recompute_calls)

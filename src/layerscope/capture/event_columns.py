@@ -128,8 +128,10 @@ def count_flops(
     """Fill ``span_flops`` at ``picked`` positions. Training repeats the same calls step after step:
     each distinct (op, shapes, scalar arguments) is counted once."""
     cache: dict[tuple[int, bytes, bytes], int] = {}
-    for j, shapes_json, key_bytes, inputs in zip(picked, shapes_raw, concrete_keys, concrete, strict=True):
-        key = (table.span_name[j], shapes_json, key_bytes)
+    name_ids = table.array("span_name")[picked].tolist()
+    rows = zip(picked, name_ids, shapes_raw, concrete_keys, concrete, strict=True)
+    for j, name_id, shapes_json, key_bytes, inputs in rows:
+        key = (name_id, shapes_json, key_bytes)
         found = cache.get(key)
         if found is None:
             values = orjson.loads(inputs) if isinstance(inputs, bytes) else inputs

@@ -106,7 +106,7 @@ class ModuleMarks:
         """Append the spans to ``table`` as the CPU-op ranges they stand for, on the threads torch
         recorded (without ``all_threads`` torch records only some threads; a range on another thread
         would not have been recorded either)."""
-        recorded = set(table.span_tid)
+        recorded = set(np.unique(table.array("span_tid")).tolist())
         kept = [i for i, tid in enumerate(self.span_tid) if tid in recorded]
         table.append_spans(
             [self.span_name[i] for i in kept],

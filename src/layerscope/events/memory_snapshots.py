@@ -3,8 +3,10 @@ reads them, without torch)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
+
+import numpy as np
 
 #: What live memory holds, as the memory-at-peak view reports it.
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "input", "temporary", "other")
@@ -21,6 +23,21 @@ class StorageEntry(NamedTuple):
     seq: int = -1
 
 
+@dataclass(frozen=True)
+class EntryColumns:
+    """A snapshot's entries as columns, in entry order: what attribution matches by address."""
+
+    addr: np.ndarray  # int64
+    nbytes: np.ndarray  # int64
+    #: the category's index in :data:`CATEGORIES`; ``len(CATEGORIES)`` for any other name
+    category: np.ndarray
+    on_device: np.ndarray  # bool
+    seq: np.ndarray  # int64
+
+
+_CATEGORY_INDEX = {name: k for k, name in enumerate(CATEGORIES)}
+
+
 @dataclass
 class Snapshot:
     """Storages seen at one point: ``kind`` is start, forward, optimizer_pre, optimizer_post or end;
@@ -33,3 +50,20 @@ class Snapshot:
     os_tid: int = 0
     #: torch.cuda.memory_allocated() summed over devices, at start snapshots on CUDA (else None).
     device_allocated: int | None = None
+    _columns: EntryColumns | None = field(default=None, repr=False, compare=False)
+
+    def columns(self) -> EntryColumns:
+        """The entries as columns, made once (the entries are not changed after a snapshot is taken)."""
+        if self._columns is None:
+            addr, nbytes, category, on_device, seq = (
+                zip(*self.entries, strict=True) if self.entries else ((),) * 5
+            )
+            other = len(CATEGORIES)
+            self._columns = EntryColumns(
+                np.asarray(addr, dtype=np.int64),
+                np.asarray(nbytes, dtype=np.int64),
+                np.asarray([_CATEGORY_INDEX.get(c, other) for c in category], dtype=np.int64),
+                np.asarray(on_device, dtype=bool),
+                np.asarray(seq, dtype=np.int64),
+            )
+        return self._columns

@@ -66,7 +66,12 @@ def step_name_ids(names: Sequence[str]) -> tuple[dict[int, int], dict[int, int]]
 
 
 def step_windows(table: EventTable) -> list[StepWindow]:
-    """The steps of ``table`` in time order, each with its window (the module docstring's rules)."""
+    """The steps of ``table`` in time order, each with its window (the module docstring's rules);
+    found once per table (attribution, the verdicts and the device report each ask)."""
+    return list(table.derived("step_windows", _step_windows))
+
+
+def _step_windows(table: EventTable) -> list[StepWindow]:
     torch_steps, user_steps = step_name_ids(table.names)
     if not torch_steps and not user_steps:
         return []

@@ -8,6 +8,7 @@ sweep is a Python loop and list indexing is the fastest thing it can do; names a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -55,6 +56,7 @@ SPAN_COLUMNS = (
     "span_flops",
 )
 MEMORY_COLUMNS = ("mem_tid", "mem_ts", "mem_bytes", "mem_on_device", "mem_addr")
+_COLUMNS = frozenset(SPAN_COLUMNS + MEMORY_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,16 @@ class EventTable:
     call_lines: CallLines | None = None
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    _derived: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes the instance lacks: a column that set_columns left as an
+        # array becomes its list here, once, the first time it is read as a list.
+        found = self.__dict__.get("_arrays", {}).get(name) if name in _COLUMNS else None
+        if found is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        values = self.__dict__[name] = found.tolist()
+        return values
 
     def array(self, column: str) -> np.ndarray:
         """A column as a numpy array (int64, or bool for ``mem_on_device``), converted once.
@@ -133,6 +145,15 @@ class EventTable:
             dtype = bool if column == "mem_on_device" else np.int64
             found = self._arrays[column] = np.asarray(getattr(self, column), dtype=dtype)
         return found
+
+    def derived(self, what: str, make: Callable[[EventTable], Any]) -> Any:
+        """``make(self)``, made once per table size: what several readers of a complete table derive
+        from it (the step windows: attribution, the verdicts and the device report)."""
+        key = (what, self.span_count, len(self.names))
+        made = self.__dict__.setdefault("_derived", {})  # a table unpickled from before it had none
+        if key not in made:
+            made[key] = make(self)
+        return made[key]
 
     def intern(self, name: str) -> int:
         """The id of ``name`` in the string table, adding it if new."""
@@ -175,8 +196,7 @@ class EventTable:
         self, names: list[str], kind: EventKind, tids: list[int], starts: list[int], durations: list[int]
     ) -> None:
         """Append spans of one kind with no sequence number, links, shapes or FLOPs (module marks);
-        span arrays converted before grow with them (a reader's arrays stay: no list is converted
-        again)."""
+        span arrays converted before grow with them, and a column held only as an array stays one."""
         count = len(names)
         added: dict[str, list[int]] = {
             "span_name": [self.intern(n) for n in names],
@@ -192,7 +212,9 @@ class EventTable:
             "span_flops": [0] * count,
         }
         for column, values in added.items():
-            getattr(self, column).extend(values)
+            listed = self.__dict__.get(column)
+            if listed is not None:
+                listed.extend(values)
             found = self._arrays.get(column)
             if found is not None:
                 self._arrays[column] = np.concatenate([found, np.asarray(values, dtype=np.int64)])
@@ -205,30 +227,39 @@ class EventTable:
         self.mem_on_device.append(on_device)
         self.mem_addr.append(addr)
 
+    def length(self, column: str) -> int:
+        """The number of rows of ``column``, without making a list of a column held as an array."""
+        found = self.__dict__.get(column)
+        return len(found) if found is not None else len(self._arrays[column])
+
     @property
     def span_count(self) -> int:
         """Number of span events."""
-        return len(self.span_ts)
+        return self.length("span_ts")
+
+    @property
+    def memory_count(self) -> int:
+        """Number of memory (allocation and free) events."""
+        return self.length("mem_ts")
 
     @property
     def event_count(self) -> int:
         """Spans plus memory events (the unit of the post-processing benchmark)."""
-        return len(self.span_ts) + len(self.mem_ts)
+        return self.span_count + self.memory_count
 
     def set_columns(self, arrays: dict[str, np.ndarray]) -> None:
-        """Set whole columns from arrays (a reader that made them in numpy), keeping the arrays so
-        :meth:`array` need not convert them back."""
-        for column, values in arrays.items():
-            setattr(self, column, values.tolist())
+        """Set whole columns from arrays (a reader that made them in numpy). The arrays are kept for
+        :meth:`array`; a column becomes a list only when first read as one (``__getattr__``)."""
+        for column in arrays:
+            if column not in _COLUMNS:
+                raise ValueError(f"not a column: {column}")
+            self.__dict__.pop(column, None)
         self._arrays.update(arrays)
 
     def check(self) -> None:
         """Raise ValueError if the columns have different lengths (a reader bug)."""
-        n = len(self.span_ts)
-        for name in SPAN_COLUMNS:
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"column {name} has {len(getattr(self, name))} rows, expected {n}")
-        m = len(self.mem_ts)
-        for name in MEMORY_COLUMNS:
-            if len(getattr(self, name)) != m:
-                raise ValueError(f"column {name} has {len(getattr(self, name))} rows, expected {m}")
+        for columns in (SPAN_COLUMNS, MEMORY_COLUMNS):
+            n = self.length(columns[0])
+            for name in columns:
+                if self.length(name) != n:
+                    raise ValueError(f"column {name} has {self.length(name)} rows, expected {n}")

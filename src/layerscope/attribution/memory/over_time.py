@@ -68,15 +68,15 @@ def memory_over_time(story: MemoryStory, start_ns: int, points: int = 800) -> Me
     edges = np.linspace(0, n, num=min(points - 3, n) + 1).astype(np.int64)  # and the start, last, peak
     keep = sorted({*first_maxima(total, edges).tolist(), 0, n - 1, int(np.argmax(total))})
     used = [c for c in range(len(CATEGORIES)) if initial[c] or live[c].any()]
-    where = [story.place(int(story.owner[k])) if story.owner[k] >= 0 else None for k in keep]
+    where = [story.place(owner) if owner >= 0 else None for owner in story.owner[keep].tolist()]
     start = min(start_ns, int(story.ts[0]))
     return MemoryOverTime(
         t_us=(
             round((start - start_ns) / 1000.0, 3),
-            *(round((int(story.ts[k]) - start_ns) / 1000.0, 3) for k in keep),
+            *(round((t - start_ns) / 1000.0, 3) for t in story.ts[keep].tolist()),
         ),
         categories=tuple(CATEGORIES[c] for c in used),
-        bytes_by_category=tuple((int(initial[c]), *(int(live[c, k]) for k in keep)) for c in used),
+        bytes_by_category=tuple((int(initial[c]), *live[c, keep].tolist()) for c in used),
         phases=("", *(w.phase if w is not None else "" for w in where)),
         modules=("", *(w.module if w is not None else "" for w in where)),
     )

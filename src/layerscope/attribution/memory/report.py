@@ -13,15 +13,19 @@ import numpy as np
 
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
+from layerscope.attribution.forward_ops import ForwardOps
 from layerscope.attribution.memory.over_time import memory_over_time
+from layerscope.attribution.memory.saved import saved_by_module
 from layerscope.attribution.memory.story import MemoryStory, placement_of
-from layerscope.attribution.memory.sums import innermost_spans
+from layerscope.attribution.memory.sums import innermost_spans, range_max
 from layerscope.attribution.nesting import Sweep
-from layerscope.events.memory_snapshots import Snapshot
+from layerscope.events.memory_snapshots import CATEGORIES, Snapshot
 from layerscope.events.steps import step_windows
 from layerscope.events.table import EventTable
 from layerscope.model.memory import ClassMemory, MemoryReport, MemoryRow, OutOfMemory, StepMemory
 from layerscope.model.profile import StepStats
+
+_PARAMETER = CATEGORIES.index("parameter")
 
 
 def memory_classes(
@@ -69,63 +73,23 @@ def _where_of(story: MemoryStory, k: int) -> dict[str, str] | None:
 
 def _step_figures(story: MemoryStory, windows: list[tuple[int, int, int]]) -> tuple[StepMemory, ...]:
     """Per step window (number, start, end): its absolute peak, bytes allocated and net change."""
-    running = story.running
-    out = []
-    for number, start, end in windows:
-        lo = int(np.searchsorted(story.ts, start, side="left"))
-        hi = int(np.searchsorted(story.ts, end, side="right"))
-        before = int(running[lo - 1]) if lo > 0 else story.baseline.total
-        if hi > lo:
-            window = story.nbytes[lo:hi]
-            peak = max(before, int(running[lo:hi].max()))
-            out.append(StepMemory(number, peak, int(window[window > 0].sum()), int(window.sum())))
-        else:
-            out.append(StepMemory(number, before, 0, 0))
-    return tuple(out)
-
-
-def saved_by_module(
-    snapshots: list[Snapshot],
-    keeper_of: Any,
-    parameter_addrs: set[int],
-) -> dict[str, dict[str, int]]:
-    """Bytes saved for backward per keeping module (the module of the op that saved them), split
-    into activation, parameter and input: summed over the recording's root calls, each storage
-    once per module and call, a parameter once per module."""
-    out: dict[str, dict[str, int]] = {}
-    # A root call's walk also meets the graph of earlier calls it builds on (h = model(h)): an
-    # autograd node (sequence number) counts in the first walk that meets it only.
-    walked: set[tuple[int, int]] = set()
-    kept_parameters: set[tuple[str, int]] = set()  # a weight saved by every call is kept once
-    for snapshot in snapshots:
-        if snapshot.kind != "forward":
-            continue
-        inputs = {e.addr for e in snapshot.entries if e.category == "input"}
-        seen: set[tuple[str, int]] = set()
-        here: set[tuple[int, int]] = set()
-        for entry in snapshot.entries:
-            if entry.category != "activation" or (entry.seq, entry.addr) in walked:
-                continue
-            here.add((entry.seq, entry.addr))
-            module = keeper_of(snapshot.tid, entry.seq)
-            if module is None or (module, entry.addr) in seen:
-                continue
-            seen.add((module, entry.addr))
-            kind = (
-                "parameter"
-                if entry.addr in parameter_addrs
-                else "input"
-                if entry.addr in inputs
-                else "activation"
-            )
-            if kind == "parameter":
-                if (module, entry.addr) in kept_parameters:
-                    continue
-                kept_parameters.add((module, entry.addr))
-            figures = out.setdefault(module, {"activation": 0, "parameter": 0, "input": 0})
-            figures[kind] += entry.nbytes
-        walked |= here
-    return out
+    if not windows:
+        return ()
+    numbers, starts, ends = (np.asarray(column, dtype=np.int64) for column in zip(*windows, strict=True))
+    running, nbytes = story.running, story.nbytes
+    lo = np.searchsorted(story.ts, starts, side="left")
+    hi = np.searchsorted(story.ts, ends, side="right")
+    before = np.where(lo > 0, running[np.maximum(lo - 1, 0)] if running.size else 0, story.baseline.total)
+    events = hi > lo
+    peak = before.copy()
+    if events.any():
+        peak[events] = np.maximum(before[events], range_max(running, lo[events], hi[events]))
+    # sums over each window's events, from running sums (exact, in int64)
+    allocated = np.r_[0, np.cumsum(np.where(nbytes > 0, nbytes, 0))]
+    net = np.r_[0, np.cumsum(nbytes)]
+    hi = np.maximum(hi, lo)  # a window with no events changes nothing
+    columns = (numbers, peak, allocated[hi] - allocated[lo], net[hi] - net[lo])
+    return tuple(StepMemory(*row) for row in zip(*(c.tolist() for c in columns), strict=True))
 
 
 def build_memory_report(
@@ -151,35 +115,50 @@ def build_memory_report(
         if bool((on_device == device).any())
     ]
     windows = [(w.number, w.start, w.end) for w in step_windows(table)]
-    ops = swept.forward_op_of
-    by_seq: dict[int, int] = {}  # for snapshots whose thread is unknown (no marks)
-    if any(s.tid < 0 for s in snaps if s.kind == "forward"):
-        for (_, seq), span in ops.items():
-            by_seq.setdefault(seq, span)
+    # per bucket, the keeping module (-1: saved outside every module, a loss computed in the block;
+    # the last entry: no bucket)
+    module_of = np.array(
+        [buckets.module_of(b) if buckets.is_module(b) else -1 for b in range(buckets.count)] + [-1]
+    )
 
-    # per bucket, the keeping module's path (None: saved outside every module, a loss computed in
-    # the block)
-    path_of = [
-        catalog[buckets.module_of(b)].path if buckets.is_module(b) else None for b in range(buckets.count)
+    def keepers(snapshot: Snapshot) -> np.ndarray:
+        span = _forward_ops_of(swept.forward_op_of, snapshot.tid, snapshot.columns().seq)
+        return module_of[np.where(span >= 0, bucket[span], -1)]
+
+    parameter_addrs = [
+        c.addr[c.category == _PARAMETER] for c in (s.columns() for s in snaps if s.kind == "start")
     ]
-
-    def keeper_of(tid: int, seq: int) -> str | None:
-        span = ops.get((tid, seq), by_seq.get(seq, -1) if tid < 0 else -1)
-        b = int(bucket[span]) if span >= 0 else -1
-        return path_of[b] if b >= 0 else None
-
-    parameter_addrs = {
-        e.addr for s in snaps if s.kind == "start" for e in s.entries if e.category == "parameter"
-    }
-    start_ns = int(ts[order].min()) if order.size else int(min(table.mem_ts)) if table.mem_ts else None
+    start_ns = (
+        int(ts[order].min())
+        if order.size
+        else int(table.array("mem_ts").min())
+        if table.memory_count
+        else None
+    )
     return MemoryReport(
         classes=memory_classes(stories, windows, start_ns),
-        saved=saved_by_module(snaps, keeper_of, parameter_addrs),
+        saved=saved_by_module(
+            snaps,
+            keepers,
+            [info.path for info in catalog],
+            np.concatenate([np.zeros(0, np.int64), *parameter_addrs]),
+        ),
         watched=bool(snaps),
         start_ns=start_ns,
         out_of_memory=_out_of_memory(table, order, parent, place, stories) if table.out_of_memory else (),
-        addresses=bool(table.mem_ts) and bool(table.array("mem_addr").any()),
+        addresses=bool(table.memory_count) and bool(table.array("mem_addr").any()),
     )
+
+
+def _forward_ops_of(ops: ForwardOps, tid: int, seq: np.ndarray) -> np.ndarray:
+    """The forward op of each sequence number on thread ``tid`` (-1: none); a snapshot whose thread
+    is unknown (no marks) takes the first thread that has the number."""
+    if tid >= 0:
+        return ops.lookup(np.full(seq.size, tid, dtype=np.int64), seq)
+    by_seq: dict[int, int] = {}
+    for (_, number), span in ops.mapping().items():
+        by_seq.setdefault(number, span)
+    return np.asarray([by_seq.get(number, -1) for number in seq.tolist()], dtype=np.int64)
 
 
 def with_step_memory(steps: tuple[StepStats, ...], memory: MemoryReport) -> tuple[StepStats, ...]:

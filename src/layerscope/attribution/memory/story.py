@@ -22,6 +22,7 @@ import numpy as np
 
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
+from layerscope.events.memory_snapshots import CATEGORIES as SNAPSHOT_CATEGORIES
 from layerscope.events.memory_snapshots import Snapshot
 from layerscope.events.table import EventTable
 from layerscope.model.memory import BEFORE_BLOCK, UNPAIRED
@@ -42,7 +43,37 @@ class Placement:
 #: backward), the lowest code wins. Allocations start as temporary or other.
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "input", "activation", "temporary", "other")
 _CODE = {name: code for code, name in enumerate(CATEGORIES)}
-_KEY = [("addr", np.int64), ("t", np.int64)]
+#: A snapshot entry's category (its index in ``memory_snapshots.CATEGORIES``, and one more for any
+#: other name) as a code here.
+_SNAPSHOT_CODE = np.array([_CODE[name] for name in SNAPSHOT_CATEGORIES] + [_CODE["other"]], dtype=np.int64)
+
+
+def _last_at_or_before(
+    addr: np.ndarray, ts: np.ndarray, at_addr: np.ndarray, at_ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each query (address, time), the last of the rows (``addr``, ``ts``) at that address
+    that starts at or before that time: its index (any, where there is none) and whether there is one."""
+    hit = np.zeros(at_addr.size, dtype=np.int64)
+    matched = np.zeros(at_addr.size, dtype=bool)
+    if not addr.size or not at_addr.size:
+        return hit, matched
+    order = np.lexsort((ts, addr))
+    addrs = np.unique(addr)
+    rank = np.searchsorted(addrs, at_addr)
+    known = rank < addrs.size
+    known[known] = addrs[rank[known]] == at_addr[known]
+    # (address, time) as one int64: dense ranks of both, so the product cannot overflow
+    times = np.unique(np.concatenate([ts, at_ts]))
+    width = times.size + 1
+    key = np.searchsorted(addrs, addr[order]) * width + np.searchsorted(times, ts[order])
+    asked = np.flatnonzero(known)
+    query = rank[asked] * width + np.searchsorted(times, at_ts[asked])
+    pos = np.searchsorted(key, query, side="right") - 1
+    found = pos >= 0
+    found[found] = addr[order[pos[found]]] == at_addr[asked[found]]
+    hit[asked[found]] = order[pos[found]]
+    matched[asked[found]] = True
+    return hit, matched
 
 
 class MemoryStory:
@@ -111,35 +142,34 @@ class MemoryStory:
         """Name each allocation after the snapshot entries at its address while it was live (one
         sorted search for all entries); return the entries no allocation of the recording holds
         (storages from before it), by address."""
-        found = [
-            (entry, snapshot.ts)
-            for snapshot in snapshots
-            if snapshot.ts > 0 or snapshot.kind == "start"  # without a watch point: no time to match
-            for entry in snapshot.entries
-            if entry.on_device == self.on_device
-        ]
-        if not found:
+        usable = [s for s in snapshots if s.ts > 0 or s.kind == "start"]  # without a watch point: no time
+        picked = [(s.columns(), s.ts) for s in usable]
+        mine = [c.on_device == self.on_device for c, _ in picked]
+        if not any(m.any() for m in mine):
             return {}
-        keys = np.array([(entry.addr, ts) for entry, ts in found], dtype=_KEY)
-        allocations = np.empty(self.alloc.size, dtype=_KEY)
-        allocations["addr"], allocations["t"] = self.addr[self.alloc], self.ts[self.alloc]
-        order = np.argsort(allocations, order=("addr", "t"))
+        addr = np.concatenate([c.addr[m] for (c, _), m in zip(picked, mine, strict=True)])
+        at = np.concatenate(
+            [np.full(int(m.sum()), ts, dtype=np.int64) for (_, ts), m in zip(picked, mine, strict=True)]
+        )
+        category = np.concatenate([c.category[m] for (c, _), m in zip(picked, mine, strict=True)])
+        nbytes = np.concatenate([c.nbytes[m] for (c, _), m in zip(picked, mine, strict=True)])
         # The allocation at the entry's address that began last at or before the snapshot, if it
         # was still live then: allocations at one address never overlap in time.
-        pos = np.searchsorted(allocations[order], keys, side="right") - 1
-        hit = order[np.maximum(pos, 0)]
-        matched = (pos >= 0) & (allocations["addr"][hit] == keys["addr"]) & (keys["t"] < self.t_free[hit])
-        codes = np.array([_CODE.get(entry.category, _CODE["other"]) for entry, _ in found], dtype=np.int64)
+        hit, matched = _last_at_or_before(self.addr[self.alloc], self.ts[self.alloc], addr, at)
+        matched &= at < self.t_free[hit]
+        codes = _SNAPSHOT_CODE[category]
         np.minimum.at(self.code, hit[matched], codes[matched])
         unmatched: dict[int, tuple[int, str]] = {}
-        for k in np.flatnonzero(~matched).tolist():
-            entry = found[k][0]
+        rows = np.flatnonzero(~matched)
+        for a, size, code in zip(
+            addr[rows].tolist(), nbytes[rows].tolist(), codes[rows].tolist(), strict=True
+        ):
             # A storage from before the block that an op saves is not an activation the block
             # made: it keeps its own category, else other (Saved says who keeps it).
-            category = "other" if entry.category == "activation" else entry.category
-            known = unmatched.get(entry.addr)
-            if known is None or _CODE[category] < _CODE[known[1]]:
-                unmatched[entry.addr] = (entry.nbytes, category)
+            category_name = "other" if code == _CODE["activation"] else CATEGORIES[code]
+            known = unmatched.get(a)
+            if known is None or _CODE[category_name] < _CODE[known[1]]:
+                unmatched[a] = (size, category_name)
         return unmatched
 
     def peak(self) -> tuple[int, int]:

@@ -48,7 +48,7 @@ class MemoryTotals:
 
 def memory_totals(table: EventTable) -> MemoryTotals:
     """Bytes allocated (CPU, device) and the net change over every memory event of the table."""
-    if not table.mem_ts:
+    if not table.memory_count:
         return MemoryTotals(0, 0, 0)
     mem_bytes = table.array("mem_bytes")
     mem_dev = table.array("mem_on_device")
@@ -63,7 +63,7 @@ def bucket_memory(
     table: EventTable, owners: np.ndarray, bucket: np.ndarray, outside_bucket: int, bucket_count: int
 ) -> BucketMemory:
     """Sum every memory event into its owner span's bucket (``outside_bucket`` when no span owns it)."""
-    n_mem = len(table.mem_ts)
+    n_mem = table.memory_count
     if not n_mem:
         zero = np.zeros(bucket_count)
         return BucketMemory(zero, zero, zero)
@@ -88,7 +88,7 @@ def span_memory(
     self_cpu_alloc: np.ndarray = np.zeros(n_spans)
     self_dev_alloc: np.ndarray = np.zeros(n_spans)
     self_net: np.ndarray = np.zeros(n_spans)
-    if table.mem_ts:
+    if table.memory_count:
         mem_bytes = table.array("mem_bytes")
         mem_dev = table.array("mem_on_device")
         owned = owners >= 0
@@ -177,7 +177,7 @@ def window_peaks(
             values = np.where(on_dev[sel] if cls else ~on_dev[sel], mem_bytes[sel], 0)
             cum = np.cumsum(values)
             base = np.where(lo > 0, cum[np.maximum(lo - 1, 0)], 0)
-            window_peak = _range_max(cum, lo, hi) - base
+            window_peak = range_max(cum, lo, hi) - base
             # Largest window per bucket: sort by (bucket, peak) and keep each bucket's last entry
             # (vectorised, where np.maximum.at is not).
             by = np.lexsort((window_peak, owners))
@@ -187,7 +187,7 @@ def window_peaks(
                     peaks[b][cls] = peak
 
 
-def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """max(values[lo[k]:hi[k]]) for every k (all ranges non-empty), with a sparse table."""
     table = [values]
     span = 1

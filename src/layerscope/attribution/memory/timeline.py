@@ -39,9 +39,9 @@ def memory_timeline(
     where = "(outside ops)" if b < 0 else buckets.where(b, catalog)
     phase = None if b < 0 else str(buckets.phase_of(b))
     return MemoryTimeline(
-        t_us=tuple(round((int(ts[by_time[k]]) - start_ns) / 1000.0, 3) for k in keep),
-        cpu_net_bytes=tuple(int(cpu[k]) for k in keep),
-        device_net_bytes=tuple(int(device[k]) for k in keep) if has_device else (),
+        t_us=tuple(round((t - start_ns) / 1000.0, 3) for t in ts[by_time[keep]].tolist()),
+        cpu_net_bytes=tuple(cpu[keep].tolist()),
+        device_net_bytes=tuple(device[keep].tolist()) if has_device else (),
         peak=TimelinePeak(
             t_us=round((int(ts[by_time[peak]]) - start_ns) / 1000.0, 3),
             relative_peak_bytes=int(watched[peak]),

@@ -72,9 +72,8 @@ def _backward_stretches(
         return none
     ts, dur, tids = table.array("span_ts"), table.array("span_dur"), table.array("span_tid")
     nodes = np.asarray(swept.backward_windows, dtype=np.int64)
-    seq, fwd_tid = table.array("span_seq")[nodes].tolist(), table.array("span_fwd_tid")[nodes].tolist()
-    ops = swept.forward_op_of  # each node's forward op, as the sweep found it
-    owner = np.array([ops.get(key, -1) for key in zip(fwd_tid, seq, strict=True)], dtype=np.int64)
+    # each node's forward op, as the sweep found it
+    owner = swept.forward_op_of.lookup(table.array("span_fwd_tid")[nodes], table.array("span_seq")[nodes])
     nodes, cand = nodes[owner >= 0], owner[owner >= 0]
     is_call = np.zeros(table.span_count, dtype=bool)
     is_call[np.asarray(swept.module_windows, dtype=np.int64)] = True

@@ -9,7 +9,12 @@ The first block of a process: fresh processes (``--first``), alternating bare an
 timing its first block's entry after the same imports and the same model; reported: the difference
 of the medians.
 
-    python benchmarks/block_entry.py [--rounds 21] [--first-runs 3] [--clock wall|cpu]
+``--scan-paths``: later blocks with ``memory=True`` only, three contenders per round in a shuffled
+order: bare, layerscope, and layerscope with the scan's previous paths (``gc.get_objects()`` with
+the C++ type filter instead of the native walk of the collector's lists; a storage object per
+tensor in Python for the start snapshot's state entries): before and after, paired.
+
+    python benchmarks/block_entry.py [--rounds 21] [--first-runs 3] [--clock wall|cpu] [--scan-paths]
 """
 
 from __future__ import annotations
@@ -22,13 +27,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
 import layerscope as ls
+from layerscope.capture import live_tensors, memory_watch, native
+from layerscope.events.memory_snapshots import StorageEntry
 from layerscope.models.gpt import TinyGPT
 
 CLOCK = time.perf_counter
@@ -95,6 +103,59 @@ def later_blocks(rounds: int) -> None:
         )
 
 
+@contextmanager
+def previous_paths() -> Iterator[None]:
+    """The scan and the start snapshot as they were before the native walk: the walk reports it
+    cannot run (so the scan lists every object with ``gc.get_objects()``), and state entries are
+    read through a storage object per tensor in Python."""
+    module = native.load()
+    assert module is not None, "the native module is not built"
+    walk = module.tracked_of_types
+
+    def in_python(tensors: Iterable[Any], category: str, seq: int = -1) -> list[StorageEntry]:
+        entries = (live_tensors.storage_entry(t, category, seq) for t in tensors)
+        return [entry for entry in entries if entry is not None]
+
+    module.tracked_of_types = lambda wanted: None
+    memory_watch.storage_entries = in_python  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        module.tracked_of_types = walk
+        memory_watch.storage_entries = live_tensors.storage_entries
+
+
+def scan_paths(rounds: int) -> None:
+    """``memory=True`` later blocks: bare, layerscope, layerscope on the previous paths, paired."""
+    model, step = make_step()
+
+    def previous(memory: bool) -> tuple[float, float]:
+        with previous_paths():
+            return timed_block("layerscope", memory, model, step)
+
+    contenders: dict[str, Callable[[bool], tuple[float, float]]] = {
+        "bare": lambda memory: timed_block("bare", memory, model, step),
+        "layerscope": lambda memory: timed_block("layerscope", memory, model, step),
+        "previous": previous,
+    }
+    for run in list(contenders.values()) * 2:  # warm-up
+        run(True)
+    entry: dict[str, list[float]] = {"layerscope": [], "previous": []}
+    for _ in range(rounds):
+        order = list(contenders)
+        random.shuffle(order)
+        times = {name: contenders[name](True)[0] for name in order}
+        for name in entry:
+            entry[name].append(times[name] - times["bare"])
+    for name, label in (("previous", "before (previous paths)"), ("layerscope", "after")):
+        print(
+            f"later blocks, memory=True, {label}: entry +{statistics.median(entry[name]) * 1e3:.1f} ms "
+            f"beyond bare (median of {rounds} paired rounds)"
+        )
+    saved = [p - n for p, n in zip(entry["previous"], entry["layerscope"], strict=True)]
+    print(f"saved per entry: {statistics.median(saved) * 1e3:.1f} ms (median of the per-round differences)")
+
+
 def first_block(kind: str, memory: bool) -> None:
     """Time the first block of this (fresh) process and print it as JSON."""
     model, step = make_step()
@@ -130,6 +191,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--first-runs", type=int, default=3)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    parser.add_argument("--scan-paths", action="store_true", help="before/after of the scan's paths")
     parser.add_argument("--first", choices=["bare", "layerscope"], help=argparse.SUPPRESS)
     parser.add_argument("--memory", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -137,6 +199,9 @@ def main() -> None:
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
     if args.first:
         first_block(args.first, bool(args.memory))
+        return
+    if args.scan_paths:
+        scan_paths(args.rounds)
         return
     later_blocks(args.rounds)
     first_blocks(args.first_runs)

@@ -262,3 +262,74 @@ def test_a_baseline_storage_is_freed_when_an_allocation_lands_inside_it() -> Non
     assert [(r.category, r.module, r.bytes) for r in at_peak.rows if r.module == BEFORE_BLOCK] == [
         ("other", BEFORE_BLOCK, 140)
     ]
+
+
+def test_the_walk_of_the_collectors_lists_finds_what_get_objects_finds() -> None:
+    """The native walk of the collector's lists (no list of every object made) finds exactly the
+    objects of the wanted types that ``gc.get_objects()`` lists: in every generation, none of the
+    frozen ones, a tensor made a moment ago included."""
+    module = native.load()
+    if module is None:
+        pytest.skip("the native module is not built")
+    wanted = {torch.Tensor, nn.Parameter, torch.optim.AdamW}
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        frozen = torch.randn(3)
+        gc.freeze()  # in no generation: neither lists it
+        oldest = [torch.randn(4)]
+        gc.collect()  # now in the oldest generation
+        middle = [torch.randn(5)]
+        gc.collect(0)  # now in the middle one
+        young = [torch.randn(6), nn.Parameter(torch.randn(2))]
+        walked = module.tracked_of_types(wanted)
+        if walked is None:
+            pytest.skip("this Python's collector cannot be walked natively")
+        listed = [obj for obj in gc.get_objects() if type(obj) in wanted]
+        assert sorted(map(id, walked)) == sorted(map(id, listed))
+        assert len({id(obj) for obj in walked}) == len(walked)
+        ids = {id(obj) for obj in walked}
+        assert all(id(t) in ids for t in (*oldest, *middle, *young)) and id(frozen) not in ids
+        assert module.tracked_of_types({list}) is not None  # its own result is not in it
+    finally:
+        gc.unfreeze()
+        (gc.enable if was_enabled else gc.disable)()
+
+
+def test_native_storage_entries_are_the_python_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``storage_entries`` in C++ and in Python: the same entries, in order, for plain tensors,
+    views, parameters, a subclass, and the ones that hold no memory (skipped)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from layerscope.capture.live_tensors import storage_entries
+
+    class Marked(torch.Tensor):
+        pass
+
+    with FakeTensorMode():
+        fake = torch.empty(10)
+    base = torch.randn(16, 16)
+    tensors = [
+        base,
+        base[2:],
+        None,
+        nn.Parameter(torch.randn(3)),
+        torch.randn(5).as_subclass(Marked),
+        torch.randn(3, 3).to_sparse(),
+        torch.empty(0),
+        fake,
+        "not a tensor",
+    ]
+    if native.load() is None:
+        pytest.skip("the native module is not built")
+    with_native = storage_entries(tensors, "parameter", 7)
+    monkeypatch.setenv("LAYERSCOPE_NATIVE", "0")
+    native.forget()
+    try:
+        assert native.load() is None
+        in_python = storage_entries(tensors, "parameter", 7)
+    finally:
+        monkeypatch.delenv("LAYERSCOPE_NATIVE")
+        native.forget()
+    assert with_native == in_python and len(in_python) == 4
+    assert in_python[0].addr == in_python[1].addr == base.untyped_storage().data_ptr()

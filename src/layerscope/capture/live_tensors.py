@@ -55,9 +55,7 @@ def scan_live(model: nn.Module | None = None, optimizers: bool = False) -> LiveS
     wanted = tensor_types | _subclasses(torch.optim.Optimizer) if optimizers else tensor_types
     found: dict[tuple[bool, int], int] = {}  # (on a device, address) -> bytes
     with gc_paused(), torch._C.DisableTorchFunctionSubclass():
-        objects = gc.get_objects()
-        hits = _of_types(objects, wanted)
-        del objects  # the list holds every object of the process: it must not outlive the pass
+        hits = _tracked_of_types(wanted)
         tensors = [obj for obj in hits if type(obj) in tensor_types]
         scan.optimizers = [obj for obj in hits if type(obj) not in tensor_types]
         del hits
@@ -73,15 +71,25 @@ def scan_live(model: nn.Module | None = None, optimizers: bool = False) -> LiveS
     return scan
 
 
-def _of_types(objects: list[Any], wanted: set[type]) -> list[Any]:
-    """The objects whose exact type is in ``wanted``: by the native module when it is built (a
-    pointer lookup per object), else by a set lookup per object in Python."""
+def _tracked_of_types(wanted: set[type]) -> list[Any]:
+    """Every object the collector tracks whose exact type is in ``wanted``: the native module walks
+    the collector's lists in place when it can (no list of every object made), else
+    ``gc.get_objects()`` filtered by the native module (a pointer lookup per object) or by a set
+    lookup per object in Python."""
     module = native.load()
     if module is not None:
-        found: list[Any] = module.objects_of_types(objects, wanted)
-        return found
-    # type(), not isinstance: some objects warn or compute on __class__ (docs/benchmarks.md)
-    return [obj for obj in objects if type(obj) in wanted]
+        walked: list[Any] | None = module.tracked_of_types(wanted)
+        if walked is not None:
+            return walked
+    objects = gc.get_objects()
+    try:
+        if module is not None:
+            found: list[Any] = module.objects_of_types(objects, wanted)
+            return found
+        # type(), not isinstance: some objects warn or compute on __class__ (docs/benchmarks.md)
+        return [obj for obj in objects if type(obj) in wanted]
+    finally:
+        del objects  # the list holds every object of the process: it must not outlive the pass
 
 
 def _storage_spans(tensors: list[Any]) -> Iterator[tuple[int, int, bool]]:
@@ -121,6 +129,17 @@ def _distinct(found: dict[tuple[bool, int], int]) -> Iterator[StorageEntry]:
         start = max(addr, end[on_device])
         end[on_device] = stop
         yield StorageEntry(addr, stop - start, OTHER, on_device)
+
+
+def storage_entries(tensors: Iterable[Any], category: str, seq: int = -1) -> list[StorageEntry]:
+    """The entries of those of ``tensors`` whose storage holds memory, in order (as
+    :func:`storage_entry` decides; anything else, None included, is skipped): read in C++ when the
+    native module is built (no storage object made per tensor)."""
+    module = native.load()
+    if module is None:
+        return [entry for entry in (storage_entry(t, category, seq) for t in tensors) if entry is not None]
+    spans: list[tuple[int, int, bool] | None] = module.storage_spans(list(tensors))
+    return [StorageEntry(span[0], span[1], category, span[2], seq) for span in spans if span is not None]
 
 
 def storage_entry(tensor: Any, category: str, seq: int = -1) -> StorageEntry | None:

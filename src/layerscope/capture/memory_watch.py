@@ -32,7 +32,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.profiler import ProfilerAction
 
-from layerscope.capture.live_tensors import scan_live, storage_entry
+from layerscope.capture.live_tensors import scan_live, storage_entries, storage_entry
 from layerscope.capture.module_marks import ModuleMarks
 from layerscope.capture.schedule import RECORDING
 from layerscope.events.memory_snapshots import Snapshot, StorageEntry
@@ -206,10 +206,7 @@ def _place_on_marks(snapshots: list[Snapshot], points: dict[int, list[tuple[int,
 
 
 def _entries(tensors: Iterable[Any], category: str, seq: int = -1) -> Iterator[StorageEntry]:
-    for tensor in tensors:
-        entry = storage_entry(tensor, category, seq)
-        if entry is not None:
-            yield entry
+    yield from storage_entries(tensors, category, seq)
 
 
 def _params_of(optimizer: torch.optim.Optimizer) -> list[Any]:

@@ -106,10 +106,10 @@ def out(tmp_path: Path) -> Path:
 @pytest.fixture(params=["native", "python"])
 def hooks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test with the native backward hooks (when built) and with the Python ones."""
-    from layerscope.capture import flight_scopes, native
+    from layerscope.capture import flight_clock, native
 
     if request.param == "python":
-        monkeypatch.setattr(flight_scopes.native, "load", lambda: None)
+        monkeypatch.setattr(flight_clock.native, "load", lambda: None)
     elif native.load() is None:
         pytest.skip("the native module is not built")
     return str(request.param)

@@ -227,6 +227,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument(
+        "--call-rounds", type=int, default=0, help="rounds of the per-call figure (0: --rounds)"
+    )
     parser.add_argument("--detail-every", type=int, default=100)
     parser.add_argument(
         "--threads", type=int, default=0, help="torch's intra-op threads (0: torch's default)"
@@ -238,7 +241,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if "percall" not in skip:
-        call_us = per_call_cost(args.rounds, args.device)
+        call_us = per_call_cost(args.call_rounds or args.rounds, args.device)
         print(
             f"light record: {call_us[0]:.2f} µs per module call wall, {call_us[1]:.2f} µs CPU "
             "(step() included)"

@@ -48,11 +48,20 @@ class FlightClock:
         self._names: list[str] = []
         self._native: Any = None  # the native module while this clock owns its marks and hooks
         self._native_taken: list[bytes] = []  # native events taken before the step ended
-        #: The hot calls (``MarkSink.mark`` and the scopes' after-call): Python methods, or the
-        #: native module's functions from :meth:`start` to :meth:`stop`. Scopes read them when
-        #: installed, so they are installed after :meth:`start`.
-        self.mark: Callable[[int], None] = self._mark
-        self.watch_output: Callable[[tuple[Any, ...], Any], None] = self._watch_output
+        # the native module's hot calls from start() to stop(): builtins, so no reference cycle
+        self._native_calls: tuple[Callable[[int], None], Callable[[tuple[Any, ...], Any], None]] | None = None
+
+    @property
+    def mark(self) -> Callable[[int], None]:
+        """``MarkSink.mark``: the native module's mark from :meth:`start` to :meth:`stop`, else the
+        Python one. Scopes read it when installed, so they are installed after :meth:`start`."""
+        return self._native_calls[0] if self._native_calls is not None else self._mark
+
+    @property
+    def watch_output(self) -> Callable[[tuple[Any, ...], Any], None]:
+        """What runs when a call returns (``watch_output(args, output)``, see :meth:`_watch_output`):
+        native or Python, as :attr:`mark`."""
+        return self._native_calls[1] if self._native_calls is not None else self._watch_output
 
     def start(self) -> None:
         """Start recording; the native marks and hooks when the module is built and free."""
@@ -63,14 +72,14 @@ class FlightClock:
             module.flight_take()  # anything a previous recorder's late hooks left
             module.flight_clear_forward()
             module.flight_serial(self.serial)
-            self.mark, self.watch_output = module.flight_mark, module.flight_after
+            self._native_calls = (module.flight_mark, module.flight_after)
         self.active = True
 
     def stop(self) -> None:
         """Stop recording (hooks left on live graphs, and native marks, do nothing)."""
         global _native_owner
         self.active = False
-        self.mark, self.watch_output = self._mark, self._watch_output
+        self._native_calls = None
         if self._native is not None:
             self._native.flight_serial(-1)
             self._native.flight_take()

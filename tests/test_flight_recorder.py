@@ -557,7 +557,8 @@ def test_detail_every_saves_a_full_profile_beside_the_dumps(out: Path) -> None:
     plain, recorded = Net(), Net()
     recorded.load_state_dict(plain.state_dict())
     plain_losses = train(plain, 12)
-    with ls.flight_recorder(recorded, out=out, detail_every=5, warmup=2, slow=20.0) as rec:
+    # slow=50: a detailed step is 100-300x this ~0.6 ms step; 20x was a 12 ms hiccup on a busy machine
+    with ls.flight_recorder(recorded, out=out, detail_every=5, warmup=2, slow=50.0) as rec:
         recorded_losses = train(recorded, 12, rec)
         path = rec.dump()
     # the detailed steps' profiler start and stop are not the job being slow

@@ -291,16 +291,17 @@ def main() -> None:
     )
     if "detail_step_s" in result:
         detail = result["detail_step_s"]
-        light = result["ratios_wall"]["light"]
         every = args.detail_every
-        for key, label in (("wall", "wall"), ("cpu", "CPU ")):
+        for key, clock, label in (("wall", "wall", "wall"), ("cpu", "CPU", "CPU ")):
+            step_s = statistics.median(r["steps"][clock == "CPU"] for r in seconds["plain"]) / args.steps
+            light = result[f"ratios_{clock}"]["light"]
             print(
                 f"{label} one detailed step adds {detail[key] * 1000:.0f} ms "
-                f"({detail[key] * 1000 / step_ms:.1f} plain steps); "
-                f"detail_every={every}: {light + detail[key] / (every * step_ms / 1000):.4f}x"
+                f"({detail[key] / step_s:.1f} plain steps on this clock); "
+                f"detail_every={every}: {light + detail[key] / (every * step_s):.4f}x"
             )
         print(
-            "     of which on the step's thread (profile start, step, stop): "
+            "     of which on the step's thread (profile start, step, stop; wall): "
             f"{detail['on_thread'] * 1000:.0f} ms"
         )
     if "signal_s" in result:

@@ -2,17 +2,25 @@
 what one detailed step (``detail_every``) adds; the ring's memory; the time from a signal to its dump.
 
 Each round runs the same loop (a GPT-style model with ~200 module calls per step, AdamW,
-cross-entropy) plain and recorded back to back, in a shuffled order, each from the same process
-state (``gc.collect()`` first); the recorder is entered and left inside the timed region (end to
-end). Reported: the median of the per-round ratios against the plain loop (short rounds, many of
-them: a shared machine's bursts hit single rounds, the median drops them).
+cross-entropy) plain, plain again (the A/A control: how far two identical contenders read apart on
+this machine) and recorded, in a shuffled order, each from the same process state (``gc.collect()``
+first). The recorder is entered before its steps and left after them, each part timed: the steps
+alone give the steady-state ratio (a job enters the recorder once), the steps with the entry and exit
+the end-to-end ratio of a loop of ``--steps`` steps. Each is timed on the wall clock and in process
+CPU time (``time.process_time``: every thread of the process, the writer's included). Reported: the
+median of the per-round ratios against the plain loop and their interquartile range (short rounds,
+many of them: a shared machine's bursts hit single rounds, the median drops them).
 
 A detailed step happens once per ``detail_every`` steps; its cost is measured on its own: a recorded
-run with ``detail_every=D`` against the light run of the same length, the difference per detailed
-step, then spread over ``--detail-every`` steps (100) to give that setting's overhead.
+run with ``detail_every=D`` against the light run of the same length (the writer's build and save of
+the detailed profile included: leaving the recorder waits for it), the difference per detailed step,
+then spread over ``--detail-every`` steps (100) to give that setting's overhead. The part on the
+step's thread is read from the ring: the detailed step (the profile's start and the step) and the
+step after it (the profile's stop) against the median light step.
 
     python benchmarks/flight.py [--rounds 21] [--steps 20] [--layers 20] [--batch 4] [--detail-every 100]
-    python benchmarks/flight.py --device cuda     # steps end with a synchronize
+    python benchmarks/flight.py --threads 1     # torch's intra-op threads (default: torch's choice)
+    python benchmarks/flight.py --device cuda   # steps end with a synchronize
 """
 
 from __future__ import annotations
@@ -36,6 +44,18 @@ from torch import nn
 import layerscope as ls
 from layerscope.models.gpt import TinyGPT
 
+#: One timed part: (wall seconds, process CPU seconds).
+Timing = tuple[float, float]
+
+
+def _clocks() -> Timing:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(start: Timing) -> Timing:
+    now = _clocks()
+    return now[0] - start[0], now[1] - start[1]
+
 
 def make_loop(layers: int, batch: int, device: str) -> tuple[nn.Module, Callable[[], None]]:
     """The model and one training step (``batch`` sequences of 64 tokens)."""
@@ -57,9 +77,10 @@ def make_loop(layers: int, batch: int, device: str) -> tuple[nn.Module, Callable
     return model, step
 
 
-def per_call_cost(rounds: int, device: str) -> float:
-    """µs the light record adds per module call: 100 x (Linear(16, 16), ReLU) at batch 1 (201 calls
-    a step, little work in each), plain and recorded in paired rounds of 50 steps."""
+def per_call_cost(rounds: int, device: str) -> Timing:
+    """µs the light record adds per module call (wall, CPU): 100 x (Linear(16, 16), ReLU) at batch
+    1 (201 calls a step, little work in each), plain and recorded in paired rounds of 50 steps (the
+    recorder entered before the timing: its steady state)."""
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(100):
@@ -73,51 +94,85 @@ def per_call_cost(rounds: int, device: str) -> float:
 
     for _ in range(5):
         step()
-    extra = []
+    extra: list[Timing] = []
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(rounds):
             gc.collect()
-            start = time.perf_counter()
+            start = _clocks()
             for _ in range(50):
                 step()
-            plain = time.perf_counter() - start
+            plain = _since(start)
             with ls.flight_recorder(model, out=folder, slow=None) as rec:
                 gc.collect()
-                start = time.perf_counter()
+                start = _clocks()
                 for _ in range(50):
                     step()
                     rec.step()
-                recorded = time.perf_counter() - start
-            extra.append((recorded - plain) / 50 / 201 * 1e6)
-    return statistics.median(extra)
+                recorded = _since(start)
+            extra.append(tuple((r - p) / 50 / 201 * 1e6 for r, p in zip(recorded, plain, strict=True)))  # type: ignore[misc]
+    return statistics.median(e[0] for e in extra), statistics.median(e[1] for e in extra)
 
 
 def timed_run(
-    model: nn.Module, step: Callable[[], None], steps: int, recorder: dict[str, Any] | None, out: Path
-) -> float:
-    """Seconds for ``steps`` steps, the recorder (when given) entered and left inside the timing."""
+    model: nn.Module,
+    step: Callable[[], None],
+    steps: int,
+    recorder: dict[str, Any] | None,
+    out: Path,
+    used: list[Any] | None = None,
+) -> dict[str, Timing]:
+    """The parts of ``steps`` steps: ``steps`` (the loop), and with a recorder its ``enter`` and
+    ``exit`` (leaving waits for the writer's work); the recorder is appended to ``used``."""
     gc.collect()
-    start = time.perf_counter()
     if recorder is None:
+        start = _clocks()
         for _ in range(steps):
             step()
-    else:
-        with ls.flight_recorder(model, out=out, **recorder) as rec:
-            for _ in range(steps):
-                step()
-                rec.step()
-    return time.perf_counter() - start
+        return {"steps": _since(start)}
+    start = _clocks()
+    rec = ls.flight_recorder(model, out=out, **recorder)
+    if used is not None:
+        used.append(rec)
+    rec.__enter__()
+    entered = _since(start)
+    start = _clocks()
+    try:
+        for _ in range(steps):
+            step()
+            rec.step()
+        looped = _since(start)
+    finally:
+        start = _clocks()
+        rec.__exit__(None, None, None)
+        left = _since(start)
+    return {"enter": entered, "steps": looped, "exit": left}
 
 
-def detail_cost(model: nn.Module, step: Callable[[], None], out: Path, rounds: int) -> float:
+def end_to_end(parts: dict[str, Timing], clock: int) -> float:
+    """Seconds of every part on one clock (0: wall, 1: CPU)."""
+    return sum(part[clock] for part in parts.values())
+
+
+def detail_cost(model: nn.Module, step: Callable[[], None], out: Path, rounds: int) -> dict[str, float]:
     """Seconds one detailed step adds to a recorded loop (median over ``rounds`` paired runs of 10
-    steps: ``detail_every=5`` gives one detailed step, at step 5, against the light record)."""
-    extra = []
+    steps: ``detail_every=5`` gives one detailed step, at step 5, against the light record), on the
+    wall clock and in CPU time, and the part on the step's thread (steps 5 and 6 over the median
+    light step, from the ring)."""
+    wall, cpu, on_thread = [], [], []
     for _ in range(rounds):
         light = timed_run(model, step, 10, {"slow": None}, out / "light")
-        detailed = timed_run(model, step, 10, {"slow": None, "detail_every": 5}, out / "detail")
-        extra.append(detailed - light)
-    return statistics.median(extra)
+        used: list[Any] = []
+        detailed = timed_run(model, step, 10, {"slow": None, "detail_every": 5}, out / "detail", used)
+        walls = {s.step: s.wall_ns / 1e9 for s in used[0].ring}
+        median = statistics.median(w for k, w in walls.items() if k not in (5, 6))
+        on_thread.append(walls[5] + walls[6] - 2 * median)
+        wall.append(end_to_end(detailed, 0) - end_to_end(light, 0))
+        cpu.append(end_to_end(detailed, 1) - end_to_end(light, 1))
+    return {
+        "wall": statistics.median(wall),
+        "cpu": statistics.median(cpu),
+        "on_thread": statistics.median(on_thread),
+    }
 
 
 def signal_latency(model: nn.Module, step: Callable[[], None], out: Path) -> float:
@@ -150,6 +205,21 @@ def ring_figures(model: nn.Module, step: Callable[[], None], out: Path, keep: in
     }
 
 
+def ratios(seconds: dict[str, list[dict[str, Timing]]], name: str, clock: int, whole: bool) -> list[float]:
+    """Per-round ratios of ``name`` against the plain loop: its steps alone, or (``whole``) with
+    the recorder's entry and exit."""
+    return [
+        (end_to_end(r, clock) if whole else r["steps"][clock]) / p["steps"][clock]
+        for r, p in zip(seconds[name], seconds["plain"], strict=True)
+    ]
+
+
+def spread(values: list[float]) -> str:
+    """The median ratio and its interquartile range, as text."""
+    q1, median, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
+    return f"{median:.4f}x ({(median - 1) * 100:+.2f}%, IQR {q1:.4f}-{q3:.4f})"
+
+
 def main() -> None:
     """Run the rounds and print the figures (and a JSON line)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -157,55 +227,92 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument(
+        "--call-rounds", type=int, default=0, help="rounds of the per-call figure (0: --rounds)"
+    )
     parser.add_argument("--detail-every", type=int, default=100)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch's intra-op threads (0: torch's default)"
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--skip", default="", help="comma-separated: percall,detail,signal,ring")
     args = parser.parse_args()
-    call_us = per_call_cost(args.rounds, args.device)
-    print(f"light record: {call_us:.2f} µs per module call (forward + backward, step() included)")
+    skip = set(args.skip.split(","))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if "percall" not in skip:
+        call_us = per_call_cost(args.call_rounds or args.rounds, args.device)
+        print(
+            f"light record: {call_us[0]:.2f} µs per module call wall, {call_us[1]:.2f} µs CPU "
+            "(step() included)"
+        )
     model, step = make_loop(args.layers, args.batch, args.device)
     for _ in range(3):
         step()
-    configs: dict[str, dict[str, Any] | None] = {"plain": None, "light": {"slow": None}}
-    seconds: dict[str, list[float]] = {name: [] for name in configs}
+    configs: dict[str, dict[str, Any] | None] = {"plain": None, "plain (A/A)": None, "light": {"slow": None}}
+    seconds: dict[str, list[dict[str, Timing]]] = {name: [] for name in configs}
+    result: dict[str, Any] = {"threads": torch.get_num_threads()}
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
+        timed_run(model, step, 2, {"slow": None}, out / "warm")  # the first entry imports and builds
         for _ in range(args.rounds):
             order = list(configs)
             random.shuffle(order)
             for name in order:
                 seconds[name].append(timed_run(model, step, args.steps, configs[name], out / name))
-        detail_s = detail_cost(model, step, out, rounds=max(3, args.rounds // 3))
-        latency = signal_latency(model, step, out / "signal")
-        ring = ring_figures(model, step, out / "ring", keep=100)
-    step_ms = statistics.median(seconds["plain"]) / args.steps * 1000
-    light = statistics.median(s / p for s, p in zip(seconds["light"], seconds["plain"], strict=True))
-    detail = light + detail_s / (args.detail_every * step_ms / 1000)
-    ratios = {"light": light, f"detail_every={args.detail_every}": detail}
+        if "detail" not in skip:
+            result["detail_step_s"] = detail_cost(model, step, out, rounds=max(3, args.rounds // 3))
+        if "signal" not in skip:
+            result["signal_s"] = signal_latency(model, step, out / "signal")
+        if "ring" not in skip:
+            result.update(ring_figures(model, step, out / "ring", keep=100))
+    step_ms = statistics.median(r["steps"][0] for r in seconds["plain"]) / args.steps * 1000
     print(
         f"plain step: {step_ms:.1f} ms ({args.device}, {args.layers} layers, batch {args.batch}, "
-        f"{args.steps} steps x {args.rounds} rounds)"
+        f"{torch.get_num_threads()} threads, {args.steps} steps x {args.rounds} rounds)"
     )
-    print(f"light: {light:.4f}x the plain loop ({(light - 1) * 100:+.2f}%), median of per-round ratios")
-    print(f"one detailed step adds {detail_s * 1000:.0f} ms ({detail_s * 1000 / step_ms:.1f} plain steps)")
+    for clock, clock_name in ((0, "wall"), (1, "CPU ")):
+        aa = ratios(seconds, "plain (A/A)", clock, whole=False)
+        steady = ratios(seconds, "light", clock, whole=False)
+        whole = ratios(seconds, "light", clock, whole=True)
+        print(f"{clock_name} A/A control (plain vs plain): {spread(aa)}")
+        print(f"{clock_name} light, steady state (steps only): {spread(steady)}")
+        print(f"{clock_name} light, end to end ({args.steps} steps, entry and exit in): {spread(whole)}")
+        result[f"ratios_{clock_name.strip()}"] = {
+            "aa": statistics.median(aa),
+            "light": statistics.median(steady),
+            "light_end_to_end": statistics.median(whole),
+        }
+    enter_ms = [r["enter"][0] * 1000 for r in seconds["light"]]
+    exit_ms = [r["exit"][0] * 1000 for r in seconds["light"]]
     print(
-        f"detail_every={args.detail_every}: {detail:.4f}x the plain loop ({(detail - 1) * 100:+.2f}%), "
-        "the light ratio plus the detailed step spread over its steps"
+        f"entry {statistics.median(enter_ms):.1f} ms, exit {statistics.median(exit_ms):.1f} ms "
+        "(wall, medians)"
     )
-    print(f"signal -> dump written: {latency * 1000:.0f} ms")
-    print(
-        f"ring: {ring['ring_bytes'] / 1e6:.2f} MB for 100 steps, "
-        f"{ring['bytes_per_step'] / 1e3:.1f} kB per step, "
-        f"{ring['bytes_per_call']:.0f} B per module call ({ring['module_calls_per_step']:.0f} calls per step)"
-    )
-    result = {
-        "step_ms": step_ms,
-        "ratios": ratios,
-        "detail_step_s": detail_s,
-        "per_call_us": call_us,
-        "signal_s": latency,
-        **ring,
-        "rounds": seconds,
-    }
+    if "detail_step_s" in result:
+        detail = result["detail_step_s"]
+        every = args.detail_every
+        for key, clock, label in (("wall", "wall", "wall"), ("cpu", "CPU", "CPU ")):
+            step_s = statistics.median(r["steps"][clock == "CPU"] for r in seconds["plain"]) / args.steps
+            light = result[f"ratios_{clock}"]["light"]
+            print(
+                f"{label} one detailed step adds {detail[key] * 1000:.0f} ms "
+                f"({detail[key] / step_s:.1f} plain steps on this clock); "
+                f"detail_every={every}: {light + detail[key] / (every * step_s):.4f}x"
+            )
+        print(
+            "     of which on the step's thread (profile start, step, stop; wall): "
+            f"{detail['on_thread'] * 1000:.0f} ms"
+        )
+    if "signal_s" in result:
+        print(f"signal -> dump written: {result['signal_s'] * 1000:.0f} ms")
+    if "ring_bytes" in result:
+        print(
+            f"ring: {result['ring_bytes'] / 1e6:.2f} MB for 100 steps, "
+            f"{result['bytes_per_step'] / 1e3:.1f} kB per step, {result['bytes_per_call']:.0f} B per "
+            f"module call ({result['module_calls_per_step']:.0f} calls per step)"
+        )
+    result.update(step_ms=step_ms, rounds=seconds)
     print(json.dumps(result))
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -106,10 +107,10 @@ def out(tmp_path: Path) -> Path:
 @pytest.fixture(params=["native", "python"])
 def hooks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test with the native backward hooks (when built) and with the Python ones."""
-    from layerscope.capture import flight_scopes, native
+    from layerscope.capture import flight_clock, native
 
     if request.param == "python":
-        monkeypatch.setattr(flight_scopes.native, "load", lambda: None)
+        monkeypatch.setattr(flight_clock.native, "load", lambda: None)
     elif native.load() is None:
         pytest.skip("the native module is not built")
     return str(request.param)
@@ -386,7 +387,7 @@ def test_gradient_checkpointing_still_recomputes_and_counts_as_backward(out: Pat
     assert attention.backward.cpu_us > 0 and attention.forward.cpu_us > 0
 
 
-def test_reentrant_checkpoint_of_a_whole_model_counts_as_backward(out: Path) -> None:
+def test_reentrant_checkpoint_of_a_whole_model_counts_as_backward(out: Path, hooks: str) -> None:
     """``checkpoint(model, x, use_reentrant=True)`` re-runs the whole model inside backward before
     any hooked node runs: those calls are recomputation, not a second forward."""
     from torch.utils.checkpoint import checkpoint
@@ -557,7 +558,8 @@ def test_detail_every_saves_a_full_profile_beside_the_dumps(out: Path) -> None:
     plain, recorded = Net(), Net()
     recorded.load_state_dict(plain.state_dict())
     plain_losses = train(plain, 12)
-    with ls.flight_recorder(recorded, out=out, detail_every=5, warmup=2, slow=20.0) as rec:
+    # slow=50: a detailed step is 100-300x this ~0.6 ms step; 20x was a 12 ms hiccup on a busy machine
+    with ls.flight_recorder(recorded, out=out, detail_every=5, warmup=2, slow=50.0) as rec:
         recorded_losses = train(recorded, 12, rec)
         path = rec.dump()
     # the detailed steps' profiler start and stop are not the job being slow
@@ -611,6 +613,43 @@ def test_the_native_hooks_share_the_python_clock() -> None:
     at = module.flight_now()
     after = time.perf_counter_ns()
     assert before <= at <= after
+
+
+def test_native_and_python_clocks_keep_the_same_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The native marks and hooks record what the Python ones do: the same marks (codes, threads),
+    the same backward events (calls, pass ends), on one clock."""
+    from torch.utils.checkpoint import checkpoint
+
+    from layerscope.capture import flight_clock, native
+
+    if native.load() is None:
+        pytest.skip("the native module is not built")
+
+    def record(folder: str) -> list[FlightStep]:
+        torch.manual_seed(0)
+        model = Net()
+        x = torch.randn(8, 16, requires_grad=True)
+        with ls.flight_recorder(model, out=tmp_path / folder, slow=None) as rec:
+            model(x).sum().backward()
+            rec.step()
+            checkpoint(model, x, use_reentrant=True).square().mean().backward()  # a pass opened by a call
+            rec.step()
+            with torch.no_grad():
+                model(x)
+            rec.step()
+        return list(rec.ring)
+
+    native_steps = record("native")
+    monkeypatch.setattr(flight_clock.native, "load", lambda: None)
+    python_steps = record("python")
+    for ours, theirs in zip(native_steps, python_steps, strict=True):
+        assert ours.forward[:, 1:].tolist() == theirs.forward[:, 1:].tolist()
+        assert ours.backward[:, 1].tolist() == theirs.backward[:, 1].tolist()
+        assert ours.start_ns <= ours.forward[0, 0] and ours.forward[-1, 0] <= ours.end_ns
+        assert (np.diff(ours.forward[:, 0]) >= 0).all() and (np.diff(ours.backward[:, 0]) >= 0).all()
+    assert len(native_steps[0].backward) > 0 and len(native_steps[2].backward) == 0
 
 
 def test_a_module_that_returns_its_input_has_no_backward_span(out: Path, hooks: str) -> None:

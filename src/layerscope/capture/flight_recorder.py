@@ -35,8 +35,9 @@ from torch import nn
 
 from layerscope.capture.block_error import block_error
 from layerscope.capture.environment import distributed_info, environment
+from layerscope.capture.flight_clock import FlightClock
 from layerscope.capture.flight_dump import DetailJob, DumpJob, DumpWriter, detail_path, dump_path, make_folder
-from layerscope.capture.flight_scopes import FlightClock, FlightScopes
+from layerscope.capture.flight_scopes import FlightScopes
 from layerscope.capture.flight_triggers import (
     SignalTrigger,
     SlowSteps,
@@ -109,13 +110,14 @@ class FlightRecorder:
         name = type(self.model).__name__ if self.model is not None else None
         # devices only where the program already uses CUDA: reading them would initialise it
         self._meta = ProfileMeta(model=name, environment=environment(with_devices=cuda_in_use()))
-        scopes = self._scopes = FlightScopes(self.model, self.clock)
-        self._modules = scopes.modules
         try:
+            # the clock first: the scopes take its hot calls (native or Python) when made
+            self.clock.start()
+            scopes = self._scopes = FlightScopes(self.model, self.clock)
+            self._modules = scopes.modules
             scopes.install()
             self._writer.start()
             self._signal.install()
-            self.clock.start()
             self._start_step(_now())
         except BaseException:
             self._close()

@@ -260,7 +260,15 @@ def test_best_of_two_measurements_takes_each_figures_best() -> None:
     )
     best = cpu_spec.best_of(slow, fast)
     assert best.op_overhead_us == 4.0 and best.bandwidth_bytes_per_s == 8e9
-    assert best.op_classes["matmul"] == OpClassCost(1.0, 3e9)
+    assert best.op_classes["matmul"] == OpClassCost(2.0, 3e9)  # a whole fit, never a mix of two
     assert set(best.op_classes) == {"matmul", "softmax", "pool", "conv"}
     assert best.op_classes["conv"].bytes_per_s == 2e9  # the faster data term
+    # a low fixed cost with a slow rate against the reverse: the one faster where both matter
+    cheap_start, fast_run = OpClassCost(1.0, 1e9), OpClassCost(50.0, 2e9)
+    assert (
+        cpu_spec.best_of(
+            _spec(op_classes={"softmax": cheap_start}), _spec(op_classes={"softmax": fast_run})
+        ).op_classes["softmax"]
+        == cheap_start
+    )  # 0.10 ms at the two knees against 0.15
     assert cpu_spec.best_of(fast, _spec()).op_classes["matmul"].bytes_per_s == 0.0  # none is fastest

@@ -306,6 +306,46 @@ def test_lightning_exception_is_dumped_and_unhooks(tmp_path: Path, flight: bool)
     assert [s.step for s in profile.steps] == [0, 1, 2, 3]  # type: ignore[attr-defined]
 
 
+@needs("lightning")
+@pytest.mark.parametrize("flight", [True, False])
+def test_lightning_end_of_data_is_no_exception(tmp_path: Path, flight: bool) -> None:
+    """A ``training_step`` taking ``dataloader_iter`` ends each epoch with ``StopIteration``
+    inside the batch: Lightning's flow control, neither a dump nor the end of profiling."""
+    import lightning as L
+
+    from layerscope.integrations.lightning import LayerscopeProfiler
+
+    class IterModule(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(8, 2)
+
+        def training_step(self, dataloader_iter: Any) -> torch.Tensor:
+            batch, _, _ = next(dataloader_iter)
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    options: dict[str, Any] = {"flight_recorder": True, "keep": 20} if flight else {"wait": 0, "active": 6}
+    profiler = LayerscopeProfiler(dirpath=tmp_path, warmup=0, **options)
+    trainer = L.Trainer(
+        max_epochs=2,
+        profiler=profiler,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(IterModule(), torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4))
+    if flight:  # 4 batches an epoch, every one a step, and nothing dumped
+        assert profiler.recorder.steps_seen == 8 and profiler.recorder.dumps == []
+    else:  # the schedule's 6 active steps ran across the epoch's end
+        (cycle,) = profiler.cycles
+        assert len(cycle.profile.steps) == 6
+
+
 @needs("accelerate")
 def test_accelerate_flight_recorder(tmp_path: Path) -> None:
     from accelerate import Accelerator

@@ -173,18 +173,18 @@ PyObject* flight_mark(PyObject* /*self*/, PyObject* arg) {
   if (current_serial.load(std::memory_order_relaxed) < 0) {
     Py_RETURN_NONE;
   }
-  try {
+  try {  // no C++ exception may unwind through the interpreter's frames
     if (code > 0 && !pass_open.load() && torch::autograd::get_current_graph_task_id() != -1) {
       record(PASS_START);
       open_pass();
     }
+    forward_marks.push_back(now_ns());
+    forward_marks.push_back(code);
+    forward_marks.push_back(static_cast<int64_t>(PyThread_get_thread_ident()));
   } catch (const std::exception& exc) {
     PyErr_SetString(PyExc_RuntimeError, exc.what());
     return nullptr;
   }
-  forward_marks.push_back(now_ns());
-  forward_marks.push_back(code);
-  forward_marks.push_back(static_cast<int64_t>(PyThread_get_thread_ident()));
   Py_RETURN_NONE;
 }
 
@@ -200,19 +200,25 @@ PyObject* flight_after(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nar
   if (serial < 0 || !at::GradMode::is_enabled() || forward_marks.empty()) {
     Py_RETURN_NONE;
   }
-  PyObject* tensor = output_tensor(args[1]);
-  if (tensor == nullptr) {
-    Py_RETURN_NONE;
-  }
-  const auto call = static_cast<int64_t>(forward_marks.size() / 3) - 1;
+  // No C++ exception may unwind through the interpreter's frames: THPVariable_Check throws
+  // python_error where an isinstance check raises (an output whose __class__ raises), as the
+  // Python path's isinstance would.
+  PyObject* tensor = nullptr;
   try {
-    hook_node(tensor, args[0], serial, call);
+    tensor = output_tensor(args[1]);
+    if (tensor != nullptr) {
+      hook_node(tensor, args[0], serial, static_cast<int64_t>(forward_marks.size() / 3) - 1);
+    }
+  } catch (python_error& exc) {
+    Py_XDECREF(tensor);
+    exc.restore();
+    return nullptr;
   } catch (const std::exception& exc) {
-    Py_DECREF(tensor);
+    Py_XDECREF(tensor);
     PyErr_SetString(PyExc_RuntimeError, exc.what());
     return nullptr;
   }
-  Py_DECREF(tensor);
+  Py_XDECREF(tensor);
   Py_RETURN_NONE;
 }
 

@@ -123,13 +123,22 @@ py::object tracked_of_types(const py::set& types) {
     wanted.insert(type.ptr());
   }
   py::list found;  // made first: a collection it triggered could free what the walk saw
+  // Never throws: on 3.12+ the walk is the interpreter's, and a C++ exception must not unwind
+  // through it (nor leave its collector disabled); a failed append is raised after the walk.
+  bool failed = false;
   auto keep = [&](PyObject* object) {
-    if (wanted.count(reinterpret_cast<PyObject*>(Py_TYPE(object))) != 0 && object != found.ptr()) {
-      found.append(py::handle(object));  // a reference taken, no object made: the lists stay as they are
+    const bool wanted_type = wanted.count(reinterpret_cast<PyObject*>(Py_TYPE(object))) != 0;
+    if (failed || !wanted_type || object == found.ptr()) {
+      return;
     }
+    // a reference taken, no object made: the lists stay as they are
+    failed = PyList_Append(found.ptr(), object) != 0;
   };
   if (!walk_tracked(keep)) {
     return py::none();
+  }
+  if (failed) {
+    throw py::error_already_set();
   }
   return std::move(found);
 }

@@ -54,13 +54,18 @@ def load_per_core() -> float:
 
 
 def _best_class(a: OpClassCost, b: OpClassCost) -> OpClassCost:
-    # a data term's rate of 0 is no data term: the faster
-    data = 0.0 if not a.bytes_per_s or not b.bytes_per_s else max(a.bytes_per_s, b.bytes_per_s)
-    return OpClassCost(min(a.fixed_us, b.fixed_us), max(a.rate_per_s, b.rate_per_s), data)
+    """The faster of two whole fits. Never a mix of their figures: a fit's fixed cost and rate
+    trade off against each other under noise, and the lowest of one with the highest of the other
+    is a line neither measurement saw, faster than both. Compared at each fit's knee (the work
+    whose time equals its fixed cost), moving as many bytes as it does work."""
+    knees = [cost.fixed_us * 1e-6 * cost.rate_per_s for cost in (a, b)]
+    total = [sum(cost.seconds(work, work) for work in knees) for cost in (a, b)]
+    return a if total[0] <= total[1] else b
 
 
 def best_of(a: DeviceSpec, b: DeviceSpec) -> DeviceSpec:
-    """Each figure at its best of two measurements of one machine: the higher rate, the lower cost."""
+    """Each figure at its best of two measurements of one machine: the higher rate, the lower cost;
+    per op class the faster whole fit (:func:`_best_class`)."""
     classes = {
         name: _best_class(cost, b.op_classes[name]) if name in b.op_classes else cost
         for name, cost in a.op_classes.items()

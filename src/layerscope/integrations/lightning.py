@@ -49,6 +49,12 @@ def _global_rank() -> int:
     return int(getattr(rank_zero_only, "rank", 0) or 0)
 
 
+def _flow_control(exception: BaseException) -> bool:
+    """An exception Lightning's loops use to end an epoch, not an error: a ``training_step`` that
+    takes ``dataloader_iter`` raises ``StopIteration`` inside the batch when the data runs out."""
+    return isinstance(exception, StopIteration | GeneratorExit)
+
+
 class LayerscopeProfiler(Profiler):
     """A Lightning profiler backed by layerscope (module tree, forward and backward)."""
 
@@ -136,9 +142,11 @@ class LayerscopeProfiler(Profiler):
         if action_name != _STEP_ACTION:
             return
         escaping = sys.exc_info()[1]
-        if escaping is not None and escaping is not self._exception_at_start:
-            self._end_on(escaping)
-            return
+        at_start, self._exception_at_start = self._exception_at_start, None  # hold no frames
+        if escaping is not None and escaping is not at_start:
+            if not _flow_control(escaping):
+                self._end_on(escaping)
+            return  # the data ran out: no batch ran, no step ended
         if self.recorder is not None:
             self.recorder.step()
         if self.session is not None and self.session.is_running:

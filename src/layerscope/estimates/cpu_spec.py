@@ -46,9 +46,11 @@ def cache_file() -> Path:
 
 
 def load_per_core() -> float:
-    """The 1-minute load average per core (0 where the OS does not say)."""
+    """The 1-minute load average per core this process may use (0 where the OS does not say): a
+    container given 2 of a host's 64 cores is busy at a load of 2, not 64."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
-        return os.getloadavg()[0] / (os.cpu_count() or 1)
+        return os.getloadavg()[0] / (cores or 1)
     except (OSError, AttributeError):
         return 0.0
 

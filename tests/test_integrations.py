@@ -227,6 +227,21 @@ class FailingLinear(nn.Linear):
         return super().forward(x)
 
 
+def _quiet_cpu_trainer(profiler: object, **limits: int) -> Any:
+    """A Lightning Trainer on the CPU with ``profiler``, writing nothing but the profiler's files."""
+    import lightning as L
+
+    return L.Trainer(
+        profiler=profiler,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **limits,
+    )
+
+
 def _fit_tiny_lightning_module(
     dirpath: Path,
     compile_it: bool = False,
@@ -260,15 +275,7 @@ def _fit_tiny_lightning_module(
     data = torch.utils.data.DataLoader(torch.randn(32, 8), batch_size=4)
     schedule: dict[str, object] = {"wait": 1, "warmup": 1, "active": 3, "repeat": 1}
     profiler = LayerscopeProfiler(dirpath=dirpath, **(options or schedule))  # type: ignore[arg-type]
-    trainer = L.Trainer(
-        max_steps=7,
-        profiler=profiler,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = _quiet_cpu_trainer(profiler, max_steps=7)
     module = TinyModule()
     if built is not None:
         built += [module, profiler]
@@ -329,15 +336,7 @@ def test_lightning_end_of_data_is_no_exception(tmp_path: Path, flight: bool) -> 
 
     options: dict[str, Any] = {"flight_recorder": True, "keep": 20} if flight else {"wait": 0, "active": 6}
     profiler = LayerscopeProfiler(dirpath=tmp_path, warmup=0, **options)
-    trainer = L.Trainer(
-        max_epochs=2,
-        profiler=profiler,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = _quiet_cpu_trainer(profiler, max_epochs=2)
     trainer.fit(IterModule(), torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4))
     if flight:  # 4 batches an epoch, every one a step, and nothing dumped
         assert profiler.recorder.steps_seen == 8 and profiler.recorder.dumps == []

@@ -70,7 +70,7 @@ def _read(path: Path, progress: Progress | None = None, strict: bool = False) ->
         if found is not None:
             found.meta["truncated"] = False
             found.meta["lost_bytes"] = 0
-            if not found.span_count and not found.mem_ts:
+            if not found.span_count and not found.memory_count:
                 raise TraceFormatError(f"{path}: the trace holds no profiler events")
             return found
     builder = TraceTableBuilder(flops=flops, source=str(path), strict=strict)
@@ -97,7 +97,7 @@ def _read(path: Path, progress: Progress | None = None, strict: bool = False) ->
     table = builder.finish(header)
     table.meta["truncated"] = result.truncated
     table.meta["lost_bytes"] = result.lost_bytes
-    if not table.span_count and not table.mem_ts:
+    if not table.span_count and not table.memory_count:
         bad = sum(builder.malformed.values())
         detail = f" ({bad} malformed events skipped)" if bad else ""
         raise TraceFormatError(f"{path}: the trace holds no profiler events{detail}")

@@ -24,6 +24,7 @@ import numpy as np
 
 from layerscope.analysis.critical_edges import OPERATOR, SYNC, Edges
 from layerscope.analysis.critical_sync import STREAM_WAIT, SyncLinks
+from layerscope.analysis.sync_points import SYNCHRONIZE_CALLS
 from layerscope.events.table import EventKind, EventTable
 
 #: Runtime calls that may block the CPU until device work ends: copies (to pageable memory they
@@ -31,16 +32,7 @@ from layerscope.events.table import EventKind, EventTable
 COPY_CALLS = frozenset(
     {"cudaMemcpy", "cudaMemcpyAsync", "hipMemcpy", "hipMemcpyAsync", "hipMemcpyWithStream"}
 )
-WAITING_CALLS = COPY_CALLS | frozenset(
-    {
-        "cudaDeviceSynchronize",
-        "cudaStreamSynchronize",
-        "cudaEventSynchronize",
-        "hipDeviceSynchronize",
-        "hipStreamSynchronize",
-        "hipEventSynchronize",
-    }
-)
+WAITING_CALLS = COPY_CALLS | frozenset(SYNCHRONIZE_CALLS)
 #: A blocking call that returns at most this long after device work ends waited for that work (the
 #: CPU's wake-up: 3-22 µs on the traces we have); one that returns later did CPU work after it.
 WAKE_NS = 50_000

@@ -10,16 +10,17 @@ import numpy as np
 from layerscope.analysis.device_columns import name_flags
 from layerscope.events.table import EventKind, EventTable
 
-SYNC_CALLS = (
+#: The runtime's synchronisations: each blocks the host until device work has ended.
+SYNCHRONIZE_CALLS = (
     "cudaDeviceSynchronize",
     "cudaStreamSynchronize",
     "cudaEventSynchronize",
     "hipDeviceSynchronize",
     "hipStreamSynchronize",
     "hipEventSynchronize",
-    "cudaMemcpy",
-    "hipMemcpy",
 )
+#: Name prefixes of the calls :func:`is_sync_call` counts: the synchronisations and blocking copies.
+SYNC_CALLS = (*SYNCHRONIZE_CALLS, "cudaMemcpy", "hipMemcpy")
 
 
 def is_sync_call(name: str) -> bool:

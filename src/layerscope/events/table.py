@@ -124,7 +124,7 @@ class EventTable:
     call_lines: CallLines | None = None
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
-    _derived: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    _derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes the instance lacks: a column that set_columns left as an

@@ -152,13 +152,14 @@ class LayerscopeProfiler(Profiler):
         if self.session is not None and self.session.is_running:
             self.session.step()
 
-    def _end_on(self, exception: BaseException) -> None:
-        """End recording, profiling and the compile watch on an exception escaping a training
-        batch (Lightning will not call ``teardown``): the recorder dumps it; nothing stays hooked
-        to the model or to ``torch.compile``."""
+    def _end_on(self, exception: BaseException | None) -> None:
+        """End recording (the recorder dumps ``exception`` when there is one), profiling and the
+        compile watch: at ``teardown``, or when an exception escapes a training batch (Lightning
+        will not call ``teardown`` then); each even when one before it fails."""
         try:
             if self.recorder is not None and self.recorder.clock.active:
-                self.recorder.__exit__(type(exception), exception, exception.__traceback__)
+                error = (type(exception), exception, exception.__traceback__) if exception else (None,) * 3
+                self.recorder.__exit__(*error)
         finally:
             try:
                 if self.session is not None and self.session.is_running:
@@ -173,11 +174,7 @@ class LayerscopeProfiler(Profiler):
         return text_report(cycles[-1]) if cycles else ""
 
     def teardown(self, stage: str | None) -> None:
-        if self.session is not None and self.session.is_running:
-            self.session.stop()
-        if self.recorder is not None and self.recorder.clock.active:
-            self.recorder.__exit__(None, None, None)
-        if self.compile_watch is not None:
-            self.compile_watch.stop()
-            self.compile_watch = None
-        super().teardown(stage=stage)
+        try:
+            self._end_on(None)
+        finally:
+            super().teardown(stage=stage)

@@ -125,35 +125,44 @@ def timed_run(
     used: list[Any] | None = None,
 ) -> dict[str, Timing]:
     """The parts of ``steps`` steps: ``steps`` (the loop), and with a recorder its ``enter`` and
-    ``exit`` (leaving waits for the writer's work); the recorder is appended to ``used``."""
+    ``exit`` (leaving waits for the writer's work); the recorder is appended to ``used``. Also
+    ``median_step``: the median step (its ``rec.step()`` included) on each clock, which a burst
+    on this shared machine moves less than the loop's sum."""
     gc.collect()
-    if recorder is None:
+    rec = None
+    parts: dict[str, Timing] = {}
+    if recorder is not None:
         start = _clocks()
-        for _ in range(steps):
-            step()
-        return {"steps": _since(start)}
-    start = _clocks()
-    rec = ls.flight_recorder(model, out=out, **recorder)
-    if used is not None:
-        used.append(rec)
-    rec.__enter__()
-    entered = _since(start)
-    start = _clocks()
+        rec = ls.flight_recorder(model, out=out, **recorder)
+        if used is not None:
+            used.append(rec)
+        rec.__enter__()
+        parts["enter"] = _since(start)
+    per_step: list[Timing] = []
     try:
+        loop = _clocks()
         for _ in range(steps):
+            start = _clocks()
             step()
-            rec.step()
-        looped = _since(start)
+            if rec is not None:
+                rec.step()
+            per_step.append(_since(start))
+        parts["steps"] = _since(loop)
     finally:
-        start = _clocks()
-        rec.__exit__(None, None, None)
-        left = _since(start)
-    return {"enter": entered, "steps": looped, "exit": left}
+        if rec is not None:
+            start = _clocks()
+            rec.__exit__(None, None, None)
+            parts["exit"] = _since(start)
+    parts["median_step"] = (
+        statistics.median(t[0] for t in per_step),
+        statistics.median(t[1] for t in per_step),
+    )
+    return parts
 
 
 def end_to_end(parts: dict[str, Timing], clock: int) -> float:
-    """Seconds of every part on one clock (0: wall, 1: CPU)."""
-    return sum(part[clock] for part in parts.values())
+    """Seconds of the loop with the recorder's entry and exit, on one clock (0: wall, 1: CPU)."""
+    return sum(parts[name][clock] for name in ("enter", "steps", "exit") if name in parts)
 
 
 def detail_run(model: nn.Module, step: Callable[[], None], every: int, out: Path) -> dict[str, Any]:
@@ -254,11 +263,13 @@ def ring_figures(model: nn.Module, step: Callable[[], None], out: Path, keep: in
     }
 
 
-def ratios(seconds: dict[str, list[dict[str, Timing]]], name: str, clock: int, whole: bool) -> list[float]:
-    """Per-round ratios of ``name`` against the plain loop: its steps alone, or (``whole``) with
-    the recorder's entry and exit."""
+def ratios(
+    seconds: dict[str, list[dict[str, Timing]]], name: str, clock: int, whole: bool, part: str = "steps"
+) -> list[float]:
+    """Per-round ratios of ``name`` against the plain loop: its ``part`` (the steps, or the median
+    step), or (``whole``) the steps with the recorder's entry and exit."""
     return [
-        (end_to_end(r, clock) if whole else r["steps"][clock]) / p["steps"][clock]
+        (end_to_end(r, clock) if whole else r[part][clock]) / p[part][clock]
         for r, p in zip(seconds[name], seconds["plain"], strict=True)
     ]
 
@@ -347,6 +358,11 @@ def main() -> None:
         print(f"{clock_name} A/A control (plain vs plain): {spread(aa)}")
         print(f"{clock_name} light, steady state (steps only): {spread(steady)}")
         print(f"{clock_name} light, end to end ({args.steps} steps, entry and exit in): {spread(whole)}")
+        if args.steps >= 5:
+            aa_median = ratios(seconds, "plain (A/A)", clock, whole=False, part="median_step")
+            light_median = ratios(seconds, "light", clock, whole=False, part="median_step")
+            print(f"{clock_name} A/A control, median step: {spread(aa_median)}")
+            print(f"{clock_name} light, median step: {spread(light_median)}")
         result[f"ratios_{clock_name.strip()}"] = {
             "aa": statistics.median(aa),
             "light": statistics.median(steady),

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import layerscope as ls
+from layerscope.capture.flight_dump import FlightDumpWarning
 from layerscope.capture.recording import Recording
 from layerscope.errors import CaptureError
 from tests.test_flight_recorder import Exploding, Net, loaded, train
@@ -122,3 +123,23 @@ def test_a_recording_kept_as_its_table_builds_the_same_profile() -> None:
     assert [n.total for n in a.root.walk()] == [n.total for n in b.root.walk()]
     with pytest.raises(CaptureError, match="kept only its events"):
         kept.export_chrome_trace("never.json")
+
+
+def test_a_detailed_step_that_cannot_be_read_is_a_warning_and_a_dump_still_builds_it(
+    out: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(self: Recording) -> None:
+        raise RuntimeError("no table")
+
+    monkeypatch.setattr(Recording, "keep_events_only", fail)
+    model = Net()
+    with (
+        pytest.warns(FlightDumpWarning, match="could not read detailed step 2: RuntimeError: no table"),
+        ls.flight_recorder(model, out=out, detail_every=2, slow=None) as rec,
+    ):
+        train(model, 3, rec)
+        assert rec.flush(30.0)
+        path = rec.dump()  # torch's results were kept: the profile is built from them
+    flight = loaded(path).meta.flight
+    assert flight is not None and flight.detail_step == 2
+    assert loaded(Path(flight.detail_file or "")).find("blocks.2.linear").calls == 1

@@ -8,15 +8,17 @@ first). The recorder is entered before its steps and left after them, each part 
 alone give the steady-state ratio (a job enters the recorder once), the steps with the entry and exit
 the end-to-end ratio of a loop of ``--steps`` steps. Each is timed on the wall clock and in process
 CPU time (``time.process_time``: every thread of the process, the writer's included). Reported: the
-median of the per-round ratios against the plain loop and their interquartile range (short rounds,
-many of them: a shared machine's bursts hit single rounds, the median drops them).
+median of the per-round ratios against the plain loop, their interquartile range and the median's 95%
+confidence interval (short rounds, many of them: a shared machine's bursts hit single rounds, the
+median drops them, and the interval narrows as the rounds grow where one round's spread does not).
 
-A detailed step happens once per ``detail_every`` steps; its cost is measured on its own: a recorded
-run with ``detail_every=D`` against the light run of the same length (the writer's build and save of
-the detailed profile included: leaving the recorder waits for it), the difference per detailed step,
-then spread over ``--detail-every`` steps (100) to give that setting's overhead. The part on the
-step's thread is read from the ring: the detailed step (the profile's start and the step) and the
-step after it (the profile's stop) against the median light step.
+A detailed step happens once per ``detail_every`` steps; its cost is measured on its own, in steady
+state: a recorded run with two detailed steps against one with one (same length, same block end: the
+writer's work included, leaving the recorder waits for it), then spread over ``--detail-every``
+steps (100) to give that setting's overhead; what the block's end adds once (writing the latest
+detailed profile) is reported apart. The part on the step's thread is read from the ring: the
+detailed step (the profile's start and the step) and the step after it (the profile's stop) against
+the median light step.
 
     python benchmarks/flight.py [--rounds 21] [--steps 20] [--layers 20] [--batch 4] [--detail-every 100]
     python benchmarks/flight.py --threads 1     # torch's intra-op threads (default: torch's choice)
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import random
 import signal
@@ -122,56 +125,111 @@ def timed_run(
     used: list[Any] | None = None,
 ) -> dict[str, Timing]:
     """The parts of ``steps`` steps: ``steps`` (the loop), and with a recorder its ``enter`` and
-    ``exit`` (leaving waits for the writer's work); the recorder is appended to ``used``."""
+    ``exit`` (leaving waits for the writer's work); the recorder is appended to ``used``. Also
+    ``median_step``: the median step (its ``rec.step()`` included) on each clock, which a burst
+    on this shared machine moves less than the loop's sum."""
     gc.collect()
-    if recorder is None:
+    rec = None
+    parts: dict[str, Timing] = {}
+    if recorder is not None:
         start = _clocks()
-        for _ in range(steps):
-            step()
-        return {"steps": _since(start)}
-    start = _clocks()
-    rec = ls.flight_recorder(model, out=out, **recorder)
-    if used is not None:
-        used.append(rec)
-    rec.__enter__()
-    entered = _since(start)
-    start = _clocks()
+        rec = ls.flight_recorder(model, out=out, **recorder)
+        if used is not None:
+            used.append(rec)
+        rec.__enter__()
+        parts["enter"] = _since(start)
+    per_step: list[Timing] = []
     try:
+        loop = _clocks()
         for _ in range(steps):
+            start = _clocks()
             step()
-            rec.step()
-        looped = _since(start)
+            if rec is not None:
+                rec.step()
+            per_step.append(_since(start))
+        parts["steps"] = _since(loop)
     finally:
-        start = _clocks()
-        rec.__exit__(None, None, None)
-        left = _since(start)
-    return {"enter": entered, "steps": looped, "exit": left}
+        if rec is not None:
+            start = _clocks()
+            rec.__exit__(None, None, None)
+            parts["exit"] = _since(start)
+    parts["median_step"] = (
+        statistics.median(t[0] for t in per_step),
+        statistics.median(t[1] for t in per_step),
+    )
+    return parts
 
 
 def end_to_end(parts: dict[str, Timing], clock: int) -> float:
-    """Seconds of every part on one clock (0: wall, 1: CPU)."""
-    return sum(part[clock] for part in parts.values())
+    """Seconds of the loop with the recorder's entry and exit, on one clock (0: wall, 1: CPU)."""
+    return sum(parts[name][clock] for name in ("enter", "steps", "exit") if name in parts)
+
+
+def detail_run(model: nn.Module, step: Callable[[], None], every: int, out: Path) -> dict[str, Any]:
+    """One recorded run of 13 steps with ``detail_every=every`` (0: the light record): wall and
+    process CPU seconds of the whole (entry and exit in: leaving waits for the writer), the step's
+    thread's CPU seconds, each step's on that thread (its ``rec.step()`` included), the ring."""
+    gc.collect()
+    wall, cpu, main = time.perf_counter(), time.process_time(), time.thread_time()
+    rec = ls.flight_recorder(model, out=out, slow=None, detail_every=every)
+    rec.__enter__()
+    per_step = []
+    try:
+        for _ in range(13):
+            start = time.thread_time()
+            step()
+            rec.step()
+            per_step.append(time.thread_time() - start)
+    finally:
+        rec.__exit__(None, None, None)
+    return {
+        "wall": time.perf_counter() - wall,
+        "cpu": time.process_time() - cpu,
+        "main": time.thread_time() - main,
+        "per_step": per_step,
+        "ring": {s.step: s.wall_ns / 1e9 for s in rec.ring},
+    }
 
 
 def detail_cost(model: nn.Module, step: Callable[[], None], out: Path, rounds: int) -> dict[str, float]:
-    """Seconds one detailed step adds to a recorded loop (median over ``rounds`` paired runs of 10
-    steps: ``detail_every=5`` gives one detailed step, at step 5, against the light record), on the
-    wall clock and in CPU time, and the part on the step's thread (steps 5 and 6 over the median
-    light step, from the ring)."""
-    wall, cpu, on_thread = [], [], []
+    """Seconds one detailed step costs in steady state, and what the block's end adds once; medians
+    over ``rounds`` rounds of three runs of 13 steps (``detail_run``), in a shuffled order:
+    ``detail_every=6`` (detailed steps 6 and 12), ``detail_every=12`` (step 12 only), the light
+    record. Both detailed runs end the block alike (the latest detailed step is written then), so
+    the first against the second is one detailed step with all that follows from it. Read three
+    ways: the whole runs' difference (wall, process CPU: every thread, but a 13-step run's noise is
+    in it), the step's thread alone (CPU of the two steps that start and stop the profile over the
+    run's median step; wall from the ring), and the other threads' CPU (the writer's: with
+    ``--threads 1`` torch starts no thread of its own here). The block's end: the writer's CPU in
+    the one-detail run less that marginal writer work."""
+    configs = {"two": 6, "one": 12, "light": 0}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     for _ in range(rounds):
-        light = timed_run(model, step, 10, {"slow": None}, out / "light")
-        used: list[Any] = []
-        detailed = timed_run(model, step, 10, {"slow": None, "detail_every": 5}, out / "detail", used)
-        walls = {s.step: s.wall_ns / 1e9 for s in used[0].ring}
-        median = statistics.median(w for k, w in walls.items() if k not in (5, 6))
-        on_thread.append(walls[5] + walls[6] - 2 * median)
-        wall.append(end_to_end(detailed, 0) - end_to_end(light, 0))
-        cpu.append(end_to_end(detailed, 1) - end_to_end(light, 1))
+        order = list(configs)
+        random.shuffle(order)
+        for name in order:
+            runs[name].append(detail_run(model, step, configs[name], out / name))
+
+    def median_of(value: Callable[[dict[str, Any], dict[str, Any]], float]) -> float:
+        return statistics.median(value(a, b) for a, b in zip(runs["two"], runs["one"], strict=True))
+
+    def on_thread(run: dict[str, Any], key: str) -> float:
+        # steps 5 and 6 of the loop: the profile's start (in step 5's rec.step()), step 6 and the stop
+        per = run["per_step"] if key == "cpu" else [run["ring"][k] for k in range(13)]
+        typical = statistics.median(t for k, t in enumerate(per) if k not in (5, 6, 11, 12))
+        return float(per[5] + per[6] - 2 * typical)
+
+    def writer(run: dict[str, Any]) -> float:
+        return float(run["cpu"] - run["main"])
+
+    writer_step = median_of(lambda a, b: writer(a) - writer(b))
     return {
-        "wall": statistics.median(wall),
-        "cpu": statistics.median(cpu),
-        "on_thread": statistics.median(on_thread),
+        "wall": median_of(lambda a, b: a["wall"] - b["wall"]),
+        "cpu": median_of(lambda a, b: a["cpu"] - b["cpu"]),
+        "on_thread": statistics.median(on_thread(a, "wall") for a in runs["two"]),
+        "on_thread_cpu": statistics.median(on_thread(a, "cpu") for a in runs["two"]),
+        "writer_cpu": writer_step,
+        "writer_cpu_block_end": statistics.median(writer(b) for b in runs["one"]) - writer_step,
     }
 
 
@@ -205,19 +263,34 @@ def ring_figures(model: nn.Module, step: Callable[[], None], out: Path, keep: in
     }
 
 
-def ratios(seconds: dict[str, list[dict[str, Timing]]], name: str, clock: int, whole: bool) -> list[float]:
-    """Per-round ratios of ``name`` against the plain loop: its steps alone, or (``whole``) with
-    the recorder's entry and exit."""
+def ratios(
+    seconds: dict[str, list[dict[str, Timing]]], name: str, clock: int, whole: bool, part: str = "steps"
+) -> list[float]:
+    """Per-round ratios of ``name`` against the plain loop: its ``part`` (the steps, or the median
+    step), or (``whole``) the steps with the recorder's entry and exit."""
     return [
-        (end_to_end(r, clock) if whole else r["steps"][clock]) / p["steps"][clock]
+        (end_to_end(r, clock) if whole else r[part][clock]) / p[part][clock]
         for r, p in zip(seconds[name], seconds["plain"], strict=True)
     ]
 
 
+def median_ci(values: list[float]) -> tuple[float, float]:
+    """A distribution-free 95% confidence interval of the median: the order statistics the
+    binomial(n, 1/2) puts 1.96 standard deviations either side of the middle."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = 1.96 * n**0.5 / 2
+    lo, hi = max(0, math.floor(n / 2 - half) - 1), min(n - 1, math.ceil(n / 2 + half))
+    return ordered[lo], ordered[hi]
+
+
 def spread(values: list[float]) -> str:
-    """The median ratio and its interquartile range, as text."""
+    """The median ratio, its interquartile range and the 95% confidence interval of the median, as
+    text (many short rounds narrow the interval where one round's spread cannot)."""
     q1, median, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
-    return f"{median:.4f}x ({(median - 1) * 100:+.2f}%, IQR {q1:.4f}-{q3:.4f})"
+    lo, hi = median_ci(values)
+    interval = f"median's 95% CI {lo:.4f}-{hi:.4f}"
+    return f"{median:.4f}x ({(median - 1) * 100:+.2f}%, IQR {q1:.4f}-{q3:.4f}, {interval})"
 
 
 def main() -> None:
@@ -231,6 +304,12 @@ def main() -> None:
         "--call-rounds", type=int, default=0, help="rounds of the per-call figure (0: --rounds)"
     )
     parser.add_argument("--detail-every", type=int, default=100)
+    parser.add_argument(
+        "--detail-rounds",
+        type=int,
+        default=0,
+        help="rounds of the detailed step's figure (0: max(3, rounds/3))",
+    )
     parser.add_argument(
         "--threads", type=int, default=0, help="torch's intra-op threads (0: torch's default)"
     )
@@ -261,7 +340,8 @@ def main() -> None:
             for name in order:
                 seconds[name].append(timed_run(model, step, args.steps, configs[name], out / name))
         if "detail" not in skip:
-            result["detail_step_s"] = detail_cost(model, step, out, rounds=max(3, args.rounds // 3))
+            detail_rounds = args.detail_rounds or max(3, args.rounds // 3)
+            result["detail_step_s"] = detail_cost(model, step, out, rounds=detail_rounds)
         if "signal" not in skip:
             result["signal_s"] = signal_latency(model, step, out / "signal")
         if "ring" not in skip:
@@ -278,6 +358,11 @@ def main() -> None:
         print(f"{clock_name} A/A control (plain vs plain): {spread(aa)}")
         print(f"{clock_name} light, steady state (steps only): {spread(steady)}")
         print(f"{clock_name} light, end to end ({args.steps} steps, entry and exit in): {spread(whole)}")
+        if args.steps >= 5:
+            aa_median = ratios(seconds, "plain (A/A)", clock, whole=False, part="median_step")
+            light_median = ratios(seconds, "light", clock, whole=False, part="median_step")
+            print(f"{clock_name} A/A control, median step: {spread(aa_median)}")
+            print(f"{clock_name} light, median step: {spread(light_median)}")
         result[f"ratios_{clock_name.strip()}"] = {
             "aa": statistics.median(aa),
             "light": statistics.median(steady),
@@ -296,13 +381,21 @@ def main() -> None:
             step_s = statistics.median(r["steps"][clock == "CPU"] for r in seconds["plain"]) / args.steps
             light = result[f"ratios_{clock}"]["light"]
             print(
-                f"{label} one detailed step adds {detail[key] * 1000:.0f} ms "
+                f"{label} one detailed step adds {detail[key] * 1000:.0f} ms, whole runs' difference "
                 f"({detail[key] / step_s:.1f} plain steps on this clock); "
                 f"detail_every={every}: {light + detail[key] / (every * step_s):.4f}x"
             )
+        parts = detail["on_thread_cpu"] + detail["writer_cpu"]
+        cpu_step_s = statistics.median(r["steps"][1] for r in seconds["plain"]) / args.steps
         print(
-            "     of which on the step's thread (profile start, step, stop; wall): "
-            f"{detail['on_thread'] * 1000:.0f} ms"
+            f"CPU  by thread: the step's {detail['on_thread_cpu'] * 1000:.0f} ms (profile start, step, "
+            f"stop) + the writer's {detail['writer_cpu'] * 1000:.0f} ms = {parts * 1000:.0f} ms "
+            f"({parts / cpu_step_s:.2f} plain steps; detail_every={every}: "
+            f"+{parts / (every * cpu_step_s) * 100:.2f}% over the light record)"
+        )
+        print(
+            f"     the step's thread, wall: {detail['on_thread'] * 1000:.0f} ms; the block's end writes "
+            f"the latest detailed profile once: {detail['writer_cpu_block_end'] * 1000:.0f} ms writer CPU"
         )
     if "signal_s" in result:
         print(f"signal -> dump written: {result['signal_s'] * 1000:.0f} ms")

@@ -19,6 +19,7 @@ from typing import Any
 
 from layerscope.analysis.flight import slow_step_culprit
 from layerscope.attribution.flight_profile import flight_profile
+from layerscope.capture.recording import Recording
 from layerscope.errors import LayerscopeWarning, ValidationError
 from layerscope.events.flight_records import FlightModule, FlightStep
 from layerscope.model.meta import FlightInfo, ProfileMeta
@@ -52,6 +53,19 @@ class DetailJob:
     build: Callable[[], Profile]
 
 
+@dataclass
+class ReadJob:
+    """A detailed step just stopped: read torch's events into its recording's table and let torch's
+    results go (``Recording.keep_events_only``: ~3 kB per event kept down to ~130 B), off the step's
+    thread. The profile is built only when a dump, or the block's end, needs it (``DetailJob``)."""
+
+    step: int
+    recording: Recording
+
+
+Job = DumpJob | DetailJob | ReadJob
+
+
 class DumpWriter:
     """The writer thread and the paths it wrote.
 
@@ -62,7 +76,7 @@ class DumpWriter:
     """
 
     def __init__(self) -> None:
-        self._jobs: collections.deque[DumpJob | DetailJob | None] = collections.deque()
+        self._jobs: collections.deque[Job | None] = collections.deque()
         self._thread: threading.Thread | None = None
         self._wake_read, self._wake_write = -1, -1
         self._pending = 0
@@ -75,7 +89,7 @@ class DumpWriter:
         self._thread = threading.Thread(target=self._run, name="layerscope-flight-dumps", daemon=True)
         self._thread.start()
 
-    def submit(self, job: DumpJob | DetailJob) -> None:
+    def submit(self, job: Job) -> None:
         """Queue ``job``; never blocks (safe in a signal handler). Without the thread (before
         :meth:`start`, after :meth:`stop`) the job is written at once, on this thread."""
         with self._done:
@@ -124,16 +138,20 @@ class DumpWriter:
                     return
                 self._write(job)
 
-    def _write(self, job: DumpJob | DetailJob) -> None:
+    def _write(self, job: Job) -> None:
         try:
+            if isinstance(job, ReadJob):
+                job.recording.keep_events_only()
+                return
             if isinstance(job, DumpJob):
                 write_dump(job)
             else:
                 save_profile(job.build(), job.path)
             self.written.append(job.path)
         except Exception as exc:  # never into the program: a warning names the dump
+            what = f"read detailed step {job.step}" if isinstance(job, ReadJob) else f"write {job.path}"
             warnings.warn(
-                f"layerscope flight recorder: could not write {job.path}: {type(exc).__name__}: {exc}",
+                f"layerscope flight recorder: could not {what}: {type(exc).__name__}: {exc}",
                 FlightDumpWarning,
                 stacklevel=1,
             )

@@ -15,9 +15,11 @@ a dump is written), in a ring of the last ``keep`` steps. A dump (``flight_dump.
 shows what followed), an exception leaves the block (``oom`` for an out-of-memory error; the module
 it passed through is named), CUDA memory passes ``memory_threshold`` bytes, or ``rec.dump()`` is
 called. ``detail_every=N`` also takes a full layerscope profile (ops, FLOPs, memory) of every N-th
-step, saved beside the dumps. The recorder never raises into the loop (a failure is a warning) and
-never writes on the step's thread, except that an exception's dump is waited for (the process may be
-about to end).
+step. The latest is kept as its events table (torch's results are read and let go off the step's
+thread) and built and saved beside the dumps only when a dump is written and when the block ends: a
+long job pays for recording its detailed steps, not for building the many that no dump asks for. The
+recorder never raises into the loop (a failure is a warning) and never writes on the step's thread,
+except that an exception's dump is waited for (the process may be about to end).
 """
 
 from __future__ import annotations
@@ -36,7 +38,15 @@ from torch import nn
 from layerscope.capture.block_error import block_error
 from layerscope.capture.environment import distributed_info, environment
 from layerscope.capture.flight_clock import FlightClock
-from layerscope.capture.flight_dump import DetailJob, DumpJob, DumpWriter, detail_path, dump_path, make_folder
+from layerscope.capture.flight_dump import (
+    DetailJob,
+    DumpJob,
+    DumpWriter,
+    ReadJob,
+    detail_path,
+    dump_path,
+    make_folder,
+)
 from layerscope.capture.flight_scopes import FlightScopes
 from layerscope.capture.flight_triggers import (
     SignalTrigger,
@@ -47,6 +57,7 @@ from layerscope.capture.flight_triggers import (
     is_out_of_memory,
     warn,
 )
+from layerscope.capture.recording import Recording
 from layerscope.events.flight_records import FlightModule, FlightStep
 from layerscope.model.meta import FlightInfo, FlightTrigger, ProfileMeta
 
@@ -97,7 +108,9 @@ class FlightRecorder:
         self._writer_busy = False  # the writer had work when the running step began
         self._detail: Any = None  # the running detailed profile session and its step
         self._detail_failed = False
-        self._detail_file: tuple[Path, int] | None = None
+        self._detail_file: tuple[Path, int] | None = None  # the latest detailed profile written
+        # the latest detailed step not written yet: its file, step and recording (events table only)
+        self._detail_kept: tuple[Path, int, Recording] | None = None
         self._names_taken: set[Path] = set()
         self._rank: int | None = None
         self._meta = ProfileMeta()
@@ -140,7 +153,14 @@ class FlightRecorder:
     def _close(self) -> None:
         """Undo everything the block did, each step even when one before it fails."""
         failures = []
-        for undo in (self.clock.stop, self._drop_detail, self._remove_scopes, self._signal.restore):
+        undo_steps = (
+            self.clock.stop,
+            self._drop_detail,
+            self._remove_scopes,
+            self._signal.restore,
+            self._write_detail,
+        )
+        for undo in undo_steps:
             try:
                 undo()
             except Exception as exc:
@@ -233,6 +253,7 @@ class FlightRecorder:
         return bool(torch.cuda.max_memory_allocated() > self.memory_threshold)
 
     def _write(self, trigger: FlightTrigger, running: bool, median_us: float | None = None) -> Path:
+        self._write_detail()  # the dump names the latest detailed profile: it is written first
         steps, events = list(self.ring), list(self._events)
         if running:
             forward, backward = self.clock.peek_step()
@@ -298,8 +319,20 @@ class FlightRecorder:
             return
         (session, step), self._detail = self._detail, None
         session.__exit__(None, None, None)
-        path = detail_path(self.out, step, self._rank)
-        self._writer.submit(DetailJob(path, lambda: session.profile))
+        recording = session.recording
+        # torch's results (~3 kB per event) are read into a table and let go on the writer thread;
+        # the table (~130 B per event) is all that is kept, one detailed step at a time
+        self._writer.submit(ReadJob(step, recording))
+        self._detail_kept = (detail_path(self.out, step, self._rank), step, recording)
+
+    def _write_detail(self) -> None:
+        """Queue the latest detailed step's profile to be built and saved, once: a dump names it, or
+        the block ends (safe in a signal handler: a swap and a queued job)."""
+        kept, self._detail_kept = self._detail_kept, None
+        if kept is None:
+            return
+        path, step, recording = kept
+        self._writer.submit(DetailJob(path, recording.build))
         self._detail_file = (path, step)
 
 

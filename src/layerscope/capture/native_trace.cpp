@@ -359,8 +359,21 @@ class TraceReader {
   int64_t skipped_ = 0;
 
   // span columns
-  std::vector<int64_t> ts_, dur_, seq_, fwd_, corr_, ext_, flops_;
-  std::vector<int32_t> name_, kind_, tid_, dims_, conc_, types_;
+  // kind and tid are int64 as the EventTable keeps them (Python takes them without a copy)
+  std::vector<int64_t> ts_, dur_, seq_, fwd_, corr_, ext_, flops_, kind_, tid_;
+  std::vector<int32_t> name_, dims_, types_, call_;
+  // each distinct (name, shapes, concrete inputs) of an op with shapes: what FLOPs are counted per
+  struct Call {
+    int32_t name, dims, conc;
+    bool operator==(const Call& o) const { return name == o.name && dims == o.dims && conc == o.conc; }
+  };
+  struct CallHash {
+    size_t operator()(const Call& c) const noexcept {
+      return std::hash<uint64_t>{}((uint64_t(uint32_t(c.name)) << 32 | uint32_t(c.dims)) * 31 + uint32_t(c.conc));
+    }
+  };
+  std::unordered_map<Call, int32_t, CallHash> calls_map_;
+  std::vector<int32_t> calls_;  // name, dims, concrete per call id
   std::vector<int64_t> handle_span_, handle_;
   std::vector<int64_t> py_span_, py_id_, py_parent_;  // INT64_MIN: None
   std::vector<int64_t> sync_span_, sync_stream_, sync_corr_;
@@ -369,8 +382,7 @@ class TraceReader {
   std::vector<int32_t> copy_name_;  // memcpy bytes by name, in the order names first copied
   std::vector<int64_t> copy_bytes_;
   // memory columns
-  std::vector<int64_t> mem_ts_, mem_bytes_, mem_addr_, mem_total_;
-  std::vector<int32_t> mem_tid_;
+  std::vector<int64_t> mem_ts_, mem_bytes_, mem_addr_, mem_total_, mem_tid_;
   std::vector<uint8_t> mem_device_, mem_has_total_;
   std::vector<int64_t> oom_;  // tid, ts, requested, on_device, allocated per refused allocation
   // fwdbwd flows
@@ -758,7 +770,7 @@ void TraceReader::keep_span(const Event& ev, int kind) {
   int64_t fwd = seq >= 0 ? int_default(a[A_FWD], 0) : 0;
   int64_t corr = kind != CPU_OP ? int_or0(a[A_CORR]) : 0;
   int64_t ext = kind != RUNTIME ? int_or0(a[A_EXT]) : 0;
-  int32_t dims = -1, conc = -1, types = -1;
+  int32_t dims = -1, conc = -1, types = -1, call = -1;
   int64_t flops = 0;
   if (kind == CPU_OP) {
     if (has_dims(a[A_DIMS])) {
@@ -784,6 +796,11 @@ void TraceReader::keep_span(const Event& ev, int kind) {
     py_span_.push_back(span);
   }
   int32_t name_id = intern(names_map_, names_, name);
+  if (dims >= 0) {
+    auto [at, added] = calls_map_.try_emplace(Call{name_id, dims, conc}, int32_t(calls_map_.size()));
+    if (added) calls_.insert(calls_.end(), {name_id, dims, conc});
+    call = at->second;
+  }
   if (name == "record_param_comms") {
     comms_span_.push_back(span);
     comms_args_.push_back(ev.args.tag == OBJ ? std::string(ev.args.view()) : std::string("{}"));
@@ -811,8 +828,8 @@ void TraceReader::keep_span(const Event& ev, int kind) {
   corr_.push_back(corr);
   ext_.push_back(ext);
   dims_.push_back(dims);
-  conc_.push_back(conc);
   types_.push_back(types);
+  call_.push_back(call);
   flops_.push_back(flops);
 }
 
@@ -877,8 +894,9 @@ py::object TraceReader::finish() {
 #define COLUMN(field, key) out[key] = bytes_of(field), std::vector<std::remove_reference_t<decltype(field)>::value_type>().swap(field)
   COLUMN(name_, "name"); COLUMN(kind_, "kind"); COLUMN(tid_, "tid"); COLUMN(ts_, "ts");
   COLUMN(dur_, "dur"); COLUMN(seq_, "seq"); COLUMN(fwd_, "fwd"); COLUMN(corr_, "corr");
-  COLUMN(ext_, "ext"); COLUMN(dims_, "dims_id"); COLUMN(conc_, "concrete_id");
-  COLUMN(types_, "types_id"); COLUMN(flops_, "flops"); COLUMN(handle_span_, "handle_span");
+  COLUMN(ext_, "ext"); COLUMN(dims_, "dims_id");
+  COLUMN(types_, "types_id"); COLUMN(flops_, "flops"); COLUMN(call_, "call_id"); COLUMN(calls_, "calls");
+  COLUMN(handle_span_, "handle_span");
   COLUMN(handle_, "handle"); COLUMN(py_span_, "py_span"); COLUMN(py_id_, "py_id");
   COLUMN(py_parent_, "py_parent"); COLUMN(sync_span_, "sync_span"); COLUMN(sync_stream_, "sync_stream");
   COLUMN(sync_corr_, "sync_corr"); COLUMN(comms_span_, "comms_span"); COLUMN(copy_name_, "copy_name");

@@ -148,11 +148,13 @@ def _forward_threads(
         if fwd_span is None or bwd_span is None or raw[bwd_span] == 0:
             continue
         mapping.setdefault(int(raw[bwd_span]), int(tid[fwd_span]))
-    forward = np.unique(tid[(seq >= 0) & (raw == 0) & (kind == EventKind.CPU_OP)])
-    only = int(forward[0]) if forward.size == 1 else 0
+    forward = tid[(seq >= 0) & (raw == 0) & (kind == EventKind.CPU_OP)]
+    only = int(forward[0]) if forward.size and bool((forward == forward[0]).all()) else 0  # one thread
     out = np.zeros(raw.size, dtype=np.int64)
-    for f in np.unique(raw[raw != 0]).tolist():
-        out[raw == f] = mapping.get(f, only or -1)
+    backward = np.flatnonzero(raw)
+    if backward.size:
+        distinct, inverse = np.unique(raw[backward], return_inverse=True)
+        out[backward] = np.asarray([mapping.get(f, only or -1) for f in distinct.tolist()])[inverse]
     return out
 
 

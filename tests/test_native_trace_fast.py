@@ -116,3 +116,40 @@ def test_flops_per_call_and_name_order(reader: ModuleType, tmp_path: Path, repea
     path = tmp_path / "calls.json"
     path.write_text(json.dumps({"traceEvents": events}))
     assert_same(path)
+
+
+def test_flows_to_forward_threads(reader: ModuleType, tmp_path: Path) -> None:  # noqa: F811
+    """fwdbwd flows resolved on columns: ids repeated (the last start and end count, the order is
+    the first start's), int and string ids alike, flows without an end or hitting no span, two
+    flows naming one backward thread id (the first wins), annotations as ends, spans sharing a time."""
+
+    def op(name: str, tid: int, ts: float, cat: str = "cpu_op", **args: object) -> dict[str, object]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": 1, "args": args}
+
+    def flow(ph: str, flow_id: object, tid: int, ts: float) -> dict[str, object]:
+        return {"ph": ph, "cat": "fwdbwd", "id": flow_id, "pid": 1, "tid": tid, "ts": ts, "name": "fwdbwd"}
+
+    events = [
+        op("aten::mm", 1, 10, **{"Sequence number": 1}),
+        op("aten::mm", 3, 10, **{"Sequence number": 2}),
+        op("other", 1, 10),
+        op("ann", 4, 12, cat="user_annotation"),
+        op("MmBackward0", 2, 20, **{"Sequence number": 1, "Fwd thread id": 7}),
+        op("MmBackward0", 2, 30, **{"Sequence number": 2, "Fwd thread id": 8}),
+        op("MmBackward0", 2, 40, **{"Sequence number": 3, "Fwd thread id": 9}),
+        op("MmBackward0", 2, 50, **{"Sequence number": 4, "Fwd thread id": 7}),
+        flow("s", 5, 3, 10),
+        flow("s", 1, 1, 10),
+        flow("f", 1, 2, 99),  # hits no span: replaced by the next end of id 1
+        flow("f", 1, 2, 20),
+        flow("s", "1", 4, 12),  # a string id is another flow
+        flow("f", "1", 2, 30),
+        flow("f", 5, 2, 50),  # id 5 starts first: it names thread id 7 before id 1 does
+        flow("s", 6, 1, 10),  # no end
+        flow("f", 8, 2, 40),  # no start
+    ]
+    path = tmp_path / "flows.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert_same(path)
+    path.write_text(json.dumps({"traceEvents": [e for e in events if e.get("cat") != "fwdbwd"]}))
+    assert_same(path)

@@ -400,7 +400,9 @@ class TraceReader {
   std::vector<int64_t> oom_;  // tid, ts, requested, on_device, allocated per refused allocation
   // fwdbwd flows
   std::vector<int64_t> flow_start_, flow_tid_, flow_ts_;
-  std::vector<std::string> flow_ids_;
+  std::vector<int32_t> flow_key_;  // each flow's id, numbered in the order ids first appear
+  Interner flow_map_;
+  std::vector<std::string> flow_ids_;  // the distinct ids (id_key form)
   // interned text
   Interner names_map_, dims_map_, conc_map_, types_map_, threads_map_;
   struct PairHash {
@@ -801,7 +803,7 @@ void TraceReader::keep(const Event& ev) {
     flow_start_.push_back(is(ev.ph, "s"));
     flow_tid_.push_back(tid);
     flow_ts_.push_back(ns(ev.ts));
-    flow_ids_.push_back(id_key(ev.id));
+    flow_key_.push_back(intern(flow_map_, flow_ids_, id_key(ev.id)));
   }
 }
 
@@ -961,6 +963,7 @@ py::object TraceReader::finish() {
   COLUMN(mem_bytes_, "mem_bytes"); COLUMN(mem_device_, "mem_on_device"); COLUMN(mem_addr_, "mem_addr");
   COLUMN(mem_total_, "mem_total"); COLUMN(mem_has_total_, "mem_has_total"); COLUMN(oom_, "oom");
   COLUMN(flow_start_, "flow_start"); COLUMN(flow_tid_, "flow_tid"); COLUMN(flow_ts_, "flow_ts");
+  COLUMN(flow_key_, "flow_key");
 #undef COLUMN
   return out;
 }

@@ -111,43 +111,48 @@ def _intern_in_order(
     return maps[0][name], maps[1][dims_id], dtype, lists
 
 
-def _span_at(kind: np.ndarray, tid: np.ndarray, ts: np.ndarray, keys: set[tuple[int, int]]) -> dict[Any, int]:
-    """``TraceTableBuilder.span_at`` (the first op or annotation at each (thread, time)), for ``keys``
-    only: the flows' ends are all ``resolve_forward_threads`` looks up."""
-    if not keys:
-        return {}
-    wanted = np.asarray(sorted({t for _, t in keys}), dtype=np.int64)
+def _spans_at(
+    kind: np.ndarray, tid: np.ndarray, ts: np.ndarray, q_tid: np.ndarray, q_ts: np.ndarray
+) -> np.ndarray:
+    """``TraceTableBuilder.span_at`` for each query (thread, time): the first op or annotation that
+    starts there, -1 where none does. (thread, time) pairs are numbered through the distinct times,
+    so both sides become one int64 and the first span of each is one ``unique``."""
     candidate = (kind == EventKind.CPU_OP) | (kind == EventKind.USER_ANNOTATION)
-    picked = np.flatnonzero(candidate & np.isin(ts, wanted))
-    found: dict[Any, int] = {}
-    for i, key in zip(
-        picked.tolist(), zip(tid[picked].tolist(), ts[picked].tolist(), strict=True), strict=True
-    ):
-        if key in keys:
-            found.setdefault(key, i)
-    return found
+    picked = np.flatnonzero(candidate & np.isin(ts, q_ts))
+    _, rank = np.unique(np.concatenate([ts[picked], q_ts]), return_inverse=True)
+    width = int(max(tid[picked].max(initial=0), q_tid.max(initial=0))) + 1  # thread ids are small
+    pair = rank.reshape(-1) * width + np.concatenate([tid[picked], q_tid])
+    pairs, first = np.unique(pair[: picked.size], return_index=True)
+    asked = pair[picked.size :]
+    at = np.minimum(np.searchsorted(pairs, asked), max(pairs.size - 1, 0))
+    hit = (pairs[at] == asked) if pairs.size else np.zeros(asked.size, dtype=bool)
+    return np.where(hit, picked[first[at]] if pairs.size else -1, -1)
 
 
 def _forward_threads(
     kind: np.ndarray, tid: np.ndarray, ts: np.ndarray, seq: np.ndarray, raw: np.ndarray, found: dict[str, Any]
 ) -> np.ndarray:
-    """``chrome_links.resolve_forward_threads`` on columns (same rules, same result)."""
-    flow_starts: dict[Any, tuple[int, int]] = {}
-    flow_ends: dict[Any, tuple[int, int]] = {}
-    starts = _i64(found, "flow_start").tolist()
-    flow_tid, flow_ts = _i64(found, "flow_tid").tolist(), _i64(found, "flow_ts").tolist()
-    for start, flow_id, t, s in zip(starts, found["flow_ids"], flow_tid, flow_ts, strict=True):
-        (flow_starts if start else flow_ends)[flow_id] = (t, s)
-    span_at = _span_at(kind, tid, ts, set(flow_starts.values()) | set(flow_ends.values()))
+    """``chrome_links.resolve_forward_threads`` on columns (same rules, same result): a flow id's
+    last start and last end (its dict entries), flows in the order their ids first start, and per
+    backward thread id the first flow whose ends both hit a span."""
+    start = _i64(found, "flow_start") != 0
+    key, flow_tid, flow_ts = _i32(found, "flow_key"), _i64(found, "flow_tid"), _i64(found, "flow_ts")
     mapping: dict[int, int] = {}
-    for flow_id, start_at in flow_starts.items():
-        end = flow_ends.get(flow_id)
-        if end is None:
-            continue
-        fwd_span, bwd_span = span_at.get(start_at), span_at.get(end)
-        if fwd_span is None or bwd_span is None or raw[bwd_span] == 0:
-            continue
-        mapping.setdefault(int(raw[bwd_span]), int(tid[fwd_span]))
+    if key.size:
+        rows = np.arange(key.size)
+        last = np.full((2, int(key.max()) + 1), -1, dtype=np.int64)  # per id: last end, last start
+        np.maximum.at(last, (start.astype(np.int64), key), rows)
+        first_start = np.full(last.shape[1], key.size, dtype=np.int64)
+        np.minimum.at(first_start, key[start], rows[start])
+        ids = np.flatnonzero((last >= 0).all(axis=0))
+        ids = ids[np.argsort(first_start[ids], kind="stable")]
+        asked = np.concatenate([last[1, ids], last[0, ids]])  # the starts' rows, then the ends'
+        spans = _spans_at(kind, tid, ts, flow_tid[asked], flow_ts[asked])
+        fwd_span, bwd_span = spans[: ids.size], spans[ids.size :]
+        ok = (fwd_span >= 0) & (bwd_span >= 0)
+        ok[ok] = raw[bwd_span[ok]] != 0
+        backward_ids, first = np.unique(raw[bwd_span[ok]], return_index=True)  # the first flow wins
+        mapping = dict(zip(backward_ids.tolist(), tid[fwd_span[ok][first]].tolist(), strict=True))
     forward = tid[(seq >= 0) & (raw == 0) & (kind == EventKind.CPU_OP)]
     only = int(forward[0]) if forward.size and bool((forward == forward[0]).all()) else 0  # one thread
     out = np.zeros(raw.size, dtype=np.int64)

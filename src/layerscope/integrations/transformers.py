@@ -10,8 +10,11 @@ compiled wrapper the Trainer runs is the one profiled, so compiled models show t
 
 ``LayerscopeCallback(flight_recorder=True)`` runs the flight recorder instead (``ls.flight_recorder``:
 every step recorded lightly, the last ``keep`` dumped into the same folder on a slow step or
-SIGUSR1). A callback never sees an exception leaving ``Trainer.train()``: for a dump on errors too,
-wrap the call in ``ls.flight_recorder(model)`` yourself.
+SIGUSR1). The Trainer calls no callback when ``train()`` raises, so while it trains the callback
+chains ``sys.excepthook`` (:mod:`layerscope.integrations.uncaught`): an exception that ends the
+process is dumped (naming the module it passed, as ``ls.flight_recorder`` would) and every hook comes
+off before Python prints it. One caught by the program (a notebook, a retry loop) is not seen: the
+next ``train()`` ends what the failed one left installed, or call :meth:`LayerscopeCallback.close`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from layerscope.integrations._common import FlightOptions, save_with_report, start_flight_recorder
+from layerscope.integrations.uncaught import UncaughtHook
 
 
 class LayerscopeCallback(TrainerCallback):
@@ -60,6 +64,7 @@ class LayerscopeCallback(TrainerCallback):
         self.flight = FlightOptions(keep, detail_every, slow) if flight_recorder else None
         #: the running flight recorder (with ``flight_recorder=True``); its ``dumps`` list the files
         self.recorder: Any = None
+        self._uncaught = UncaughtHook(self._ended_by)
 
     @property
     def cycles(self) -> list[Any]:
@@ -76,14 +81,16 @@ class LayerscopeCallback(TrainerCallback):
         from layerscope.capture.compile_watch import CompileWatch
         from layerscope.capture.compiled_modules import compiled_wrapper_of
 
-        if self.compile_watch is None:
-            self.compile_watch = CompileWatch().start()
+        # a train() that raised never reached on_train_end: end what it left before starting anew
+        self.close()
+        self.compile_watch = CompileWatch().start()
         if model is not None and getattr(args, "torch_compile", False):
             # The Trainer runs a torch.compile wrapper of the model it hands us: scope the wrapper
             # (patching modules inside compiled code would make Dynamo recompile, and never run).
             wrapper = compiled_wrapper_of(model)
             model = model if wrapper is None else wrapper
         folder = self.output_dir or os.path.join(args.output_dir, "layerscope")
+        self._uncaught.install()
         if self.flight is not None:
             self.recorder = start_flight_recorder(model, folder, self.flight)
             return
@@ -106,6 +113,7 @@ class LayerscopeCallback(TrainerCallback):
 
     def close(self) -> None:
         """Stop profiling and remove every hook (on_train_end does this; call it if training died)."""
+        self._uncaught.remove()
         if self.session is not None and self.session.is_running:
             self.session.stop()
         if self.recorder is not None and self.recorder.clock.active:
@@ -113,3 +121,10 @@ class LayerscopeCallback(TrainerCallback):
         if self.compile_watch is not None:
             self.compile_watch.stop()
             self.compile_watch = None
+
+    def _ended_by(self, exc: BaseException) -> None:
+        """An exception is ending the process inside ``train()``: the recorder dumps it (waiting for
+        the file), then everything comes off."""
+        if self.recorder is not None and self.recorder.clock.active:
+            self.recorder.__exit__(type(exc), exc, exc.__traceback__)
+        self.close()

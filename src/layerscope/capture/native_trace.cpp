@@ -30,10 +30,20 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace py = pybind11;
 
 namespace {
+
+// `k` equals the literal `lit`: a compare of a constant size, which the compiler inlines (a plain
+// string_view == calls memcmp: a call per key of every event).
+template <size_t N>
+inline bool eq(std::string_view k, const char (&lit)[N]) {
+  return k.size() == N - 1 && __builtin_memcmp(k.data(), lit, N - 1) == 0;
+}
 
 struct NeedMore {};  // the buffer ends inside the unit being parsed: wait for the next feed
 struct Decline {
@@ -48,7 +58,9 @@ struct Val {
   bool escaped = false;  // a string holding backslash escapes (decoded only when used)
   bool truthy = false;   // BOOL: its value; ARR/OBJ: non-empty
   int64_t i = 0;
-  double d = 0;
+  double d = 0;      // FLT: the value, unless `milli` holds it exactly
+  bool has_milli = false;  // FLT: `milli` is the value times 1000, exactly (d not parsed)
+  int64_t milli = 0;
   const char* b = nullptr;  // STR: the characters between the quotes; others: the whole value
   size_t n = 0;
   std::string_view view() const { return {b, n}; }
@@ -77,28 +89,28 @@ enum Arg {
 // A switch on length and a comparison, not a hash: most events carry several args keys.
 int arg_of(std::string_view k) {
   switch (k.size()) {
-    case 4: return k == "Addr" ? A_ADDR : -1;
+    case 4: return eq(k, "Addr") ? A_ADDR : -1;
     case 5:
-      if (k == "flops") return A_FLOPS;
-      if (k == "bytes") return A_BYTES_LOWER;
-      return k == "Bytes" ? A_BYTES : -1;
-    case 9: return k == "Python id" ? A_PYID : -1;
+      if (eq(k, "flops")) return A_FLOPS;
+      if (eq(k, "bytes")) return A_BYTES_LOWER;
+      return eq(k, "Bytes") ? A_BYTES : -1;
+    case 9: return eq(k, "Python id") ? A_PYID : -1;
     case 10:
-      if (k == "Input Dims") return A_DIMS;
-      return k == "Input type" ? A_TYPES : -1;
+      if (eq(k, "Input Dims")) return A_DIMS;
+      return eq(k, "Input type") ? A_TYPES : -1;
     case 11:
-      if (k == "correlation") return A_CORR;
-      if (k == "External id") return A_EXT;
-      return k == "Device Type" ? A_DEVTYPE : -1;
-    case 13: return k == "Fwd thread id" ? A_FWD : -1;
-    case 14: return k == "wait_on_stream" ? A_WAIT_STREAM : -1;
+      if (eq(k, "correlation")) return A_CORR;
+      if (eq(k, "External id")) return A_EXT;
+      return eq(k, "Device Type") ? A_DEVTYPE : -1;
+    case 13: return eq(k, "Fwd thread id") ? A_FWD : -1;
+    case 14: return eq(k, "wait_on_stream") ? A_WAIT_STREAM : -1;
     case 15:
-      if (k == "Sequence number") return A_SEQ;
-      if (k == "Concrete Inputs") return A_CONC;
-      return k == "Total Allocated" ? A_TOTAL : -1;
-    case 16: return k == "Python parent id" ? A_PYPARENT : -1;
-    case 18: return k == "Record function id" ? A_RFID : -1;
-    case 33: return k == "wait_on_cuda_event_record_corr_id" ? A_WAIT_CORR : -1;
+      if (eq(k, "Sequence number")) return A_SEQ;
+      if (eq(k, "Concrete Inputs")) return A_CONC;
+      return eq(k, "Total Allocated") ? A_TOTAL : -1;
+    case 16: return eq(k, "Python parent id") ? A_PYPARENT : -1;
+    case 18: return eq(k, "Record function id") ? A_RFID : -1;
+    case 33: return eq(k, "wait_on_cuda_event_record_corr_id") ? A_WAIT_CORR : -1;
     default: return -1;
   }
 }
@@ -292,6 +304,7 @@ class TraceReader {
   }
 
   const char* ws(const char* p) const {
+    if (p < end_ && static_cast<unsigned char>(*p) > ' ') return p;  // most often: no space at all
     for (;; ++p) {
       if (p >= end_) throw NeedMore{};
       char c = *p;
@@ -359,8 +372,21 @@ class TraceReader {
   int64_t skipped_ = 0;
 
   // span columns
-  std::vector<int64_t> ts_, dur_, seq_, fwd_, corr_, ext_, flops_;
-  std::vector<int32_t> name_, kind_, tid_, dims_, conc_, types_;
+  // kind and tid are int64 as the EventTable keeps them (Python takes them without a copy)
+  std::vector<int64_t> ts_, dur_, seq_, fwd_, corr_, ext_, flops_, kind_, tid_;
+  std::vector<int32_t> name_, dims_, types_, call_;
+  // each distinct (name, shapes, concrete inputs) of an op with shapes: what FLOPs are counted per
+  struct Call {
+    int32_t name, dims, conc;
+    bool operator==(const Call& o) const { return name == o.name && dims == o.dims && conc == o.conc; }
+  };
+  struct CallHash {
+    size_t operator()(const Call& c) const noexcept {
+      return std::hash<uint64_t>{}((uint64_t(uint32_t(c.name)) << 32 | uint32_t(c.dims)) * 31 + uint32_t(c.conc));
+    }
+  };
+  std::unordered_map<Call, int32_t, CallHash> calls_map_;
+  std::vector<int32_t> calls_;  // name, dims, concrete per call id
   std::vector<int64_t> handle_span_, handle_;
   std::vector<int64_t> py_span_, py_id_, py_parent_;  // INT64_MIN: None
   std::vector<int64_t> sync_span_, sync_stream_, sync_corr_;
@@ -369,13 +395,14 @@ class TraceReader {
   std::vector<int32_t> copy_name_;  // memcpy bytes by name, in the order names first copied
   std::vector<int64_t> copy_bytes_;
   // memory columns
-  std::vector<int64_t> mem_ts_, mem_bytes_, mem_addr_, mem_total_;
-  std::vector<int32_t> mem_tid_;
+  std::vector<int64_t> mem_ts_, mem_bytes_, mem_addr_, mem_total_, mem_tid_;
   std::vector<uint8_t> mem_device_, mem_has_total_;
   std::vector<int64_t> oom_;  // tid, ts, requested, on_device, allocated per refused allocation
   // fwdbwd flows
   std::vector<int64_t> flow_start_, flow_tid_, flow_ts_;
-  std::vector<std::string> flow_ids_;
+  std::vector<int32_t> flow_key_;  // each flow's id, numbered in the order ids first appear
+  Interner flow_map_;
+  std::vector<std::string> flow_ids_;  // the distinct ids (id_key form)
   // interned text
   Interner names_map_, dims_map_, conc_map_, types_map_, threads_map_;
   struct PairHash {
@@ -441,6 +468,22 @@ const char* TraceReader::string(const char* p, Val& v) {
   bool escaped = false;
   unsigned char high = 0;
   for (;;) {
+#if defined(__SSE2__)
+    // sixteen plain bytes at a time: no quote, backslash, control or non-ASCII byte among them (a
+    // signed compare below 0x20 takes both the control bytes and those with the high bit set)
+    while (p + 16 <= end_) {
+      __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      __m128i special = _mm_or_si128(
+          _mm_or_si128(_mm_cmpeq_epi8(w, _mm_set1_epi8('"')), _mm_cmpeq_epi8(w, _mm_set1_epi8('\\'))),
+          _mm_cmplt_epi8(w, _mm_set1_epi8(0x20)));
+      unsigned mask = unsigned(_mm_movemask_epi8(special));
+      if (mask) {
+        p += __builtin_ctz(mask);
+        goto special_byte;
+      }
+      p += 16;
+    }
+#endif
     // eight plain bytes at a time: no quote, backslash, control or non-ASCII byte among them
     while (p + 8 <= end_) {
       uint64_t w;
@@ -452,6 +495,7 @@ const char* TraceReader::string(const char* p, Val& v) {
       p += 8;
     }
     if (p >= end_) throw NeedMore{};
+  special_byte:
     unsigned char c = static_cast<unsigned char>(*p);
     if (c == '"') break;
     if (c < 0x20) throw Decline{"a control character in a string"};
@@ -487,43 +531,68 @@ const char* TraceReader::string(const char* p, Val& v) {
 // hold it) or a double.
 const char* TraceReader::number(const char* p, Val& v) {
   const char* s = p;
-  auto digits = [&](const char* q) {
+  // the digits from q on, and their value (wrapping past 19 digits: only used for fewer)
+  auto digits = [&](const char* q, uint64_t& value) {
     const char* start = q;
+    value = 0;
     for (;; ++q) {
       if (q >= end_) throw NeedMore{};
-      if (*q < '0' || *q > '9') break;
+      unsigned digit = unsigned(static_cast<unsigned char>(*q)) - '0';
+      if (digit > 9) break;
+      value = value * 10 + digit;
     }
     if (q == start) throw Decline{"bad number"};
     return q;
   };
-  if (*p == '-') ++p;
+  bool negative = *p == '-';
+  if (negative) ++p;
   if (p >= end_) throw NeedMore{};
   const char* int_start = p;
-  p = digits(p);
-  if (*int_start == '0' && p - int_start > 1) throw Decline{"a number with a leading zero"};
-  bool is_float = false;
+  uint64_t whole = 0, fraction = 0, ignored = 0;
+  p = digits(p, whole);
+  size_t int_digits = size_t(p - int_start), fraction_digits = 0;
+  if (*int_start == '0' && int_digits > 1) throw Decline{"a number with a leading zero"};
+  bool is_float = false, exponent = false;
   if (*p == '.') {
     is_float = true;
-    p = digits(p + 1);
+    const char* f = p + 1;
+    p = digits(f, fraction);
+    fraction_digits = size_t(p - f);
   }
   if (*p == 'e' || *p == 'E') {
-    is_float = true;
+    is_float = exponent = true;
     ++p;
     if (p >= end_) throw NeedMore{};
     if (*p == '+' || *p == '-') ++p;
-    p = digits(p);
+    p = digits(p, ignored);
   }
   v.b = s;
   v.n = size_t(p - s);
   if (!is_float) {
-    auto [end, ec] = std::from_chars(s, p, v.i);
-    v.tag = ec == std::errc() ? INT : BIG;
+    if (int_digits <= 18) {  // exact in the accumulated value
+      v.i = negative ? -int64_t(whole) : int64_t(whole);
+      v.tag = INT;
+    } else {
+      auto [end, ec] = std::from_chars(s, p, v.i);
+      v.tag = ec == std::errc() ? INT : BIG;
+    }
     v.truthy = v.tag == BIG || v.i != 0;
+    return p;
+  }
+  v.tag = FLT;
+  // Kineto's times: microseconds with at most 3 decimals. Below 2**43 us a double's spacing is under
+  // a thousandth, so ns()'s floor-and-round of the parsed double gives exactly whole * 1000 +
+  // fraction: keep that and skip parsing the double.
+  if (!exponent && fraction_digits <= 3 && int_digits <= 13 && whole < (uint64_t(1) << 43)) {
+    for (size_t k = fraction_digits; k < 3; ++k) fraction *= 10;
+    int64_t milli = int64_t(whole * 1000 + fraction);
+    v.milli = negative ? -milli : milli;
+    v.has_milli = true;
+    v.truthy = milli != 0;
     return p;
   }
   auto [end, ec] = std::from_chars(s, p, v.d);
   if (ec != std::errc() || end != p) throw Decline{"a number out of a double's range"};
-  v.tag = FLT;
   v.truthy = v.d != 0;
   return p;
 }
@@ -585,19 +654,19 @@ const char* TraceReader::value(const char* p, Val& v) {
 int event_key(std::string_view k) {
   switch (k.size()) {
     case 2:
-      if (k == "ph") return 0;
-      if (k == "ts") return 5;
-      if (k == "id") return 7;
+      if (eq(k, "ph")) return 0;
+      if (eq(k, "ts")) return 5;
+      if (eq(k, "id")) return 7;
       return -1;
     case 3:
-      if (k == "cat") return 1;
-      if (k == "pid") return 3;
-      if (k == "tid") return 4;
-      if (k == "dur") return 6;
+      if (eq(k, "cat")) return 1;
+      if (eq(k, "pid")) return 3;
+      if (eq(k, "tid")) return 4;
+      if (eq(k, "dur")) return 6;
       return -1;
     case 4:
-      if (k == "name") return 2;
-      if (k == "args") return 8;
+      if (eq(k, "name")) return 2;
+      if (eq(k, "args")) return 8;
       return -1;
     default: return -1;
   }
@@ -689,6 +758,7 @@ int64_t TraceReader::ns(const Val& v) const {
     if (v.i <= -INT_LIMIT / 1000 || v.i >= INT_LIMIT / 1000) throw Decline{"a time out of range"};
     return v.i * 1000;
   }
+  if (v.tag == FLT && v.has_milli) return checked(v.milli);
   if (v.tag != FLT || !(std::fabs(v.d) < 4.0e15)) throw Decline{"a time that is not a number"};
   double whole = std::floor(v.d);
   return checked(int64_t(whole) * 1000 + int64_t(std::nearbyint((v.d - whole) * 1000.0)));
@@ -712,8 +782,9 @@ int32_t TraceReader::thread(const Event& ev) {
   return id;
 }
 
-bool is(const Val& v, std::string_view text) {
-  return v.tag == STR && (v.escaped ? decode(v) == text : v.view() == text);
+template <size_t N>
+bool is(const Val& v, const char (&text)[N]) {
+  return v.tag == STR && (v.escaped ? decode(v) == std::string_view(text, N - 1) : eq(v.view(), text));
 }
 
 void TraceReader::keep(const Event& ev) {
@@ -732,7 +803,7 @@ void TraceReader::keep(const Event& ev) {
     flow_start_.push_back(is(ev.ph, "s"));
     flow_tid_.push_back(tid);
     flow_ts_.push_back(ns(ev.ts));
-    flow_ids_.push_back(id_key(ev.id));
+    flow_key_.push_back(intern(flow_map_, flow_ids_, id_key(ev.id)));
   }
 }
 
@@ -758,7 +829,7 @@ void TraceReader::keep_span(const Event& ev, int kind) {
   int64_t fwd = seq >= 0 ? int_default(a[A_FWD], 0) : 0;
   int64_t corr = kind != CPU_OP ? int_or0(a[A_CORR]) : 0;
   int64_t ext = kind != RUNTIME ? int_or0(a[A_EXT]) : 0;
-  int32_t dims = -1, conc = -1, types = -1;
+  int32_t dims = -1, conc = -1, types = -1, call = -1;
   int64_t flops = 0;
   if (kind == CPU_OP) {
     if (has_dims(a[A_DIMS])) {
@@ -784,7 +855,12 @@ void TraceReader::keep_span(const Event& ev, int kind) {
     py_span_.push_back(span);
   }
   int32_t name_id = intern(names_map_, names_, name);
-  if (name == "record_param_comms") {
+  if (dims >= 0) {
+    auto [at, added] = calls_map_.try_emplace(Call{name_id, dims, conc}, int32_t(calls_map_.size()));
+    if (added) calls_.insert(calls_.end(), {name_id, dims, conc});
+    call = at->second;
+  }
+  if (eq(name, "record_param_comms")) {
     comms_span_.push_back(span);
     comms_args_.push_back(ev.args.tag == OBJ ? std::string(ev.args.view()) : std::string("{}"));
   } else if (kind == MEMCPY) {
@@ -811,8 +887,8 @@ void TraceReader::keep_span(const Event& ev, int kind) {
   corr_.push_back(corr);
   ext_.push_back(ext);
   dims_.push_back(dims);
-  conc_.push_back(conc);
   types_.push_back(types);
+  call_.push_back(call);
   flops_.push_back(flops);
 }
 
@@ -877,8 +953,9 @@ py::object TraceReader::finish() {
 #define COLUMN(field, key) out[key] = bytes_of(field), std::vector<std::remove_reference_t<decltype(field)>::value_type>().swap(field)
   COLUMN(name_, "name"); COLUMN(kind_, "kind"); COLUMN(tid_, "tid"); COLUMN(ts_, "ts");
   COLUMN(dur_, "dur"); COLUMN(seq_, "seq"); COLUMN(fwd_, "fwd"); COLUMN(corr_, "corr");
-  COLUMN(ext_, "ext"); COLUMN(dims_, "dims_id"); COLUMN(conc_, "concrete_id");
-  COLUMN(types_, "types_id"); COLUMN(flops_, "flops"); COLUMN(handle_span_, "handle_span");
+  COLUMN(ext_, "ext"); COLUMN(dims_, "dims_id");
+  COLUMN(types_, "types_id"); COLUMN(flops_, "flops"); COLUMN(call_, "call_id"); COLUMN(calls_, "calls");
+  COLUMN(handle_span_, "handle_span");
   COLUMN(handle_, "handle"); COLUMN(py_span_, "py_span"); COLUMN(py_id_, "py_id");
   COLUMN(py_parent_, "py_parent"); COLUMN(sync_span_, "sync_span"); COLUMN(sync_stream_, "sync_stream");
   COLUMN(sync_corr_, "sync_corr"); COLUMN(comms_span_, "comms_span"); COLUMN(copy_name_, "copy_name");
@@ -886,6 +963,7 @@ py::object TraceReader::finish() {
   COLUMN(mem_bytes_, "mem_bytes"); COLUMN(mem_device_, "mem_on_device"); COLUMN(mem_addr_, "mem_addr");
   COLUMN(mem_total_, "mem_total"); COLUMN(mem_has_total_, "mem_has_total"); COLUMN(oom_, "oom");
   COLUMN(flow_start_, "flow_start"); COLUMN(flow_tid_, "flow_tid"); COLUMN(flow_ts_, "flow_ts");
+  COLUMN(flow_key_, "flow_key");
 #undef COLUMN
   return out;
 }

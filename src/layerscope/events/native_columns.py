@@ -29,128 +29,137 @@ class Declined(Exception):
 
 
 def _i64(found: dict[str, Any], key: str) -> np.ndarray:
+    # a view of the reader's bytes (read-only, no copy): the table keeps it as the column
     return np.frombuffer(found[key], dtype=np.int64)
 
 
 def _i32(found: dict[str, Any], key: str) -> np.ndarray:
-    return np.frombuffer(found[key], dtype=np.int32).astype(np.int64)
+    # ids the table never keeps as they are (they index per-distinct arrays): no widening copy
+    return np.frombuffer(found[key], dtype=np.int32)
 
 
 def _op_flops(found: dict[str, Any], builder: TraceTableBuilder, dims: list[Any]) -> np.ndarray:
-    """Each span's FLOPs: the formula per distinct (name, shapes, concrete inputs), or the trace's own
-    ``flops`` where there is no FLOP counter."""
+    """Each span's FLOPs: the formula once per distinct call (name, shapes, concrete inputs), which
+    the reader numbered as it met them, or the trace's own ``flops`` where there is no FLOP counter."""
     if builder.flops is None:
-        return _i64(found, "flops").copy()
-    name, dims_id, conc_id = _i32(found, "name"), _i32(found, "dims_id"), _i32(found, "concrete_id")
-    out = np.zeros(name.size, dtype=np.int64)
-    picked = np.flatnonzero(dims_id >= 0)
-    if not picked.size:
-        return out
+        return _i64(found, "flops")
+    calls = _i32(found, "calls").reshape(-1, 3)
+    values = np.zeros(len(calls) + 1, dtype=np.int64)  # the last: spans that are no call (id -1)
     names, concrete = found["names"], found["concrete"]
-    # one int64 key per (name, shapes, concrete inputs): a 1-d unique is ~10x one over rows
-    packed = (name[picked] << 42) | (dims_id[picked] << 21) | (conc_id[picked] + 1)
-    distinct_keys, inverse = np.unique(packed, return_inverse=True)
-    distinct = np.stack(
-        [distinct_keys >> 42, (distinct_keys >> 21) & 0x1FFFFF, (distinct_keys & 0x1FFFFF) - 1], 1
-    )
-    if max(len(names), len(found["dims"]), len(concrete) + 1) >= 1 << 21:  # would not pack: rows
-        keys = np.stack([name[picked], dims_id[picked], conc_id[picked]], axis=1)
-        distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
-    values: list[int] = []
-    for n, d, c in distinct.tolist():
+    # the formulas run in the order of (name, shapes, concrete inputs) ids, as they always have
+    for k in np.lexsort((calls[:, 2], calls[:, 1], calls[:, 0])).tolist():
+        n, d, c = calls[k].tolist()
         try:
             value = builder._flops(names[n], dims[d], None if c < 0 else orjson.loads(concrete[c]))
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
             raise Declined(f"a FLOP formula failed: {exc}") from None
         if type(value) is not int or not -_INT64_MAX <= value <= _INT64_MAX:
             raise Declined("a FLOP count that is not an int64")
-        values.append(value)
-    out[picked] = np.asarray(values, dtype=np.int64)[inverse.reshape(-1)]
+        values[k] = value
+    out: np.ndarray = values[_i32(found, "call_id")]
     return out
+
+
+def _first_at(ids: np.ndarray, count: int, mask: np.ndarray | None = None) -> np.ndarray:
+    """Each id in ``range(count)``: the first span holding it (where ``mask``), else the span count.
+    ``minimum.at`` is one pass, where ``unique(return_index=True)`` sorts every span."""
+    first = np.full(count, ids.size, dtype=np.int64)
+    if mask is None:
+        np.minimum.at(first, ids, np.arange(ids.size))
+    else:
+        picked = np.flatnonzero(mask)
+        np.minimum.at(first, ids[picked], picked)
+    return first
 
 
 def _intern_in_order(
     table: EventTable, found: dict[str, Any], dims: list[Any], op_flops: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Fill ``table.names`` as the Python path would have (each span's name, shapes, dtype, then
-    input dtypes list, in span order); returns span_name, span_shapes, span_dtype and span_dtypes
-    (None when no span has one)."""
+    """Fill ``table.names`` as the Python path would have: for each span in order its name, shapes,
+    dtype, then input dtypes list, each text at its first use. Returns span_name, span_shapes,
+    span_dtype and span_dtypes (None when no span has one). Only distinct texts are handled in
+    Python: a text's place is the first (span, slot) using it, found a slot family at a time."""
     name, dims_id, types_id = _i32(found, "name"), _i32(found, "dims_id"), _i32(found, "types_id")
-    vocabulary: dict[str, int] = {}
-
-    def ids(texts: list[str | None]) -> np.ndarray:
-        return np.asarray(
-            [-1 if t is None else vocabulary.setdefault(t, len(vocabulary)) for t in texts] + [-1]
-        )
-
-    name_ids = ids(found["names"])
-    shape_ids = ids([shapes_key(d) for d in dims])
     types = [orjson.loads(t) for t in found["types"]]
-    type_ids = ids([first_input_dtype(t) for t in types])
-    list_ids = ids([dtypes_key(t) for t in types])  # every input's, for bytes per op (roofline)
-    slots = np.full((name.size, 4), -1, dtype=np.int64)
-    slots[:, 0] = name_ids[name]
-    slots[:, 1] = shape_ids[dims_id]  # -1 (no shapes) picks the trailing -1
     with_dtype = (op_flops != 0) & (types_id >= 0)
-    slots[with_dtype, 2] = type_ids[types_id[with_dtype]]
     with_list = (dims_id >= 0) & (types_id >= 0)
-    slots[with_list, 3] = list_ids[types_id[with_list]]
-    flat = slots.reshape(-1)
-    used, first = np.unique(flat[flat >= 0], return_index=True)
-    order = used[np.argsort(first, kind="stable")]
-    words = list(vocabulary)
-    table.names = [words[i] for i in order.tolist()]
+    families: list[tuple[list[str | None], np.ndarray]] = [  # slot by slot: texts, first span of each
+        (found["names"], _first_at(name, len(found["names"]))),
+        ([shapes_key(d) for d in dims], _first_at(dims_id, len(dims), dims_id >= 0)),
+        ([first_input_dtype(t) for t in types], _first_at(types_id, len(types), with_dtype)),
+        ([dtypes_key(t) for t in types], _first_at(types_id, len(types), with_list)),  # for bytes per op
+    ]
+    place: dict[str, int] = {}
+    for slot, (texts, first) in enumerate(families):
+        for text, at in zip(texts, (first * 4 + slot).tolist(), strict=True):
+            if text is not None and at < name.size * 4 and at < place.get(text, at + 1):
+                place[text] = at
+    table.names = sorted(place, key=place.__getitem__)
     table._name_ids = {word: i for i, word in enumerate(table.names)}
-    remap = np.full(len(words) + 1, -1, dtype=np.int64)
-    remap[order] = np.arange(order.size)
-    remapped = remap[slots]  # -1 stays -1 (remap's last entry)
-    dtype = remapped[:, 2].copy() if (remapped[:, 2] >= 0).any() else None
-    lists = remapped[:, 3].copy() if (remapped[:, 3] >= 0).any() else None
-    return remapped[:, 0], remapped[:, 1], dtype, lists
+
+    def remap(texts: list[str | None], first: np.ndarray) -> np.ndarray:
+        # each local id's name id (-1: none), and a trailing -1 for spans without one
+        ids = [
+            -1 if t is None or f >= name.size else table._name_ids[t]
+            for t, f in zip(texts, first.tolist(), strict=True)
+        ]
+        return np.asarray([*ids, -1], dtype=np.int64)
+
+    maps = [remap(texts, first) for texts, first in families]
+    dtype = maps[2][np.where(with_dtype, types_id, -1)] if (maps[2] >= 0).any() and with_dtype.any() else None
+    lists = maps[3][np.where(with_list, types_id, -1)] if (maps[3] >= 0).any() and with_list.any() else None
+    return maps[0][name], maps[1][dims_id], dtype, lists
 
 
-def _span_at(kind: np.ndarray, tid: np.ndarray, ts: np.ndarray, keys: set[tuple[int, int]]) -> dict[Any, int]:
-    """``TraceTableBuilder.span_at`` (the first op or annotation at each (thread, time)), for ``keys``
-    only: the flows' ends are all ``resolve_forward_threads`` looks up."""
-    if not keys:
-        return {}
-    wanted = np.asarray(sorted({t for _, t in keys}), dtype=np.int64)
+def _spans_at(
+    kind: np.ndarray, tid: np.ndarray, ts: np.ndarray, q_tid: np.ndarray, q_ts: np.ndarray
+) -> np.ndarray:
+    """``TraceTableBuilder.span_at`` for each query (thread, time): the first op or annotation that
+    starts there, -1 where none does. (thread, time) pairs are numbered through the distinct times,
+    so both sides become one int64 and the first span of each is one ``unique``."""
     candidate = (kind == EventKind.CPU_OP) | (kind == EventKind.USER_ANNOTATION)
-    picked = np.flatnonzero(candidate & np.isin(ts, wanted))
-    found: dict[Any, int] = {}
-    for i, key in zip(
-        picked.tolist(), zip(tid[picked].tolist(), ts[picked].tolist(), strict=True), strict=True
-    ):
-        if key in keys:
-            found.setdefault(key, i)
-    return found
+    picked = np.flatnonzero(candidate & np.isin(ts, q_ts))
+    _, rank = np.unique(np.concatenate([ts[picked], q_ts]), return_inverse=True)
+    width = int(max(tid[picked].max(initial=0), q_tid.max(initial=0))) + 1  # thread ids are small
+    pair = rank.reshape(-1) * width + np.concatenate([tid[picked], q_tid])
+    pairs, first = np.unique(pair[: picked.size], return_index=True)
+    asked = pair[picked.size :]
+    at = np.minimum(np.searchsorted(pairs, asked), max(pairs.size - 1, 0))
+    hit = (pairs[at] == asked) if pairs.size else np.zeros(asked.size, dtype=bool)
+    return np.where(hit, picked[first[at]] if pairs.size else -1, -1)
 
 
 def _forward_threads(
     kind: np.ndarray, tid: np.ndarray, ts: np.ndarray, seq: np.ndarray, raw: np.ndarray, found: dict[str, Any]
 ) -> np.ndarray:
-    """``chrome_links.resolve_forward_threads`` on columns (same rules, same result)."""
-    flow_starts: dict[Any, tuple[int, int]] = {}
-    flow_ends: dict[Any, tuple[int, int]] = {}
-    starts = _i64(found, "flow_start").tolist()
-    flow_tid, flow_ts = _i64(found, "flow_tid").tolist(), _i64(found, "flow_ts").tolist()
-    for start, flow_id, t, s in zip(starts, found["flow_ids"], flow_tid, flow_ts, strict=True):
-        (flow_starts if start else flow_ends)[flow_id] = (t, s)
-    span_at = _span_at(kind, tid, ts, set(flow_starts.values()) | set(flow_ends.values()))
+    """``chrome_links.resolve_forward_threads`` on columns (same rules, same result): a flow id's
+    last start and last end (its dict entries), flows in the order their ids first start, and per
+    backward thread id the first flow whose ends both hit a span."""
+    start = _i64(found, "flow_start") != 0
+    key, flow_tid, flow_ts = _i32(found, "flow_key"), _i64(found, "flow_tid"), _i64(found, "flow_ts")
     mapping: dict[int, int] = {}
-    for flow_id, start_at in flow_starts.items():
-        end = flow_ends.get(flow_id)
-        if end is None:
-            continue
-        fwd_span, bwd_span = span_at.get(start_at), span_at.get(end)
-        if fwd_span is None or bwd_span is None or raw[bwd_span] == 0:
-            continue
-        mapping.setdefault(int(raw[bwd_span]), int(tid[fwd_span]))
-    forward = np.unique(tid[(seq >= 0) & (raw == 0) & (kind == EventKind.CPU_OP)])
-    only = int(forward[0]) if forward.size == 1 else 0
+    if key.size:
+        rows = np.arange(key.size)
+        last = np.full((2, int(key.max()) + 1), -1, dtype=np.int64)  # per id: last end, last start
+        np.maximum.at(last, (start.astype(np.int64), key), rows)
+        first_start = np.full(last.shape[1], key.size, dtype=np.int64)
+        np.minimum.at(first_start, key[start], rows[start])
+        ids = np.flatnonzero((last >= 0).all(axis=0))
+        ids = ids[np.argsort(first_start[ids], kind="stable")]
+        asked = np.concatenate([last[1, ids], last[0, ids]])  # the starts' rows, then the ends'
+        spans = _spans_at(kind, tid, ts, flow_tid[asked], flow_ts[asked])
+        fwd_span, bwd_span = spans[: ids.size], spans[ids.size :]
+        ok = (fwd_span >= 0) & (bwd_span >= 0)
+        ok[ok] = raw[bwd_span[ok]] != 0
+        backward_ids, first = np.unique(raw[bwd_span[ok]], return_index=True)  # the first flow wins
+        mapping = dict(zip(backward_ids.tolist(), tid[fwd_span[ok][first]].tolist(), strict=True))
+    forward = tid[(seq >= 0) & (raw == 0) & (kind == EventKind.CPU_OP)]
+    only = int(forward[0]) if forward.size and bool((forward == forward[0]).all()) else 0  # one thread
     out = np.zeros(raw.size, dtype=np.int64)
-    for f in np.unique(raw[raw != 0]).tolist():
-        out[raw == f] = mapping.get(f, only or -1)
+    backward = np.flatnonzero(raw)
+    if backward.size:
+        distinct, inverse = np.unique(raw[backward], return_inverse=True)
+        out[backward] = np.asarray([mapping.get(f, only or -1) for f in distinct.tolist()])[inverse]
     return out
 
 
@@ -176,7 +185,7 @@ def _memory(builder: TraceTableBuilder, found: dict[str, Any]) -> dict[str, np.n
     oom = _i64(found, "oom").reshape(-1, 5).tolist()
     builder.table.out_of_memory = [OutOfMemory(t, s, r, bool(d), a) for t, s, r, d, a in oom]
     return {
-        "mem_tid": _i32(found, "mem_tid"),
+        "mem_tid": _i64(found, "mem_tid"),
         "mem_ts": ts,
         "mem_bytes": nbytes,
         "mem_on_device": on_device,
@@ -219,16 +228,17 @@ def table_from_columns(found: dict[str, Any], flops: FlopCounter | None, source:
     builder = TraceTableBuilder(flops, source)
     table = builder.table
     builder.skipped = int(found["skipped"])
-    kind, tid, ts = _i32(found, "kind"), _i32(found, "tid"), _i64(found, "ts")
+    kind, tid, ts = _i64(found, "kind"), _i64(found, "tid"), _i64(found, "ts")
     seq, dur = _i64(found, "seq"), _i64(found, "dur")
     op_flops = _op_flops(found, builder, dims)
     span_name, span_shapes, span_dtype, span_dtypes = _intern_in_order(table, found, dims, op_flops)
-    table.span_name, table.span_kind = span_name.tolist(), kind.tolist()
     _side_tables(builder, found, dur)
     builder.thread_ids = {key: i + 1 for i, key in enumerate(found["threads"])}
     table.span_dtype, table.span_dtypes = span_dtype, span_dtypes
     python_ids = _python_ids(found) if not _has_module_ranges(table) else {}
-    module_ranges_from_python_events(table, python_ids)
+    if python_ids:  # nn.Module events may become module ranges: renamed in the lists
+        table.span_name, table.span_kind = span_name.tolist(), kind.tolist()
+        module_ranges_from_python_events(table, python_ids)
     fwd = _forward_threads(kind, tid, ts, seq, _i64(found, "fwd"), found)
     columns = {
         "span_tid": tid,

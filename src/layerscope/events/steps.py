@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layerscope.events.names import profiler_step_number, user_step_number
-from layerscope.events.table import CPU_KINDS, EventTable
+from layerscope.events.table import CPU_KINDS, EventKind, EventTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +76,14 @@ def _step_windows(table: EventTable) -> list[StepWindow]:
     if not torch_steps and not user_steps:
         return []
     name_arr = table.array("span_name")
-    cpu_side = np.isin(table.array("span_kind"), [int(k) for k in CPU_KINDS])
+    cpu_side = _marked(table.array("span_kind"), [int(k) for k in CPU_KINDS], len(EventKind))
     # the user's own step marks win: torch's may be one range around the whole block (ls.profile
     # without a schedule) or the same steps again
     ids = user_steps
-    candidates = np.flatnonzero(cpu_side & np.isin(name_arr, list(user_steps)))
+    candidates = np.flatnonzero(cpu_side & _marked(name_arr, list(user_steps), len(table.names)))
     if not candidates.size:
         ids = torch_steps
-        candidates = np.flatnonzero(cpu_side & np.isin(name_arr, list(torch_steps)))
+        candidates = np.flatnonzero(cpu_side & _marked(name_arr, list(torch_steps), len(table.names)))
     ts, dur = table.array("span_ts"), table.array("span_dur")
     # by start, the longest first among equal starts: an enclosing range comes before those inside
     candidates = candidates[np.lexsort((-dur[candidates], ts[candidates]))]
@@ -101,3 +101,13 @@ def _step_windows(table: EventTable) -> list[StepWindow]:
         cut = min(end, kept[k + 1][1]) if k + 1 < len(kept) else end
         windows.append(StepWindow(numbers[k], i, start, cut))
     return windows
+
+
+def _marked(values: np.ndarray, wanted: list[int], bound: int) -> np.ndarray:
+    """``np.isin(values, wanted)`` for ids in ``range(bound)`` (a table's name ids and kinds always
+    are): one lookup per value in a table of flags, where ``isin`` sorts by the thousands of step
+    names a long trace has."""
+    flags = np.zeros(bound, dtype=bool)
+    flags[wanted] = True
+    found: np.ndarray = flags[values]
+    return found

@@ -153,3 +153,13 @@ def test_flows_to_forward_threads(reader: ModuleType, tmp_path: Path) -> None:  
     assert_same(path)
     path.write_text(json.dumps({"traceEvents": [e for e in events if e.get("cat") != "fwdbwd"]}))
     assert_same(path)
+
+
+def test_a_key_met_twice_reads_its_last_value(reader: ModuleType, tmp_path: Path) -> None:  # noqa: F811
+    # the first "ts" takes the digits path, the second the double's: the second must win, as in Python
+    path = tmp_path / "twice.json"
+    path.write_text(
+        '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, '
+        '"ts": 1.5, "dur": 2.5, "ts": 1e3, "dur": 1.0005, "args": {"External id": 1}}]}'
+    )
+    assert_same(path)

@@ -56,6 +56,13 @@ def _namespace() -> dict[str, Any]:
 def test_an_exception_ending_the_process_is_dumped(tmp_path: Path) -> None:
     script = TRAINER + textwrap.dedent(
         f"""
+        import sys
+
+        def programs_own_hook(kind, value, tb):  # a crash reporter's (Sentry, rich): still called
+            print("the program's hook saw", kind.__name__, file=sys.stderr)
+            sys.__excepthook__(kind, value, tb)
+
+        sys.excepthook = programs_own_hook
         _, run = trainer({str(tmp_path)!r}, 3, LayerscopeCallback(flight_recorder=True, keep=5))
         run.train()
         """
@@ -64,6 +71,7 @@ def test_an_exception_ending_the_process_is_dumped(tmp_path: Path) -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 1, done.stderr[-2000:]
+    assert "the program's hook saw ValueError" in done.stderr
     assert done.stderr.rstrip().endswith("ValueError: bad batch")  # Python's own report, as before
     (dump,) = sorted((tmp_path / "layerscope").glob("flight-*"))
     import layerscope as ls
@@ -86,7 +94,8 @@ def test_a_caught_failure_is_ended_by_the_next_train(tmp_path: Path, flight: boo
     model, run = _namespace()["trainer"](str(tmp_path), 3, callback)
     with pytest.raises(ValueError, match="bad batch"):
         run.train()
-    assert sys.excepthook is not hook  # still chained: train() died without telling the callback
+    # the recorder's hook is still chained: train() died without telling the callback
+    assert (sys.excepthook is not hook) == flight
     run.train()  # the hook raised once; this run goes through, and ends the first one's leftovers
     assert sys.excepthook is hook and signal.getsignal(signal.SIGUSR1) is handler
     mlp = model.transformer.h[0].mlp

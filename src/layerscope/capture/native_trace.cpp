@@ -531,6 +531,7 @@ const char* TraceReader::string(const char* p, Val& v) {
 // hold it) or a double.
 const char* TraceReader::number(const char* p, Val& v) {
   const char* s = p;
+  v.has_milli = false;  // a key met twice: its second value must not read the first one's time
   // the digits from q on, and their value (wrapping past 19 digits: only used for fewer)
   auto digits = [&](const char* q, uint64_t& value) {
     const char* start = q;
@@ -940,10 +941,7 @@ py::object TraceReader::finish() {
     size_t cut = key.find('\0');
     threads.append(py::make_tuple(id_object(key.substr(0, cut)), id_object(key.substr(cut + 1))));
   }
-  py::list flow_ids;
-  for (const std::string& key : flow_ids_) flow_ids.append(id_object(key));
   out["threads"] = threads;
-  out["flow_ids"] = flow_ids;
   out["dims"] = bytes_list(dims_text_);
   out["concrete"] = bytes_list(conc_text_);
   out["types"] = bytes_list(types_text_);

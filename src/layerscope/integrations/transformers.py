@@ -10,8 +10,8 @@ compiled wrapper the Trainer runs is the one profiled, so compiled models show t
 
 ``LayerscopeCallback(flight_recorder=True)`` runs the flight recorder instead (``ls.flight_recorder``:
 every step recorded lightly, the last ``keep`` dumped into the same folder on a slow step or
-SIGUSR1). The Trainer calls no callback when ``train()`` raises, so while it trains the callback
-chains ``sys.excepthook`` (:mod:`layerscope.integrations.uncaught`): an exception that ends the
+SIGUSR1). The Trainer calls no callback when ``train()`` raises, so while it trains the recorder's
+callback chains ``sys.excepthook`` (:mod:`layerscope.integrations.uncaught`): an exception that ends the
 process is dumped (naming the module it passed, as ``ls.flight_recorder`` would) and every hook comes
 off before Python prints it. One caught by the program (a notebook, a retry loop) is not seen: the
 next ``train()`` ends what the failed one left installed, or call :meth:`LayerscopeCallback.close`.
@@ -90,9 +90,9 @@ class LayerscopeCallback(TrainerCallback):
             wrapper = compiled_wrapper_of(model)
             model = model if wrapper is None else wrapper
         folder = self.output_dir or os.path.join(args.output_dir, "layerscope")
-        self._uncaught.install()
         if self.flight is not None:
             self.recorder = start_flight_recorder(model, folder, self.flight)
+            self._uncaught.install()
             return
         rank = int(getattr(args, "process_index", 0) or 0)
         # every rank writes its files; the main process says where they went
@@ -123,8 +123,9 @@ class LayerscopeCallback(TrainerCallback):
             self.compile_watch = None
 
     def _ended_by(self, exc: BaseException) -> None:
-        """An exception is ending the process inside ``train()``: the recorder dumps it (waiting for
-        the file), then everything comes off."""
+        """An exception is ending the process inside ``train()`` (flight recorder only: a profiling
+        session would build and save a partial cycle in the hook): the recorder dumps it (waiting
+        for the file), then everything comes off."""
         if self.recorder is not None and self.recorder.clock.active:
             self.recorder.__exit__(type(exc), exc, exc.__traceback__)
         self.close()

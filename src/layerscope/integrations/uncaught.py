@@ -30,7 +30,8 @@ class UncaughtHook:
         self.hook = self._hook
 
     def install(self) -> None:
-        """Put the hook in front of the current ``sys.excepthook``."""
+        """Put the hook in front of the current ``sys.excepthook`` (once: installed again while a
+        hook chained over ours, it only becomes active again; re-chaining could call itself)."""
         if self._previous is None:
             self._previous = sys.excepthook
             sys.excepthook = self.hook
@@ -44,12 +45,13 @@ class UncaughtHook:
             self._previous = None
 
     def _hook(self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        # taken first: ``on_exception`` usually ends the integration, which removes this hook
+        previous = self._previous if self._previous is not None else sys.__excepthook__
         if self._active:
             self._active = False
             try:
                 self._on_exception(exc)
-            except Exception as failure:  # the program's own report must still be printed
+            except BaseException as failure:  # even a second Ctrl-C: the program's hook still runs
                 message = f"layerscope: {type(failure).__name__}: {failure}"
                 warnings.warn(message, RuntimeWarning, stacklevel=1)
-        previous = self._previous if self._previous is not None else sys.__excepthook__
         previous(exc_type, exc, tb)

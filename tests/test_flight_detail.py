@@ -5,6 +5,8 @@ it is the profile torch's results give."""
 from __future__ import annotations
 
 import gc
+import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -61,17 +63,17 @@ def test_only_the_latest_detailed_step_is_kept_and_without_torch_s_results(out: 
     model = Net()
     with ls.flight_recorder(model, out=out, detail_every=2, slow=None) as rec:
         train(model, 3, rec)  # detailed step 2
-        assert rec.flush(30.0) and rec._detail_kept is not None
-        first = rec._detail_kept[2]
+        assert rec.flush(30.0) and len(rec._detail_kept) == 1
+        first = rec._detail_kept[0][2]
         assert first.torch_profiler is None  # read into the table on the writer thread
         kept_first = weakref.ref(first)
         del first
         train(model, 2, rec)  # detailed step 4 replaces it
-        assert rec.flush(30.0) and rec._detail_kept is not None
-        assert rec._detail_kept[1] == 4 and rec._detail_kept[2].torch_profiler is None
+        assert rec.flush(30.0) and len(rec._detail_kept) == 1
+        assert rec._detail_kept[0][1] == 4 and rec._detail_kept[0][2].torch_profiler is None
         gc.collect()
         assert kept_first() is None
-    assert rec._detail_kept is None  # written when the block ended, then let go
+    assert rec._detail_kept == []  # written when the block ended, then let go
     assert details(out) == ["flight-detail-step000004.json.gz"]
 
 
@@ -143,3 +145,53 @@ def test_a_detailed_step_that_cannot_be_read_is_a_warning_and_a_dump_still_build
     flight = loaded(path).meta.flight
     assert flight is not None and flight.detail_step == 2
     assert loaded(Path(flight.detail_file or "")).find("blocks.2.linear").calls == 1
+
+
+def test_a_dump_is_written_before_the_detailed_step_it_names(
+    out: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal whose default action ends the process waits for the dump only: a long build of the
+    detailed step must come after it on the writer thread, not before."""
+    release = threading.Event()
+    build = Recording.build
+
+    def held_build(self: Recording) -> object:
+        assert release.wait(60.0)
+        return build(self)
+
+    monkeypatch.setattr(Recording, "build", held_build)
+    model = Net()
+    with ls.flight_recorder(model, out=out, detail_every=2, slow=None) as rec:
+        train(model, 3, rec)  # detailed step 2 kept
+        path = rec.dump()
+        deadline = time.monotonic() + 30.0
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        written_first = path.exists() and details(out) == []
+        release.set()  # (also when the order is wrong: the block must end)
+    assert written_first
+    assert details(out) == ["flight-detail-step000002.json.gz"]
+
+
+def test_the_writer_leaves_the_program_s_collector_alone(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer reads and builds beside the program: pausing the cyclic GC there would be the
+    program's pause (``gc.isenabled()`` False in its loop, a ``gc.disable()`` of its undone)."""
+    seen: list[bool] = []
+    read = Recording._read
+
+    def watched_read(self: Recording) -> object:
+        seen.append(gc.isenabled())
+        return read(self)
+
+    monkeypatch.setattr(Recording, "_read", watched_read)
+    model = Net()
+    assert gc.isenabled()
+    with ls.flight_recorder(model, out=out, detail_every=2, slow=None) as rec:
+        train(model, 3, rec)
+        assert rec.flush(30.0)
+        rec.dump()
+    assert seen == [True]
+    with ls.profile(model) as prof:  # a profile read on the program's own thread still pauses it
+        train(model, 1)
+    prof.profile  # noqa: B018 - built now
+    assert seen == [True, False]

@@ -109,8 +109,10 @@ class FlightRecorder:
         self._detail: Any = None  # the running detailed profile session and its step
         self._detail_failed = False
         self._detail_file: tuple[Path, int] | None = None  # the latest detailed profile written
-        # the latest detailed step not written yet: its file, step and recording (events table only)
-        self._detail_kept: tuple[Path, int, Recording] | None = None
+        # the latest detailed step not written yet: its file, step and recording (events table
+        # only), as a list of at most one taken by pop(), one call, so that a signal handler and the
+        # loop (or rec.dump() on another thread) never both take it
+        self._detail_kept: list[tuple[Path, int, Recording]] = []
         self._names_taken: set[Path] = set()
         self._rank: int | None = None
         self._meta = ProfileMeta()
@@ -253,7 +255,7 @@ class FlightRecorder:
         return bool(torch.cuda.max_memory_allocated() > self.memory_threshold)
 
     def _write(self, trigger: FlightTrigger, running: bool, median_us: float | None = None) -> Path:
-        self._write_detail()  # the dump names the latest detailed profile: it is written first
+        detail = self._take_detail()  # the dump names it; it is built after the dump is written
         steps, events = list(self.ring), list(self._events)
         if running:
             forward, backward = self.clock.peek_step()
@@ -273,6 +275,8 @@ class FlightRecorder:
         path = dump_path(self.out, trigger.step, trigger.reason, self._rank, self._names_taken)
         self._names_taken.add(path)
         self._writer.submit(DumpJob(path, steps, events, list(self._modules), flight, self._meta))
+        if detail is not None:  # after the dump: a signal's default action waits for the dump only
+            self._writer.submit(detail)
         return path
 
     def _on_signal(self) -> None:
@@ -320,20 +324,27 @@ class FlightRecorder:
         (session, step), self._detail = self._detail, None
         session.__exit__(None, None, None)
         recording = session.recording
+        recording.pause_gc = False  # read and built beside the program: its collector is its own
         # torch's results (~3 kB per event) are read into a table and let go on the writer thread;
         # the table (~130 B per event) is all that is kept, one detailed step at a time
         self._writer.submit(ReadJob(step, recording))
-        self._detail_kept = (detail_path(self.out, step, self._rank), step, recording)
+        self._detail_kept[:] = [(detail_path(self.out, step, self._rank), step, recording)]
+
+    def _take_detail(self) -> DetailJob | None:
+        """The job building and saving the latest detailed step's profile, taken once (a dump names
+        it, or the block ends; safe in a signal handler: one pop, no lock)."""
+        try:
+            path, step, recording = self._detail_kept.pop()
+        except IndexError:
+            return None
+        self._detail_file = (path, step)
+        return DetailJob(path, recording.build)
 
     def _write_detail(self) -> None:
-        """Queue the latest detailed step's profile to be built and saved, once: a dump names it, or
-        the block ends (safe in a signal handler: a swap and a queued job)."""
-        kept, self._detail_kept = self._detail_kept, None
-        if kept is None:
-            return
-        path, step, recording = kept
-        self._writer.submit(DetailJob(path, recording.build))
-        self._detail_file = (path, step)
+        """At the block's end: queue the latest detailed step's profile, if no dump took it."""
+        job = self._take_detail()
+        if job is not None:
+            self._writer.submit(job)
 
 
 #: ``ls.flight_recorder(model, keep=100, ...)``: the recorder is made by its class.

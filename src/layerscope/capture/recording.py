@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,13 @@ class Recording:
         self._profile: Profile | None = None
         self._trace: dict[str, Any] | None = None
         self._events: tuple[EventTable, dict[str, int]] | None = None  # read, not yet built
+        # the process as it was when the events were read (a build much later must not see the
+        # graphs compiled or the environment changed since): set by keep_events_only
+        self._graphs: list[dict[str, Any]] | None = None
+        self._environment: Any = None
+        #: Pause the cyclic GC while reading and building (False where that runs beside the
+        #: program, as the flight recorder's writer thread: the pause would be the program's too).
+        self.pause_gc = True
 
     @property
     def profile(self) -> Profile:
@@ -93,7 +101,7 @@ class Recording:
     def build(self) -> Profile:
         """Build the Profile now (once; later calls return it)."""
         if self._profile is None:
-            with gc_paused():
+            with gc_paused() if self.pause_gc else nullcontext():
                 self._profile = self._build()
         return self._profile
 
@@ -103,8 +111,9 @@ class Recording:
         can still be built; the Chrome trace can no longer be exported. The flight recorder keeps
         its latest detailed step this way until a dump needs it."""
         if self._profile is None and self._events is None:
-            with gc_paused():
+            with gc_paused() if self.pause_gc else nullcontext():
                 self._events = self._read()
+            self._graphs, self._environment = known_graphs(), environment()
         self.torch_profiler = None
 
     def _read(self) -> tuple[EventTable, dict[str, int]]:
@@ -132,11 +141,10 @@ class Recording:
 
     def _build(self) -> Profile:
         table, failures = self._events if self._events is not None else self._read()
-        self._events = None
         marks = self.context.marks
         meta = ProfileMeta(
             model=self.context.model_type,
-            environment=environment(),
+            environment=self._environment if self._environment is not None else environment(),
             capture=self._capture_info(table, marks.unmatched if marks is not None else 0, failures),
             device=summarize_device(table)[1],
         )
@@ -144,9 +152,10 @@ class Recording:
             table,
             self.context.catalog,
             meta,
-            compiled_graphs=known_graphs(),
+            compiled_graphs=self._graphs if self._graphs is not None else known_graphs(),
             snapshots=self.context.snapshots,
         )
+        self._events = None  # built: a failed build can be tried again from the same table
         compiled = profile.meta.compiled
         note = _unplaced_compiled_kernels(profile, compiled, self.context.plan) if compiled else None
         if compiled is None or note is None:

@@ -22,7 +22,6 @@ from layerscope.capture import live_tensors, native
 from layerscope.capture.live_tensors import scan_live
 from layerscope.model.memory_view import BEFORE_BLOCK
 
-
 #: Where tests keep what they make: a list older than any walk's sentinel (in the oldest generation
 #: after the first full collection). A full collection leaves an object referenced from an older
 #: container where it lies (a younger container would make the collector move it to the tail of its
@@ -260,3 +259,18 @@ def test_the_baseline_a_profile_reports_is_the_whole_walks(module: Any) -> None:
     _baseline_rows(model, x)
     assert module.walk_stats()[0]
     assert _baseline_rows(model, x) == _full(_baseline_rows, model, x)
+
+
+def test_a_walk_leaves_the_collectors_counts_as_they_were(module: Any) -> None:
+    """In a steady state a walk leaves no object behind (the weak references to what it finds again
+    are the previous walk's), so the count that schedules the next collection (and
+    ``gc.get_count()``) does not move."""
+    gc.disable()
+    wanted = _wanted()
+    _HELD.append(torch.randn(3))
+    module.tracked_of_types(wanted)
+    module.tracked_of_types(wanted)
+    before = gc.get_count()[0]  # read before its tuple is made, the tuple freed at once
+    walked = module.tracked_of_types(wanted)
+    del walked
+    assert gc.get_count()[0] == before and module.walk_stats()[0]

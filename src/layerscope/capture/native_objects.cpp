@@ -247,10 +247,8 @@ void add_still_alive(const Incremental& state, const std::unordered_set<PyObject
 // gc.get_freeze_count()); valid only if all of it succeeded.
 void remember(Incremental& state, GCGeneration* gens, const std::unordered_set<PyObject*>& wanted,
               const py::list& found, bool frozen) {
-  for (PyObject* ref : state.seen) {
-    Py_DECREF(ref);
-  }
-  state.seen.clear();
+  std::vector<PyObject*> had;
+  had.swap(state.seen);
   for (PyObject* type : state.types) {
     Py_DECREF(type);
   }
@@ -258,23 +256,40 @@ void remember(Incremental& state, GCGeneration* gens, const std::unordered_set<P
   for (PyObject* type : state.types) {
     Py_INCREF(type);
   }
-  if (frozen) {
-    return;
-  }
-  move_to(head_of(state.head), &gens[2].head, false);
-  move_to(head_of(state.tail), &gens[2].head, true);
-  // weak references are tracked objects: made after the sentinels are placed, they are new to
-  // the next walk (generation 0), and no object the walk did not see can come before the tail
-  state.seen.reserve(PyList_GET_SIZE(found.ptr()));
-  for (const py::handle item : found) {
-    PyObject* ref = PyWeakref_NewRef(item.ptr(), nullptr);
-    if (ref == nullptr) {  // a type without weak references: the next walk is a whole one
-      PyErr_Clear();
-      return;
+  bool complete = !frozen;
+  if (complete) {
+    move_to(head_of(state.head), &gens[2].head, false);
+    move_to(head_of(state.tail), &gens[2].head, true);
+    // weak references are tracked objects: made after the sentinels are placed, they are new to
+    // the next walk (generation 0), and no object the walk did not see can come before the tail.
+    // Made before the previous ones are dropped: an object found again gets the same one back
+    // (no allocation, so the collector's counts move only by what is new).
+    state.seen.reserve(PyList_GET_SIZE(found.ptr()));
+    for (const py::handle item : found) {
+      PyObject* ref = PyWeakref_NewRef(item.ptr(), nullptr);
+      if (ref == nullptr) {  // a type without weak references: the next walk is a whole one
+        PyErr_Clear();
+        complete = false;
+        break;
+      }
+      state.seen.push_back(ref);
     }
-    state.seen.push_back(ref);
   }
-  state.valid = true;
+  for (PyObject* ref : had) {
+    Py_DECREF(ref);
+  }
+  state.valid = complete;
+}
+
+// Whether the permanent generation (gc.freeze()'s, after the pointer to generation 0's header) is
+// empty: read in place first, as gc.get_freeze_count() counts its objects one by one (a process that
+// froze its heap before forking has all of them there); that count confirms it at no cost.
+bool nothing_frozen(GCGeneration* gens) {
+  const auto* permanent = reinterpret_cast<const GCGeneration*>(
+      reinterpret_cast<const char*>(gens + kGenerations) + sizeof(GCHead*));
+  const bool empty = permanent->threshold == 0 && permanent->count == 0 &&
+                     next_of(&permanent->head) == &permanent->head && prev_of(&permanent->head) == &permanent->head;
+  return empty && py::module_::import("gc").attr("get_freeze_count")().cast<Py_ssize_t>() == 0;
 }
 
 py::object tracked_of_types(const py::set& types, bool incremental) {
@@ -283,7 +298,7 @@ py::object tracked_of_types(const py::set& types, bool incremental) {
   if (gens == nullptr) {
     return py::none();
   }
-  const bool frozen = py::module_::import("gc").attr("get_freeze_count")().cast<Py_ssize_t>() != 0;
+  const bool frozen = !nothing_frozen(gens);
   Incremental& state = incremental_state();
   if (state.head == nullptr) {
     state.head = PyList_New(0);

@@ -123,12 +123,12 @@ def test_freeze_and_unfreeze_between_walks(module: Any) -> None:
     gc.freeze()
     gc.unfreeze()
     assert id(made) in _walk(module, expect_incremental=False)
-    gc.collect()  # generations 0 and 1 empty when it freezes: generation 2 comes back as it was
     _walk(module)
-    gc.freeze()
+    last = torch.randn(2)
+    gc.collect()  # generations 0 and 1 empty when it freezes: generation 2 comes back as it was,
+    gc.freeze()  # the head sentinel first, `last` after the tail one
     gc.unfreeze()
-    after = torch.randn(2)
-    assert id(after) in _walk(module)
+    assert id(last) in _walk(module, expect_incremental=True)
 
 
 def test_dead_tensors_swapped_storages_and_new_types(module: Any) -> None:

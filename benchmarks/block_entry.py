@@ -10,9 +10,10 @@ timing its first block's entry after the same imports and the same model; report
 of the medians.
 
 ``--scan-paths``: later blocks with ``memory=True`` only, three contenders per round in a shuffled
-order: bare, layerscope, and layerscope with the scan's previous paths (``gc.get_objects()`` with
-the C++ type filter instead of the native walk of the collector's lists; a storage object per
-tensor in Python for the start snapshot's state entries): before and after, paired.
+order: bare, layerscope, and layerscope with the scan's whole walk (every object the collector
+tracks, as before the incremental walk; it still leaves the incremental walk's sentinels and weak
+references behind, a few tenths of a ms): before and after, paired; also how many objects each
+walk visited.
 
     python benchmarks/block_entry.py [--rounds 21] [--first-runs 3] [--clock wall|cpu] [--scan-paths]
 """
@@ -27,7 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,8 +36,7 @@ import torch
 from torch import nn
 
 import layerscope as ls
-from layerscope.capture import live_tensors, memory_watch, native
-from layerscope.events.memory_snapshots import StorageEntry
+from layerscope.capture import native
 from layerscope.models.gpt import TinyGPT
 
 CLOCK = time.perf_counter
@@ -104,38 +104,39 @@ def later_blocks(rounds: int) -> None:
 
 
 @contextmanager
-def previous_paths() -> Iterator[None]:
-    """The scan and the start snapshot as they were before the native walk: the walk reports it
-    cannot run (so the scan lists every object with ``gc.get_objects()``), and state entries are
-    read through a storage object per tensor in Python."""
+def whole_walk() -> Iterator[None]:
+    """The scan as it was before the incremental walk: every object the collector tracks visited."""
     module = native.load()
     assert module is not None, "the native module is not built"
     walk = module.tracked_of_types
-
-    def in_python(tensors: Iterable[Any], category: str, seq: int = -1) -> list[StorageEntry]:
-        entries = (live_tensors.storage_entry(t, category, seq) for t in tensors)
-        return [entry for entry in entries if entry is not None]
-
-    module.tracked_of_types = lambda wanted: None
-    memory_watch.storage_entries = in_python  # type: ignore[assignment]
+    module.tracked_of_types = lambda wanted: walk(wanted, incremental=False)
     try:
         yield
     finally:
         module.tracked_of_types = walk
-        memory_watch.storage_entries = live_tensors.storage_entries
 
 
 def scan_paths(rounds: int) -> None:
-    """``memory=True`` later blocks: bare, layerscope, layerscope on the previous paths, paired."""
+    """``memory=True`` later blocks: bare, layerscope, layerscope with the whole walk, paired."""
     model, step = make_step()
+    module = native.load()
+    assert module is not None, "the native module is not built"
+    visited: dict[str, list[int]] = {"layerscope": [], "previous": []}
+
+    def ours(memory: bool) -> tuple[float, float]:
+        times = timed_block("layerscope", memory, model, step)
+        visited["layerscope"].append(module.walk_stats()[1])
+        return times
 
     def previous(memory: bool) -> tuple[float, float]:
-        with previous_paths():
-            return timed_block("layerscope", memory, model, step)
+        with whole_walk():
+            times = timed_block("layerscope", memory, model, step)
+        visited["previous"].append(module.walk_stats()[1])
+        return times
 
     contenders: dict[str, Callable[[bool], tuple[float, float]]] = {
         "bare": lambda memory: timed_block("bare", memory, model, step),
-        "layerscope": lambda memory: timed_block("layerscope", memory, model, step),
+        "layerscope": ours,
         "previous": previous,
     }
     for run in list(contenders.values()) * 2:  # warm-up
@@ -147,10 +148,11 @@ def scan_paths(rounds: int) -> None:
         times = {name: contenders[name](True)[0] for name in order}
         for name in entry:
             entry[name].append(times[name] - times["bare"])
-    for name, label in (("previous", "before (previous paths)"), ("layerscope", "after")):
+    for name, label in (("previous", "before (whole walk)"), ("layerscope", "after (incremental)")):
         print(
             f"later blocks, memory=True, {label}: entry +{statistics.median(entry[name]) * 1e3:.1f} ms "
-            f"beyond bare (median of {rounds} paired rounds)"
+            f"beyond bare (median of {rounds} paired rounds); objects visited: median "
+            f"{statistics.median(visited[name][2:]):.0f}, max {max(visited[name][2:])}"
         )
     saved = [p - n for p, n in zip(entry["previous"], entry["layerscope"], strict=True)]
     print(f"saved per entry: {statistics.median(saved) * 1e3:.1f} ms (median of the per-round differences)")
@@ -191,7 +193,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--first-runs", type=int, default=3)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
-    parser.add_argument("--scan-paths", action="store_true", help="before/after of the scan's paths")
+    parser.add_argument("--scan-paths", action="store_true", help="before/after of the scan's walk")
     parser.add_argument("--first", choices=["bare", "layerscope"], help=argparse.SUPPRESS)
     parser.add_argument("--memory", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -13,7 +13,10 @@ restores its state; it calls no tensor method through a subclass's ``__torch_fun
 allocates nothing on any device. Its limit: tensors with no Python object (gradients autograd made
 in C++ and never read from Python, tensors an autograd graph saved before the block) are not in the
 collector's list: the watch's state entries name gradients, and on CUDA the allocator's own figure
-(``torch.cuda.memory_allocated()``) covers the rest. Its cost: docs/benchmarks.md (baseline scan).
+(``torch.cuda.memory_allocated()``) covers the rest. Its cost: docs/benchmarks.md (baseline scan;
+the incremental walk). Between scans the native module keeps weak references to the tensors and
+optimizers the last one found (never a strong one) and two empty lists of its own in the
+collector's oldest generation.
 """
 
 from __future__ import annotations
@@ -73,9 +76,10 @@ def scan_live(model: nn.Module | None = None, optimizers: bool = False) -> LiveS
 
 def _tracked_of_types(wanted: set[type]) -> list[Any]:
     """Every object the collector tracks whose exact type is in ``wanted``: the native module walks
-    the collector's lists in place when it can (no list of every object made), else
-    ``gc.get_objects()`` filtered by the native module (a pointer lookup per object) or by a set
-    lookup per object in Python."""
+    the collector's lists in place when it can (no list of every object made; from the second scan
+    on only the objects tracked or moved since the previous one, where that provably finds the same:
+    ``native_objects.cpp``), else ``gc.get_objects()`` filtered by the native module (a pointer
+    lookup per object) or by a set lookup per object in Python."""
     module = native.load()
     if module is not None:
         walked: list[Any] | None = module.tracked_of_types(wanted)

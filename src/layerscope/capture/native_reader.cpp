@@ -23,7 +23,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <version>
 #include <variant>
 #include <vector>
 
@@ -69,18 +71,29 @@ const Result* result_of_event(const KinetoEvent& e) {
 
 // Strings interned in first-seen order: the Python side interns them in the same order as the
 // pybind path does (dict.fromkeys over the names), so both paths build identical tables.
+// Looked up by a view where the library can (no copy of a name torch holds), else by a copy.
 struct Interner {
-  std::unordered_map<std::string, int64_t> ids;
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view text) const noexcept {
+      return std::hash<std::string_view>{}(text);
+    }
+  };
+  std::unordered_map<std::string, int64_t, Hash, std::equal_to<>> ids;
   std::vector<std::string> order;
 
-  int64_t id(std::string&& text) {
+  int64_t id(std::string_view text) {
+#if defined(__cpp_lib_generic_unordered_lookup)
     auto found = ids.find(text);
+#else
+    auto found = ids.find(std::string(text));
+#endif
     if (found != ids.end()) {
       return found->second;
     }
     const auto next = static_cast<int64_t>(order.size());
-    order.push_back(text);
-    ids.emplace(std::move(text), next);
+    order.emplace_back(text);
+    ids.emplace(std::string(text), next);
     return next;
   }
 
@@ -288,7 +301,9 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
       }
     }
     span_index.push_back(static_cast<int64_t>(i));
-    span_name.push_back(names.id(e.name()));
+    // An op's name read where torch keeps it (what KinetoEvent::name() copies out); others copied.
+    const auto* op = result ? std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_) : nullptr;
+    span_name.push_back(op ? names.id(op->name_) : names.id(e.name()));
     span_activity.push_back(static_cast<int64_t>(e.activityType()));
     span_ts.push_back(static_cast<int64_t>(e.startNs()));
     span_dur.push_back(static_cast<int64_t>(e.durationNs()));
@@ -299,7 +314,6 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
     span_corr.push_back(static_cast<int64_t>(e.correlationId()));
     span_linked.push_back(static_cast<int64_t>(e.linkedCorrelationId()));
     // The RecordFunction handle of an op: what call lines (native_lines.cpp) are recorded against.
-    const auto* op = result ? std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_) : nullptr;
     span_handle.push_back(op ? static_cast<int64_t>(op->record_function_id_) : 0);
     span_shapes.push_back(with_shapes && e.hasShapes() ? shapes.id(e.shapes()) : no_shapes);
     // Every input's dtype beside its shape: what bytes per op are computed from (roofline).

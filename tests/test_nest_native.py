@@ -19,7 +19,7 @@ import torch
 import layerscope as ls
 from layerscope.attribution import nest_native
 from layerscope.attribution.nest_columns import exclusive, parents
-from layerscope.attribution.nesting import depths, levels, time_order
+from layerscope.attribution.nesting import depths, inclusive, levels, time_order
 from layerscope.capture import native
 from layerscope.events import EventKind, EventTable
 from layerscope.model.serialize import profile_to_dict
@@ -85,6 +85,24 @@ def test_unique_is_numpys(seed: int, module: Any) -> None:
             found = nest_native.unique(keys)
         for mine, theirs in zip(found, expected, strict=True):
             assert mine.dtype == np.int64 and mine.tolist() == theirs.reshape(-1).tolist()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_inclusive_sums_are_numpys_to_the_bit(seed: int, module: Any) -> None:
+    rng = random.Random(seed)
+    values = np.random.default_rng(seed)
+    for _ in range(10):
+        table = random_table(rng)
+        order = time_order(table)
+        parent = parents(table, order)
+        by_level = levels(order, depths(parent))
+        own = values.integers(0, 1 << 40, parent.size).astype(np.float64) / 7.0  # inexact sums
+        expected = inclusive(own, parent, by_level)
+        with nest_native.using(module):
+            found = nest_native.inclusive(own, parent, by_level)
+            assert inclusive(own, parent, by_level).tobytes() == expected.tobytes()
+        if found is not None:  # None: nothing nested
+            assert found.tobytes() == expected.tobytes()
 
 
 def both_ways(build: Callable[[], ls.Profile], module: Any) -> tuple[Any, Any]:

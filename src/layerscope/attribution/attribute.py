@@ -190,7 +190,7 @@ def _nest(
         swept.module_calls,
     )
     parent, bucket = swept.parent, swept.bucket  # the compiled kernels placed
-    by_level = levels(order, depths(parent))
+    by_level = swept.levels if swept.levels is not None else levels(order, depths(parent))
     # Ops run while compiling work on fake tensors, and ops a checkpoint's recomputation stopped in
     # never ran their kernels: their FLOPs are no work done.
     not_run = stopped_recompute_ops(table, named.roles, parent, by_level) if early_stop else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from layerscope.attribution import nest_native
 from layerscope.events.table import EventTable
 
 
@@ -20,13 +21,13 @@ class ForwardOps:
     def __init__(self, tids: np.ndarray, seqs: np.ndarray, ops: np.ndarray) -> None:
         """``tids``, ``seqs`` and ``ops``: the forward ops' threads, sequence numbers (>= 0) and span
         indices, in time order."""
-        self._tids = np.unique(tids)
+        self._tids = nest_native.unique(tids)[0]
         self._width = int(seqs.max()) + 1 if seqs.size else 1
         key = np.searchsorted(self._tids, tids) * self._width + seqs
         # the last op of each key: the first of the reversed keys
-        self._keys, last = np.unique(key[::-1], return_index=True)
+        self._keys, last, _ = nest_native.unique(key[::-1])
         self._ops = ops[::-1][last]
-        self._first_seen = np.unique(key, return_index=True)[1]  # per key, its first op (dict order)
+        self._first_seen = nest_native.unique(key)[1]  # per key, its first op (dict order)
         self._tid_of, self._seq_of = tids, seqs
         self._mapping: dict[tuple[int, int], int] | None = None
 

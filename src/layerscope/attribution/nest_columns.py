@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from layerscope.attribution import nest_native
 from layerscope.attribution.buckets import (
     LABEL_STEP_GAPS,
     ROLE_BACKWARD_NODE,
@@ -58,10 +59,12 @@ def sweep_columns(
     role_in_order = span_role[order]
     if order.size > MAX_SPANS or bool((role_in_order == ROLE_COMPILING).any()):
         return sweep(table, order, roles, role_module, buckets, recorded_ops_are_forward)
-    parent = parents(table, order)
-    excl = exclusive(table, order, parent)
+    native = nest_native.nest(table, order)  # the same, in one pass, when the kernels are built
+    parent = native.parent if native is not None else parents(table, order)
+    excl = native.excl if native is not None else exclusive(table, order, parent)
     no_calls = [0] * buckets.module_count
     found = Sweep(parent, excl, np.full(table.span_count, -1, dtype=np.int64), no_calls, list(no_calls))
+    found.levels = native.levels if native is not None else None
     found.forward_op_of = ForwardOps.of(table, order)
     found.module_windows = order[role_in_order == ROLE_MODULE].tolist()
     found.backward_windows = order[role_in_order == ROLE_BACKWARD_NODE].tolist()

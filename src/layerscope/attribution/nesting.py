@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from layerscope.attribution import nest_native
 from layerscope.attribution.buckets import (
     LABEL_STEP_GAPS,
     ROLE_BACKWARD_NODE,
@@ -78,6 +79,8 @@ class Sweep:
     # compiled graph call spans (their kernels are children)
     compiled_graph_spans: list[int] = field(default_factory=list)
     compiling_bucket: int = -1  # the bucket of torch.compile compiling, -1 if it never did
+    #: Span indices by nesting depth when the sweep found them (the native pass), else None.
+    levels: list[np.ndarray] | None = None
 
     @staticmethod
     def start(module_count: int) -> Sweep:
@@ -215,6 +218,9 @@ def inclusive(own: np.ndarray, parent: np.ndarray, levels: list[np.ndarray]) -> 
     total = np.asarray(own, dtype=np.float64).copy()
     if not total.any():
         return total
+    native = nest_native.inclusive(total, parent, levels)
+    if native is not None:
+        return native
     for level in reversed(levels[1:]):
         total += np.bincount(parent[level], weights=total[level], minlength=total.size)
     return total

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.attribution import nest_native
 from layerscope.attribution.buckets import LABEL_UNLINKED_DEVICE, Buckets
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.memory.sums import SpanMemory
@@ -139,15 +140,13 @@ def _group(
     """Each span of ``idx``'s row, and per row its name id, bucket, shape id and stack id (-1: none)."""
     nb, ns = buckets.count + 1, len(table.names) + 1
     keys = (table.array("span_name")[idx] * nb + bucket[idx]) * ns + table.array("span_shapes")[idx] + 1
-    uniq, row_of = np.unique(keys, return_inverse=True)
-    row_of = row_of.reshape(-1)
+    uniq, _, row_of = nest_native.unique(keys)
     row_stack = np.full(uniq.size, -1, dtype=np.int64)
     if stacks is not None:
         # A second key on top of the first's dense row ids (a single key could overflow int64).
         stack_col = stacks[0][idx] + 1
         pairs = row_of.astype(np.int64) * (len(stacks[1]) + 1) + stack_col
-        uniq_pairs, row_of = np.unique(pairs, return_inverse=True)
-        row_of = row_of.reshape(-1)
+        uniq_pairs, _, row_of = nest_native.unique(pairs)
         first_key_row = uniq_pairs // (len(stacks[1]) + 1)
         row_stack = uniq_pairs % (len(stacks[1]) + 1) - 1
         uniq = uniq[first_key_row]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from layerscope.attribution import nest_native
 from layerscope.attribution.op_bytes import WRAPPER, first_dtype, op_bytes
 from layerscope.events.table import EventTable
 
@@ -90,17 +91,15 @@ def _own_bytes(table: EventTable) -> tuple[np.ndarray, np.ndarray]:
     # One key per distinct (name, shapes, dtypes), in two 1-D steps (a 3-column key could overflow);
     # FLOPs are part of the key only where a rule reads them (convolutions): spans with FLOPs.
     size = len(table.names) + 1
-    _, pair = np.unique(table.array("span_name")[ops] * size + shapes[ops], return_inverse=True)
-    keys = pair.reshape(-1).astype(np.int64) * size + dtypes[ops]
+    pair = nest_native.unique(table.array("span_name")[ops] * size + shapes[ops])[2]
+    keys = pair.astype(np.int64) * size + dtypes[ops]
     counted = np.flatnonzero(flops > 0)
     if counted.size:  # FLOP spans keyed apart, by (key, FLOPs) in that order: negative keys
-        _, by_key = np.unique(keys[counted], return_inverse=True)
-        values, by_flops = np.unique(flops[counted], return_inverse=True)
-        pairs = by_key.reshape(-1).astype(np.int64) * values.size + by_flops.reshape(-1)
-        _, apart = np.unique(pairs, return_inverse=True)
-        keys[counted] = -1 - apart.reshape(-1)
-    distinct, index = np.unique(keys, return_inverse=True)
-    index = index.reshape(-1)
+        by_key = nest_native.unique(keys[counted])[2]
+        values, _, by_flops = nest_native.unique(flops[counted])
+        pairs = by_key.astype(np.int64) * values.size + by_flops
+        keys[counted] = -1 - nest_native.unique(pairs)[2]
+    distinct, _, index = nest_native.unique(keys)
     one_of = np.zeros(len(distinct), dtype=np.int64)
     one_of[index[::-1]] = ops[::-1]  # a span of each key
     values = np.empty(len(distinct), dtype=np.int64)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from layerscope.attribution import nest_native
 from layerscope.capture import native
 from layerscope.capture.bindings_reader import table_from_bindings
 from layerscope.capture.flops import FlopCalculator
@@ -31,6 +32,9 @@ def table_from_kineto(
     Python bindings; both give the same table. ``use_native`` forces one or the other (False: the
     bindings; True: the native reader, raising when it is missing).
     """
+    # Attribution's kernels (nesting, grouping) come with the native module: handed over here, since
+    # attribution cannot import capture; numpy where it is not built or turned off.
+    nest_native.use(native.load())
     if use_native is not False:
         module = native.load()
         if use_native and module is None:

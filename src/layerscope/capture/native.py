@@ -46,6 +46,7 @@ SOURCES = (
     Path(__file__).with_name("native_lines.cpp"),
     Path(__file__).with_name("native_flight.cpp"),
     Path(__file__).with_name("native_objects.cpp"),
+    Path(__file__).with_name("native_nesting.cpp"),
 )
 _MODULE_PREFIX = "_layerscope_native_"
 #: The trace-file reader: its own module, built by the same ``build``, linked against nothing of torch.

@@ -23,7 +23,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <version>
 #include <variant>
 #include <vector>
 
@@ -69,18 +71,29 @@ const Result* result_of_event(const KinetoEvent& e) {
 
 // Strings interned in first-seen order: the Python side interns them in the same order as the
 // pybind path does (dict.fromkeys over the names), so both paths build identical tables.
+// Looked up by a view where the library can (no copy of a name torch holds), else by a copy.
 struct Interner {
-  std::unordered_map<std::string, int64_t> ids;
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view text) const noexcept {
+      return std::hash<std::string_view>{}(text);
+    }
+  };
+  std::unordered_map<std::string, int64_t, Hash, std::equal_to<>> ids;
   std::vector<std::string> order;
 
-  int64_t id(std::string&& text) {
+  int64_t id(std::string_view text) {
+#if defined(__cpp_lib_generic_unordered_lookup)
     auto found = ids.find(text);
+#else
+    auto found = ids.find(std::string(text));
+#endif
     if (found != ids.end()) {
       return found->second;
     }
     const auto next = static_cast<int64_t>(order.size());
-    order.push_back(text);
-    ids.emplace(std::move(text), next);
+    order.emplace_back(text);
+    ids.emplace(std::string(text), next);
     return next;
   }
 
@@ -115,6 +128,43 @@ void append_shapes(std::string& out, const c10::ArrayRef<std::vector<int64_t>>& 
   }
   out.push_back(']');
 }
+
+// Input shapes interned by their dimensions, not their text: a hash over the int64s finds a list seen
+// before, and only a new one is written out (append_shapes) and interned, so ids come in the same
+// first-seen order as interning every text would give. (Writing and hashing every event's text cost
+// ~0.2 us per event.)
+struct ShapesInterner {
+  struct Hash {
+    size_t operator()(const std::vector<int64_t>& key) const noexcept {
+      uint64_t h = 1469598103934665603ull;
+      for (const int64_t v : key) {
+        h ^= static_cast<uint64_t>(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      }
+      return static_cast<size_t>(h);
+    }
+  };
+  std::unordered_map<std::vector<int64_t>, int64_t, Hash> ids;
+  std::vector<int64_t> key;  // the list flattened: per input its rank, then its dims
+  std::string text;
+  Interner texts;
+
+  int64_t id(const c10::ArrayRef<std::vector<int64_t>>& shapes) {
+    key.clear();
+    for (const auto& dims : shapes) {
+      key.push_back(static_cast<int64_t>(dims.size()));
+      key.insert(key.end(), dims.begin(), dims.end());
+    }
+    auto found = ids.find(key);
+    if (found != ids.end()) {
+      return found->second;
+    }
+    text.clear();
+    append_shapes(text, shapes);
+    const int64_t next = texts.id(std::move(text));
+    ids.emplace(key, next);
+    return next;
+  }
+};
 
 // Input dtypes lists interned without formatting or hashing each: most ops repeat one of a few
 // lists (["float","float"], ["float","Scalar"]), so the lists seen last are compared first, element
@@ -219,10 +269,11 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   std::vector<int64_t> oom_bytes, oom_ts, oom_tid, oom_device, oom_allocated;
   span_index.reserve(n);
   std::vector<int64_t> span_dtypes;
-  Interner names, shapes;
+  Interner names;
+  ShapesInterner shapes;
   DtypesInterner dtypes;
   const int64_t no_dtypes = dtypes.texts.id(std::string("[]"));
-  std::string shapes_text;
+  const int64_t no_shapes = shapes.texts.id(std::string("[]"));
   for (size_t i = 0; i < n; ++i) {
     const KinetoEvent& e = events[i];
     const int64_t nbytes = e.nBytes();
@@ -250,7 +301,9 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
       }
     }
     span_index.push_back(static_cast<int64_t>(i));
-    span_name.push_back(names.id(e.name()));
+    // An op's name read where torch keeps it (what KinetoEvent::name() copies out); others copied.
+    const auto* op = result ? std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_) : nullptr;
+    span_name.push_back(op ? names.id(op->name_) : names.id(e.name()));
     span_activity.push_back(static_cast<int64_t>(e.activityType()));
     span_ts.push_back(static_cast<int64_t>(e.startNs()));
     span_dur.push_back(static_cast<int64_t>(e.durationNs()));
@@ -261,22 +314,15 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
     span_corr.push_back(static_cast<int64_t>(e.correlationId()));
     span_linked.push_back(static_cast<int64_t>(e.linkedCorrelationId()));
     // The RecordFunction handle of an op: what call lines (native_lines.cpp) are recorded against.
-    const auto* op = result ? std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_) : nullptr;
     span_handle.push_back(op ? static_cast<int64_t>(op->record_function_id_) : 0);
-    if (with_shapes && e.hasShapes()) {
-      shapes_text.clear();
-      append_shapes(shapes_text, e.shapes());
-      span_shapes.push_back(shapes.id(std::move(shapes_text)));
-    } else {
-      span_shapes.push_back(shapes.id(std::string("[]")));
-    }
+    span_shapes.push_back(with_shapes && e.hasShapes() ? shapes.id(e.shapes()) : no_shapes);
     // Every input's dtype beside its shape: what bytes per op are computed from (roofline).
     span_dtypes.push_back(with_shapes && e.hasShapes() && e.hasTypes() ? dtypes.id(e.dtypes()) : no_dtypes);
   }
 
   py::dict out;
   out["names"] = names.as_bytes();
-  out["shapes"] = shapes.as_bytes();
+  out["shapes"] = shapes.texts.as_bytes();
   out["dtypes"] = dtypes.texts.as_bytes();
   out["span_dtypes"] = column(span_dtypes);
   out["span_index"] = column(span_index);
@@ -488,6 +534,10 @@ namespace layerscope_objects {
 void register_functions(py::module_& m);  // native_objects.cpp
 }
 
+namespace layerscope_nesting {
+void register_functions(py::module_& m);  // native_nesting.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
@@ -501,4 +551,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   layerscope_lines::register_functions(m);
   layerscope_flight::register_functions(m);
   layerscope_objects::register_functions(m);
+  layerscope_nesting::register_functions(m);
 }

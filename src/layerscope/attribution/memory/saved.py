@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from layerscope.attribution import nest_native
 from layerscope.events.memory_snapshots import CATEGORIES, Snapshot
 
 _ACTIVATION = CATEGORIES.index("activation")
@@ -77,10 +78,10 @@ def _dense(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     overflow: the pair is packed from ranks)."""
     if not a.size:
         return np.zeros(0, dtype=np.int64)
-    rank_a = np.unique(a, return_inverse=True)[1].reshape(-1).astype(np.int64)
-    values_b, rank_b = np.unique(b, return_inverse=True)
-    packed = rank_a * values_b.size + rank_b.reshape(-1)
-    ids: np.ndarray = np.unique(packed, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    rank_a = nest_native.unique(a)[2].astype(np.int64)
+    values_b, _, rank_b = nest_native.unique(b)
+    packed = rank_a * values_b.size + rank_b
+    ids: np.ndarray = nest_native.unique(packed)[2].astype(np.int64)
     return ids
 
 
@@ -88,7 +89,7 @@ def _first_of(key: np.ndarray) -> np.ndarray:
     """Whether each row is the first (in row order) with its key."""
     first = np.zeros(key.size, dtype=bool)
     if key.size:
-        first[np.unique(key, return_index=True)[1]] = True
+        first[nest_native.unique(key)[1]] = True
     return first
 
 

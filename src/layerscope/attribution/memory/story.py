@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.attribution import nest_native
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.events.memory_snapshots import CATEGORIES as SNAPSHOT_CATEGORIES
@@ -58,12 +59,12 @@ def _last_at_or_before(
     if not addr.size or not at_addr.size:
         return hit, matched
     order = np.lexsort((ts, addr))
-    addrs = np.unique(addr)
+    addrs = nest_native.unique(addr)[0]
     rank = np.searchsorted(addrs, at_addr)
     known = rank < addrs.size
     known[known] = addrs[rank[known]] == at_addr[known]
     # (address, time) as one int64: dense ranks of both, so the product cannot overflow
-    times = np.unique(np.concatenate([ts, at_ts]))
+    times = nest_native.unique(np.concatenate([ts, at_ts]))[0]
     width = times.size + 1
     key = np.searchsorted(addrs, addr[order]) * width + np.searchsorted(times, ts[order])
     asked = np.flatnonzero(known)

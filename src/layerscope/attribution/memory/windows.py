@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layerscope.attribution import nest_native
 from layerscope.attribution.buckets import Buckets
 from layerscope.attribution.nesting import Sweep
 from layerscope.events.table import EventTable
@@ -93,7 +94,7 @@ def _backward_stretches(
     node_of = np.concatenate(pair_node)
     if not calls.size:
         return none
-    unique_calls, slot = np.unique(calls, return_inverse=True)
+    unique_calls, _, slot = nest_native.unique(calls)
     start = np.full(unique_calls.size, np.iinfo(np.int64).max, dtype=np.int64)
     end = np.zeros(unique_calls.size, dtype=np.int64)
     np.minimum.at(start, slot, ts[node_of])

@@ -1,0 +1,215 @@
+// Nesting of CPU spans in one pass (attribution/nest_native.py): what attribution/nest_columns.py's
+// numpy passes compute (parents, exclusive time) and nesting.py's depths and levels, identical.
+//
+// Spans come in time order (attribution's time_order: by start, the longest first among equal
+// starts). Per thread, a stack of open spans: a span's parent is the latest earlier span on its
+// thread that ends no earlier than it and after it starts, which is the top of the stack once the
+// spans that end too soon are popped (a popped span can never be a later span's parent: the span
+// that popped it ends later, or it ended at or before that span's start). Exclusive time: a span
+// owns its instants from the latest of its start, its previous sibling's end and its parent's own
+// start; its exclusive time is what it owns less what its children own. Plain int64 arrays in, no
+// Python object per span; torch-free (only pybind11 and its numpy arrays).
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace layerscope_nesting {
+namespace {
+
+using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+struct Thread {
+  std::vector<int64_t> open;  // spans still open, innermost last
+  int64_t last_top = -1;      // the thread's latest top-level span
+};
+
+// (parent, excl, depth, by_level, level_starts) for the spans of `order` (time order); spans not in
+// it keep parent -1, their duration as exclusive time, depth 0. `by_level` is `order` grouped by
+// depth (stable), level k being by_level[level_starts[k]:level_starts[k+1]].
+py::tuple nest(const Int64Array& order_in, const Int64Array& tid_in, const Int64Array& ts_in,
+               const Int64Array& dur_in) {
+  const auto order = order_in.unchecked<1>();
+  const auto tid = tid_in.unchecked<1>();
+  const auto ts = ts_in.unchecked<1>();
+  const auto dur = dur_in.unchecked<1>();
+  const py::ssize_t count = ts.shape(0);
+  if (tid.shape(0) != count || dur.shape(0) != count) {
+    throw std::invalid_argument("nest: columns of different lengths");
+  }
+  const py::ssize_t n = order.shape(0);
+  Int64Array parent_out(count), excl_out(count), depth_out(count);
+  auto parent = parent_out.mutable_unchecked<1>();
+  auto excl = excl_out.mutable_unchecked<1>();
+  auto depth = depth_out.mutable_unchecked<1>();
+  std::vector<int64_t> own(static_cast<size_t>(count));        // where each span's own time starts
+  std::vector<int64_t> last_child(static_cast<size_t>(count), -1);
+  std::vector<double> children(static_cast<size_t>(count), 0.0);  // summed as numpy's bincount does
+  for (py::ssize_t i = 0; i < count; ++i) {
+    parent(i) = -1;
+    excl(i) = dur(i);
+    depth(i) = 0;
+  }
+  std::unordered_map<int64_t, Thread> threads;
+  int64_t max_depth = -1;
+  for (py::ssize_t k = 0; k < n; ++k) {
+    const int64_t s = order(k);
+    if (s < 0 || s >= count) throw std::out_of_range("nest: span index out of range");
+    const int64_t start = ts(s), end = start + dur(s);
+    const int64_t need = std::max(end, start + 1);
+    Thread& thread = threads[tid(s)];
+    auto& open = thread.open;
+    while (!open.empty() && ts(open.back()) + dur(open.back()) < need) open.pop_back();
+    const int64_t p = open.empty() ? -1 : open.back();
+    open.push_back(s);
+    parent(s) = p;
+    int64_t& previous = p >= 0 ? last_child[static_cast<size_t>(p)] : thread.last_top;
+    int64_t claim = start;
+    if (previous >= 0) {
+      const int64_t prev_end = ts(previous) + dur(previous);
+      claim = std::max(claim, std::max(ts(previous), prev_end));
+    }
+    previous = s;
+    if (p >= 0) {
+      claim = std::max(claim, own[static_cast<size_t>(p)]);
+      depth(s) = depth(p) + 1;
+    }
+    own[static_cast<size_t>(s)] = claim;
+    max_depth = std::max(max_depth, depth(s));
+  }
+  // own time, less the children's, in time order (the order numpy's bincount adds them in)
+  std::vector<int64_t> own_ns(static_cast<size_t>(n));
+  for (py::ssize_t k = 0; k < n; ++k) {
+    const int64_t s = order(k);
+    own_ns[static_cast<size_t>(k)] = std::max<int64_t>(ts(s) + dur(s) - own[static_cast<size_t>(s)], 0);
+    if (parent(s) >= 0) children[static_cast<size_t>(parent(s))] += static_cast<double>(own_ns[static_cast<size_t>(k)]);
+  }
+  for (py::ssize_t k = 0; k < n; ++k) {
+    const int64_t s = order(k);
+    excl(s) = own_ns[static_cast<size_t>(k)];
+  }
+  for (py::ssize_t i = 0; i < count; ++i) {
+    excl(i) -= static_cast<int64_t>(children[static_cast<size_t>(i)]);
+  }
+  // levels: a counting sort of `order` by depth, stable
+  const auto levels = static_cast<size_t>(max_depth + 1);
+  Int64Array starts_out(static_cast<py::ssize_t>(levels + 1)), by_level_out(n);
+  auto starts = starts_out.mutable_unchecked<1>();
+  auto by_level = by_level_out.mutable_unchecked<1>();
+  std::vector<int64_t> next(levels + 1, 0);
+  for (py::ssize_t k = 0; k < n; ++k) ++next[static_cast<size_t>(depth(order(k))) + 1];
+  for (size_t d = 0; d < levels; ++d) next[d + 1] += next[d];
+  for (size_t d = 0; d <= levels; ++d) starts(static_cast<py::ssize_t>(d)) = next[d];
+  for (py::ssize_t k = 0; k < n; ++k) {
+    const int64_t s = order(k);
+    by_level(next[static_cast<size_t>(depth(s))]++) = s;
+  }
+  return py::make_tuple(parent_out, excl_out, depth_out, by_level_out, starts_out);
+}
+
+// np.unique(keys, return_index=True, return_inverse=True) of an int64 column, by hashing: the
+// distinct keys sorted, each one's first position, and each key's place among them. One pass with an
+// open-addressing table, then a sort of the distinct keys only (numpy sorts all of them).
+py::tuple group(const Int64Array& keys_in) {
+  const auto keys = keys_in.unchecked<1>();
+  const py::ssize_t n = keys.shape(0);
+  size_t capacity = 16;
+  while (capacity < static_cast<size_t>(n) * 2) capacity <<= 1;
+  const size_t mask = capacity - 1;
+  std::vector<int64_t> slot_of(capacity, -1);  // table slot -> distinct key's number (first-seen)
+  std::vector<int64_t> distinct, first;
+  std::vector<int64_t> seen(static_cast<size_t>(n));  // each key's distinct number
+  for (py::ssize_t i = 0; i < n; ++i) {
+    const int64_t key = keys(i);
+    uint64_t h = static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ull;
+    size_t at = static_cast<size_t>(h ^ (h >> 29)) & mask;
+    while (true) {
+      const int64_t found = slot_of[at];
+      if (found < 0) {
+        slot_of[at] = static_cast<int64_t>(distinct.size());
+        seen[static_cast<size_t>(i)] = static_cast<int64_t>(distinct.size());
+        distinct.push_back(key);
+        first.push_back(i);
+        break;
+      }
+      if (distinct[static_cast<size_t>(found)] == key) {
+        seen[static_cast<size_t>(i)] = found;
+        break;
+      }
+      at = (at + 1) & mask;
+    }
+  }
+  const size_t m = distinct.size();
+  std::vector<int64_t> by_value(m);
+  for (size_t k = 0; k < m; ++k) by_value[k] = static_cast<int64_t>(k);
+  std::sort(by_value.begin(), by_value.end(),
+            [&](int64_t a, int64_t b) { return distinct[static_cast<size_t>(a)] < distinct[static_cast<size_t>(b)]; });
+  std::vector<int64_t> rank(m);
+  Int64Array uniq_out(static_cast<py::ssize_t>(m)), first_out(static_cast<py::ssize_t>(m)), inverse_out(n);
+  auto uniq = uniq_out.mutable_unchecked<1>();
+  auto firsts = first_out.mutable_unchecked<1>();
+  auto inverse = inverse_out.mutable_unchecked<1>();
+  for (size_t r = 0; r < m; ++r) {
+    const auto k = static_cast<size_t>(by_value[r]);
+    rank[k] = static_cast<int64_t>(r);
+    uniq(static_cast<py::ssize_t>(r)) = distinct[k];
+    firsts(static_cast<py::ssize_t>(r)) = first[k];
+  }
+  for (py::ssize_t i = 0; i < n; ++i) inverse(i) = rank[static_cast<size_t>(seen[static_cast<size_t>(i)])];
+  return py::make_tuple(uniq_out, first_out, inverse_out);
+}
+
+// nesting.inclusive: per span its own value plus all nested spans', children added to parents level
+// by level, deepest first (`inner`: the levels below the top one, concatenated; `bounds`: where each
+// starts, and the end). Each level's children are summed per parent in level order first, then added,
+// which is the order numpy's bincount adds them in, so the float sums are the same to the bit.
+py::array_t<double> inclusive(const py::array_t<double, py::array::c_style | py::array::forcecast>& own_in,
+                              const Int64Array& parent_in, const Int64Array& inner_in,
+                              const Int64Array& bounds_in) {
+  const auto own = own_in.unchecked<1>();
+  const auto parent = parent_in.unchecked<1>();
+  const auto inner = inner_in.unchecked<1>();
+  const auto bounds = bounds_in.unchecked<1>();
+  const py::ssize_t count = own.shape(0);
+  if (parent.shape(0) != count) throw std::invalid_argument("inclusive: columns of different lengths");
+  py::array_t<double> total_out(count);
+  auto total = total_out.mutable_unchecked<1>();
+  for (py::ssize_t i = 0; i < count; ++i) total(i) = own(i);
+  std::vector<double> summed(static_cast<size_t>(count), 0.0);
+  std::vector<char> pending(static_cast<size_t>(count), 0);
+  for (py::ssize_t level = bounds.shape(0) - 2; level >= 0; --level) {
+    const int64_t lo = bounds(level), hi = bounds(level + 1);
+    for (int64_t k = lo; k < hi; ++k) {
+      const int64_t s = inner(k), p = parent(s);
+      if (s < 0 || s >= count || p < 0 || p >= count) throw std::out_of_range("inclusive: bad span");
+      summed[static_cast<size_t>(p)] += total(s);
+      pending[static_cast<size_t>(p)] = 1;
+    }
+    for (int64_t k = lo; k < hi; ++k) {
+      const auto p = static_cast<size_t>(parent(inner(k)));
+      if (pending[p]) {
+        total(static_cast<py::ssize_t>(p)) += summed[p];
+        summed[p] = 0.0;
+        pending[p] = 0;
+      }
+    }
+  }
+  return total_out;
+}
+
+}  // namespace
+
+void register_functions(py::module_& m) {
+  m.def("nest", &nest, py::arg("order"), py::arg("tid"), py::arg("ts"), py::arg("dur"));
+  m.def("group", &group, py::arg("keys"));
+  m.def("inclusive", &inclusive, py::arg("own"), py::arg("parent"), py::arg("inner"), py::arg("bounds"));
+}
+
+}  // namespace layerscope_nesting

@@ -15,6 +15,7 @@ from layerscope.analysis.advice import Advice, advise
 from layerscope.analysis.critical_ranks import RankTable, rank_ids, ranks_critical_path
 from layerscope.analysis.device import DeviceReport
 from layerscope.analysis.device_summary import summarize_device
+from layerscope.attribution import nest_native
 from layerscope.attribution.attribute import build_profile
 from layerscope.capture import native
 from layerscope.errors import LayerscopeWarning, TraceFormatError, UsageError
@@ -124,6 +125,8 @@ def _without_step_rows(profile: Profile) -> Profile:
 
 def _profile_of_trace(path: Path, table: EventTable) -> tuple[Profile, DeviceReport | None]:
     """The profile of a trace, with its device report (summarized in ``meta.device``)."""
+    # attribution's kernels come with the trace reader's module (attribution cannot import capture)
+    nest_native.use(native.load_trace_reader())
     device, summary = summarize_device(table)
     return build_profile(table, None, ProfileMeta(source=TRACE, trace_file=str(path), device=summary)), device
 

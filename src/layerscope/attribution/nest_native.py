@@ -1,15 +1,16 @@
-"""Attribution's native kernels (``capture/native_nesting.cpp``, in the native module), when present.
+"""Attribution's native kernels (``capture/native_nesting.cpp``, in the torch-free trace reader's
+module), when present.
 
 The nesting of CPU spans (parents, exclusive time, depths and levels) is one pass over the spans in
 C++, where numpy needs a few dozen passes (``nest_columns.py``, ``nesting.py``); :func:`unique` numbers
 the distinct keys of a column (``np.unique`` with index and inverse) with a hash table instead of a
 sort; :func:`inclusive` adds children into parents in one pass. All give exactly what the numpy code
 gives, which stays the path without the native module and the cross-check
-(``tests/test_nest_native.py``). Trace files read without a live capture in the process (``analyze``)
-run numpy: only capture loads the module that holds the kernels.
+(``tests/test_nest_native.py``).
 
-Attribution sits below capture, which builds and loads the module: capture hands it over with
-:func:`use` when it reads a live capture (``capture/kineto.py``); without it attribution runs numpy.
+Attribution sits below capture, which builds and loads the module: it is handed over with :func:`use`
+where a live capture is read (``capture/kineto.py``) and where a trace file's profile is built
+(``loading.py``); without it attribution runs numpy.
 """
 
 from __future__ import annotations

@@ -32,9 +32,9 @@ def table_from_kineto(
     Python bindings; both give the same table. ``use_native`` forces one or the other (False: the
     bindings; True: the native reader, raising when it is missing).
     """
-    # Attribution's kernels (nesting, grouping) come with the native module: handed over here, since
-    # attribution cannot import capture; numpy where it is not built or turned off.
-    nest_native.use(native.load())
+    # Attribution's kernels (nesting, grouping) come with the torch-free native module: handed over
+    # here, since attribution cannot import capture; numpy where it is not built or turned off.
+    nest_native.use(native.load_trace_reader())
     if use_native is not False:
         module = native.load()
         if use_native and module is None:

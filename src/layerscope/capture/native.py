@@ -8,7 +8,8 @@ cache folder. Profiling never compiles: without a built module, or when it fails
 reads through torch's Python bindings (the same table, slower to make) and scopes modules with
 profiler ranges.
 
-The same build makes a second, smaller module from ``native_trace.cpp``: the trace-file reader. It
+The same build makes a second, smaller module from ``native_trace.cpp``: the trace-file reader (and
+attribution's kernels, ``native_nesting.cpp``, which live and trace-file profiles both use). It
 does not link torch (only pybind11's headers, found beside torch or the ``pybind11`` package), so it is
 keyed by its source, Python and platform alone, and reading a trace file loads it without importing
 torch (``load_trace_reader``).
@@ -46,11 +47,13 @@ SOURCES = (
     Path(__file__).with_name("native_lines.cpp"),
     Path(__file__).with_name("native_flight.cpp"),
     Path(__file__).with_name("native_objects.cpp"),
-    Path(__file__).with_name("native_nesting.cpp"),
 )
 _MODULE_PREFIX = "_layerscope_native_"
 #: The trace-file reader: its own module, built by the same ``build``, linked against nothing of torch.
 TRACE_SOURCE = Path(__file__).with_name("native_trace.cpp")
+#: Compiled into the trace-file reader's module: the reader and attribution's kernels (nesting,
+#: grouping), which need no torch, so trace files and live captures both load them.
+TRACE_SOURCES = (TRACE_SOURCE, Path(__file__).with_name("native_nesting.cpp"))
 _TRACE_PREFIX = "_layerscope_trace_"
 
 #: The loaded module, or the reason there is none; looked up once per process.
@@ -110,7 +113,7 @@ def _trace_module_name() -> str:
     """The trace reader's name: its source, how it is compiled, this Python and platform (no torch)."""
     digest = hashlib.sha256()
     for part in (
-        TRACE_SOURCE.read_bytes(),
+        *(source.read_bytes() for source in TRACE_SOURCES),
         Path(__file__).read_bytes(),
         sys.version.encode(),
         platform.machine().encode(),
@@ -146,7 +149,7 @@ def compile_trace_command(output: Path) -> list[str]:
     command.append(f"-DLAYERSCOPE_TRACE_MODULE={_trace_module_name()}")
     for include in (_pybind11_include(), sysconfig.get_paths()["include"]):
         command += ["-isystem", str(include)]
-    command += [str(TRACE_SOURCE), "-o", str(output)]
+    command += [*(str(source) for source in TRACE_SOURCES), "-o", str(output)]
     if sys.platform == "darwin":
         command += ["-undefined", "dynamic_lookup"]
     return command

@@ -534,10 +534,6 @@ namespace layerscope_objects {
 void register_functions(py::module_& m);  // native_objects.cpp
 }
 
-namespace layerscope_nesting {
-void register_functions(py::module_& m);  // native_nesting.cpp
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
@@ -551,5 +547,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   layerscope_lines::register_functions(m);
   layerscope_flight::register_functions(m);
   layerscope_objects::register_functions(m);
-  layerscope_nesting::register_functions(m);
 }

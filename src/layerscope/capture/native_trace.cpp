@@ -968,6 +968,10 @@ py::object TraceReader::finish() {
 
 }  // namespace
 
+namespace layerscope_nesting {
+void register_functions(py::module_& m);  // native_nesting.cpp: attribution's kernels, torch-free too
+}
+
 PYBIND11_MODULE(LAYERSCOPE_TRACE_MODULE, m) {
   m.doc() = "layerscope trace reader: Chrome trace JSON into columns, one pass, no object per event";
   py::class_<TraceReader>(m, "TraceReader")
@@ -975,4 +979,5 @@ PYBIND11_MODULE(LAYERSCOPE_TRACE_MODULE, m) {
       .def("feed", &TraceReader::feed, py::arg("chunk"))
       .def("declined", &TraceReader::declined)
       .def("finish", &TraceReader::finish);
+  layerscope_nesting::register_functions(m);
 }

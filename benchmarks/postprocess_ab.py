@@ -1,6 +1,7 @@
 """Post-processing paired in one process: the live build with this native module (its reader and
-attribution's kernels) against a baseline native module (an earlier build, whose reader is the old
-one and which has no attribution kernels, so attribution runs numpy), alternated on the same capture.
+attribution's kernels, now in the trace reader's module) against a baseline native module (an
+earlier build, whose reader is the old one and which has no attribution kernels, so attribution runs
+numpy), alternated on the same capture.
 
     python benchmarks/postprocess_ab.py --baseline ~/.cache/layerscope/native/_layerscope_native_<old>.so
     python benchmarks/postprocess_ab.py --baseline <old .so> --model resnet
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.machinery
-import importlib.util
 import statistics
 import sys
 import time
@@ -34,27 +33,25 @@ from postprocess import capture, deep_mlp
 
 def load(path: Path) -> ModuleType:
     """A native module from its file (any build: the name is the file's)."""
-    name = path.name.split(".")[0]
-    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
-    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
-    if spec is None:
-        raise SystemExit(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    module, why = native._load_binary(path)
+    if module is None:
+        raise SystemExit(f"cannot load {path}: {why}")
     return module
 
 
-def build_with(recording: Any, module: ModuleType) -> float:
-    """CPU seconds of one live build with ``module`` as the native module."""
-    real = native.load
-    native.load = lambda: module  # type: ignore[assignment]
+def build_with(recording: Any, reader: ModuleType, kernels: ModuleType | None) -> float:
+    """CPU seconds of one live build reading with ``reader`` (the native module) and attribution's
+    kernels from ``kernels`` (the trace reader's module today; None or one without them: numpy)."""
+    real_reader, real_kernels = native.load, native.load_trace_reader
+    native.load = lambda: reader  # type: ignore[assignment]
+    native.load_trace_reader = lambda: kernels  # type: ignore[assignment]
     try:
         gc.collect()
         c0 = time.process_time()
         recording._build()
         return time.process_time() - c0
     finally:
-        native.load = real  # type: ignore[assignment]
+        native.load, native.load_trace_reader = real_reader, real_kernels  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -67,7 +64,8 @@ def main() -> None:
     current = native.load()
     if current is None:
         sys.exit(f"postprocess_ab.py: no native module: {native.status().reason}")
-    contenders = {"baseline": load(args.baseline), "this": current}
+    old = load(args.baseline)  # an old build holds no kernels (attribution runs numpy with it)
+    contenders = {"baseline": (old, old), "this": (current, native.load_trace_reader())}
     torch.manual_seed(0)
     model: torch.nn.Module = deep_mlp() if args.model == "mlp" else resnet18()
     x = torch.randn(40, 256) if args.model == "mlp" else torch.randn(5, 3, 224, 224)
@@ -83,7 +81,7 @@ def main() -> None:
         torch_s.append(time.process_time() - c0)
         names = list(contenders) if r % 2 == 0 else list(reversed(contenders))
         for name in names:
-            times[name].append(build_with(prof.recording, contenders[name]))
+            times[name].append(build_with(prof.recording, *contenders[name]))
         events = prof.recording.build().meta.event_count
     print(f"{args.model}, {events} events, {args.rounds} rounds (CPU time, medians)")
     t = statistics.median(torch_s)

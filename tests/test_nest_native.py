@@ -149,5 +149,6 @@ def test_a_live_capture_hands_the_kernels_over(module: Any) -> None:
 
 
 def test_a_trace_file_hands_the_kernels_over(module: Any) -> None:
+    nest_native.use(None)  # not left over from a live capture's hand-over
     ls.load(TRACES[0])
     assert nest_native.active()

@@ -155,6 +155,10 @@ class EventTable:
             made[key] = make(self)
         return made[key]
 
+    def name_id(self, name: str) -> int | None:
+        """The id of ``name`` in the string table, or None when no event uses it."""
+        return self._name_ids.get(name)
+
     def intern(self, name: str) -> int:
         """The id of ``name`` in the string table, adding it if new."""
         ids = self._name_ids
@@ -255,6 +259,23 @@ class EventTable:
                 raise ValueError(f"not a column: {column}")
             self.__dict__.pop(column, None)
         self._arrays.update(arrays)
+
+    def drop_spans(self, rows: np.ndarray) -> None:
+        """Remove the spans at ``rows`` (indices) from every per-span column and index (the clock
+        anchors' ranges, once the marks are aligned with them)."""
+        if rows.size == 0:
+            return
+        keep = np.ones(self.span_count, dtype=bool)
+        keep[rows] = False
+        self.set_columns({column: self.array(column)[keep] for column in SPAN_COLUMNS})
+        for per_span in ("op_handles", "span_dtype", "span_dtypes"):
+            found = getattr(self, per_span)
+            if found is not None:
+                setattr(self, per_span, found[keep])
+        if self.sync_waits:
+            moved = np.cumsum(keep) - 1
+            self.sync_waits = {int(moved[i]): wait for i, wait in self.sync_waits.items() if keep[i]}
+        self._derived.clear()
 
     def check(self) -> None:
         """Raise ValueError if the columns have different lengths (a reader bug)."""

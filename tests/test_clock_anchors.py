@@ -126,3 +126,20 @@ def test_marks_off_torchs_clock_still_nest_every_op(
     addmm = [e for e in trace["traceEvents"] if e.get("name") == "aten::addmm" and e.get("tid") == fc2["tid"]]
     inside = [e for e in addmm if fc2["ts"] <= e["ts"] and e["ts"] + e["dur"] <= fc2["ts"] + fc2["dur"]]
     assert len(inside) == 1
+
+
+@needs_native
+def test_a_trace_torch_wrote_itself_loses_the_anchors_when_analysed(tmp_path: Path) -> None:
+    """A block's anchors are in torch's own export (prof.torch_profiler); analyze drops them there too."""
+    model, x = TinyMLP(), torch.randn(8, 8)
+    with ls.profile(model) as prof:
+        model(x)
+    raw = tmp_path / "torch.json"
+    prof.torch_profiler.export_chrome_trace(str(raw))
+    assert ANCHOR_NAME in raw.read_text()
+    for reader in ("1", "0"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("LAYERSCOPE_NATIVE", reader)
+            analysed = ls.load(raw)
+        analysed.validate()
+        assert ANCHOR_NAME not in {row.name for row in analysed.ops()}

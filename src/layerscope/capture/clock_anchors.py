@@ -18,9 +18,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from layerscope.events.table import CLOCK_ANCHOR_NAME
+
 #: The anchors' profiler range (``native_reader.cpp``'s ``kAnchorName``): dropped from the tables
 #: and traces layerscope makes.
-ANCHOR_NAME = "layerscope::clock"
+ANCHOR_NAME = CLOCK_ANCHOR_NAME
 #: How far (ns) torch's stamps of an anchor may lie from our bracket and still be its stamps.
 _MATCH_WINDOW_NS = 100_000
 

@@ -127,19 +127,14 @@ class ModuleMarks:
         """Append the spans to ``table`` as the CPU-op ranges they stand for, on the threads torch
         recorded (without ``all_threads`` torch records only some threads; a range on another thread
         would not have been recorded either)."""
-        names = table.array("span_name")
-        found = table.name_id(ANCHOR_NAME)
-        rows = np.flatnonzero(names == found) if found is not None else np.zeros(0, dtype=np.int64)
-        starts, ends, tids = (
-            table.array("span_ts")[rows],
-            table.array("span_dur")[rows],
-            table.array("span_tid")[rows],
-        )
+        tids, starts, durations = (table.array(c) for c in ("span_tid", "span_ts", "span_dur"))
+        rows = table.drop_clock_anchors()  # the columns read above still hold them
         stamped = [
             Stamped(t, s, s + d)
-            for t, s, d in zip(tids.tolist(), starts.tolist(), ends.tolist(), strict=True)
+            for t, s, d in zip(
+                tids[rows].tolist(), starts[rows].tolist(), durations[rows].tolist(), strict=True
+            )
         ]
-        table.drop_spans(rows)
         recorded = set(np.unique(table.array("span_tid")).tolist())
         kept = [i for i, tid in enumerate(self.span_tid) if tid in recorded]
         start, dur = self._aligned(alignment(self.anchors, stamped), kept)

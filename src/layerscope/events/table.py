@@ -41,6 +41,10 @@ CPU_KINDS = frozenset({EventKind.CPU_OP, EventKind.USER_ANNOTATION, EventKind.RU
 DEVICE_WORK_KINDS = frozenset({EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET})
 
 
+#: The profiler range of layerscope's clock anchors (``capture/clock_anchors.py``): never the user's
+#: op; dropped from live tables once the marks are aligned, and from traces as they are read.
+CLOCK_ANCHOR_NAME = "layerscope::clock"
+
 #: The per-span and per-allocation columns of an :class:`EventTable`.
 SPAN_COLUMNS = (
     "span_name",
@@ -276,6 +280,15 @@ class EventTable:
             moved = np.cumsum(keep) - 1
             self.sync_waits = {int(moved[i]): wait for i, wait in self.sync_waits.items() if keep[i]}
         self._derived.clear()
+
+    def drop_clock_anchors(self) -> np.ndarray:
+        """Remove the clock anchors' ranges (:data:`CLOCK_ANCHOR_NAME`); their rows as they were."""
+        found = self.name_id(CLOCK_ANCHOR_NAME)
+        if found is None:
+            return np.zeros(0, dtype=np.int64)
+        rows = np.flatnonzero(self.array("span_name") == found)
+        self.drop_spans(rows)
+        return rows
 
     def check(self) -> None:
         """Raise ValueError if the columns have different lengths (a reader bug)."""

@@ -102,7 +102,6 @@ def build_profile(
 
     # ---- link devices: kernels to their launching op -------------------------------------------------
     device = link_device_work(table, nested.order, nested.parent, _step_names(named))
-    device_total = inclusive(device.self_ns.astype(np.float64), nested.parent, nested.levels)
 
     # ---- memory: each event to the innermost CPU span containing it ----------------------------------
     owners = (
@@ -120,7 +119,10 @@ def build_profile(
     )
 
     # ---- op rows -------------------------------------------------------------------------------------
-    rows = _op_rows(table, named, buckets, nested, device, device_total, owners)
+    rows = _op_rows(table, named, buckets, nested, device, owners)
+    # the levels and the bytes that count serve the op rows only: let them go (the peak is later)
+    nested.swept.levels = None
+    nested = replace(nested, levels=[], bytes=None)
 
     # ---- assemble: the tree, the unattributed entries, the totals, the steps -------------------------
     per_bucket = _bucket_metrics(table, buckets, nested, device, owners, outside_bucket, unlinked_bucket)
@@ -238,14 +240,13 @@ def _op_rows(
     buckets: Buckets,
     nested: _Nested,
     device: DeviceWork,
-    device_total: np.ndarray,
     owners: np.ndarray,
 ) -> tuple[OpStats, ...]:
     """The op table, from each span's own and inclusive figures."""
     figures = SpanFigures(
         excl=nested.excl,
         device_self=device.self_ns,
-        device_total=device_total,
+        device_total=inclusive(device.self_ns.astype(np.float64), nested.parent, nested.levels),
         flops=nested.flops,
         memory=span_memory(table, owners, nested.parent, nested.levels),
         bytes=nested.bytes,

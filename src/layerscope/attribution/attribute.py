@@ -120,9 +120,7 @@ def build_profile(
 
     # ---- op rows -------------------------------------------------------------------------------------
     rows = _op_rows(table, named, buckets, nested, device, owners)
-    # the levels and the bytes that count serve the op rows only: let them go (the peak is later)
-    nested.swept.levels = None
-    nested = replace(nested, levels=[], bytes=None)
+    nested = nested.after_op_rows()
 
     # ---- assemble: the tree, the unattributed entries, the totals, the steps -------------------------
     per_bucket = _bucket_metrics(table, buckets, nested, device, owners, outside_bucket, unlinked_bucket)
@@ -165,6 +163,12 @@ class _Nested:
     flops: np.ndarray  # FLOPs that count (outermost only, none while compiling)
     compiled: CompiledAttribution
     bytes: SpanBytes | None = None  # bytes that count (span_bytes.py), None without dtypes
+
+    def after_op_rows(self) -> _Nested:
+        """The findings without what only the op rows read (the levels, the bytes that count): at a
+        few columns per span, letting them go lowers the peak of what follows."""
+        self.swept.levels = None
+        return replace(self, levels=[], bytes=None)
 
 
 def _nest(

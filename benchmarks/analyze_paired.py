@@ -43,9 +43,12 @@ def parts(path: Path) -> dict[str, float]:
     from layerscope import loading
     from layerscope.analysis.advice import advise
     from layerscope.analysis.device_summary import summarize_device
+    from layerscope.attribution import nest_native
     from layerscope.attribution.attribute import build_profile
+    from layerscope.capture import native
     from layerscope.model.meta import TRACE, ProfileMeta
 
+    nest_native.use(native.load_trace_reader())  # as analyze does (loading._profile_of_trace)
     found: dict[str, float] = {}
     gc.collect()
     gc.disable()

@@ -102,7 +102,6 @@ def build_profile(
 
     # ---- link devices: kernels to their launching op -------------------------------------------------
     device = link_device_work(table, nested.order, nested.parent, _step_names(named))
-    device_total = inclusive(device.self_ns.astype(np.float64), nested.parent, nested.levels)
 
     # ---- memory: each event to the innermost CPU span containing it ----------------------------------
     owners = (
@@ -120,7 +119,8 @@ def build_profile(
     )
 
     # ---- op rows -------------------------------------------------------------------------------------
-    rows = _op_rows(table, named, buckets, nested, device, device_total, owners)
+    rows = _op_rows(table, named, buckets, nested, device, owners)
+    nested = nested.after_op_rows()
 
     # ---- assemble: the tree, the unattributed entries, the totals, the steps -------------------------
     per_bucket = _bucket_metrics(table, buckets, nested, device, owners, outside_bucket, unlinked_bucket)
@@ -163,6 +163,12 @@ class _Nested:
     flops: np.ndarray  # FLOPs that count (outermost only, none while compiling)
     compiled: CompiledAttribution
     bytes: SpanBytes | None = None  # bytes that count (span_bytes.py), None without dtypes
+
+    def after_op_rows(self) -> _Nested:
+        """The findings without what only the op rows read (the levels, the bytes that count): at a
+        few columns per span, letting them go lowers the peak of what follows."""
+        self.swept.levels = None
+        return replace(self, levels=[], bytes=None)
 
 
 def _nest(
@@ -238,14 +244,13 @@ def _op_rows(
     buckets: Buckets,
     nested: _Nested,
     device: DeviceWork,
-    device_total: np.ndarray,
     owners: np.ndarray,
 ) -> tuple[OpStats, ...]:
     """The op table, from each span's own and inclusive figures."""
     figures = SpanFigures(
         excl=nested.excl,
         device_self=device.self_ns,
-        device_total=device_total,
+        device_total=inclusive(device.self_ns.astype(np.float64), nested.parent, nested.levels),
         flops=nested.flops,
         memory=span_memory(table, owners, nested.parent, nested.levels),
         bytes=nested.bytes,

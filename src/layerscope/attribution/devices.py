@@ -20,13 +20,13 @@ from layerscope.events.table import DEVICE_WORK_KINDS, EventKind, EventTable
 class DeviceWork:
     """Device spans and where their time goes."""
 
-    spans: list[int]  # every device span, in table order
+    spans: np.ndarray  # every device span, in table order (int64: a list would hold an int per span)
     self_ns: np.ndarray  # per span (table index): device time of the work this CPU span launched
     unlinked: list[int]  # device spans no CPU op launched
 
     def total_ns(self, table: EventTable) -> int:
         """All device time in the table."""
-        return int(table.array("span_dur")[np.asarray(self.spans, dtype=np.int64)].sum())
+        return int(table.array("span_dur")[self.spans].sum())
 
 
 def link_device_work(
@@ -40,7 +40,7 @@ def link_device_work(
     self_ns = np.zeros(table.span_count, dtype=np.int64)
     linked = owner >= 0
     np.add.at(self_ns, owner[linked], table.array("span_dur")[device[linked]])
-    return DeviceWork(device.tolist(), self_ns, device[~linked].tolist())
+    return DeviceWork(device, self_ns, device[~linked].tolist())
 
 
 def device_launchers(

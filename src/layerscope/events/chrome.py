@@ -309,10 +309,10 @@ class TraceTableBuilder:
         """Link what needs the whole trace (module events, forward threads) and return the table."""
         table = self.table
         if self.flop_dtypes:
-            table.span_dtype = np.full(table.span_count, -1, dtype=np.int64)
+            table.span_dtype = np.full(table.span_count, -1, dtype=np.int32)
             table.span_dtype[list(self.flop_dtypes)] = list(self.flop_dtypes.values())
         if self.input_dtypes:
-            table.span_dtypes = np.full(table.span_count, -1, dtype=np.int64)
+            table.span_dtypes = np.full(table.span_count, -1, dtype=np.int32)
             table.span_dtypes[list(self.input_dtypes)] = list(self.input_dtypes.values())
         module_ranges_from_python_events(table, self.python_ids)
         table.span_fwd_tid = resolve_forward_threads(

@@ -106,8 +106,11 @@ def _intern_in_order(
         return np.asarray([*ids, -1], dtype=np.int64)
 
     maps = [remap(texts, first) for texts, first in families]
-    dtype = maps[2][np.where(with_dtype, types_id, -1)] if (maps[2] >= 0).any() and with_dtype.any() else None
-    lists = maps[3][np.where(with_list, types_id, -1)] if (maps[3] >= 0).any() and with_list.any() else None
+    # the dtype columns are name ids, never arithmetic: int32 (half the memory of a column per span)
+    of_dtype, of_list = maps[2].astype(np.int32), maps[3].astype(np.int32)
+    has_dtype = (of_dtype >= 0).any() and with_dtype.any()
+    dtype = of_dtype[np.where(with_dtype, types_id, -1)] if has_dtype else None
+    lists = of_list[np.where(with_list, types_id, -1)] if (of_list >= 0).any() and with_list.any() else None
     return maps[0][name], maps[1][dims_id], dtype, lists
 
 

@@ -119,10 +119,12 @@ class EventTable:
     #: Live captures read natively: each span's RecordFunction handle as read (0 for non-ops); spans
     #: appended later (marks) have none. What call lines are matched against.
     op_handles: np.ndarray | None = None
-    #: Live captures: the dtype (a name id; -1 none) of each FLOP-counted span's first typed input.
+    #: The dtype (a name id; -1 none) of each FLOP-counted span's first typed input (int32 from trace
+    #: files, int64 from live captures: ids only, never arithmetic).
     span_dtype: np.ndarray | None = None
     #: Op spans' input dtypes (a name id of :func:`~layerscope.events.shapes.dtypes_key`'s form;
-    #: -1 none), where shapes were recorded: what bytes per op are computed from (roofline).
+    #: -1 none), where shapes were recorded: what bytes per op are computed from (roofline). Its
+    #: integer type as ``span_dtype``'s.
     span_dtypes: np.ndarray | None = None
     #: Call lines recorded with ``lines=True`` (``events/call_lines.py``), else None.
     call_lines: CallLines | None = None

@@ -189,13 +189,14 @@ def window_peaks(
 
 def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """max(values[lo[k]:hi[k]]) for every k (all ranges non-empty), with a sparse table."""
+    length = hi - lo
+    longest = int(length.max()) if length.size else 0
     table = [values]
     span = 1
-    while 2 * span <= values.size:
+    while 2 * span <= longest:  # only the levels some range uses (windows are mostly short)
         prev = table[-1]
         table.append(np.maximum(prev[:-span], prev[span:]))
         span *= 2
-    length = hi - lo
     level = np.floor(np.log2(length)).astype(np.int64)
     result = np.empty(lo.size, dtype=values.dtype)
     for k in np.unique(level).tolist():

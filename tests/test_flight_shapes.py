@@ -220,6 +220,26 @@ def test_the_program_is_unchanged_with_own_shapes(module: ModuleType, tmp_path: 
     assert detail.totals.flops > 0 and any(r.input_shapes for r in detail.op_rows)
 
 
+def test_global_mode_s_detailed_steps_have_shapes_and_flops(module: ModuleType, tmp_path: Path) -> None:
+    """Without a model (``run``): torch's profiler records every thread, the callback sees them all."""
+    model = Net()
+    with ls.flight_recorder(None, out=tmp_path, detail_every=2, slow=None) as rec:
+        train(model, 3, rec)
+    detail = ls.load(tmp_path / "flight-detail-step000002.json.gz")
+    detail.validate()
+    linear = [r for r in detail.op_rows if r.name == "aten::addmm" and r.module == "Net.stem"]
+    assert linear and all(r.input_shapes and r.metrics.flops > 0 for r in linear)
+
+
+def test_the_record_goes_once_the_writer_has_read_it(module: ModuleType, tmp_path: Path) -> None:
+    model = Net()
+    with ls.flight_recorder(model, out=tmp_path, detail_every=2, slow=None) as rec:
+        train(model, 3, rec)
+        assert rec.flush(30.0)
+        recording = rec._detail_kept[0][2]
+        assert recording.own_shapes is None and recording.torch_profiler is None
+
+
 def test_reader_refuses_an_event_it_did_not_read(module: ModuleType) -> None:
     recorder = ShapeRecorder(module)
     recorder.start()

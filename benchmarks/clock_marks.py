@@ -9,6 +9,14 @@ extension (the native reader's compile recipe), then, inside a profile, puts mar
 op and right inside a ``_RecordFunctionFast`` range, and reports the gaps (negative = misordered).
 
     python benchmarks/clock_marks.py [--pairs 20000]
+    python benchmarks/clock_marks.py --sessions 600   # the module's own marks, one offset per session
+
+``--sessions`` asks another question: whether the two converters (ours, made at ``marks_start`` and
+finished at ``marks_stop``; torch's, made when its profiler starts and finished when it stops) agree
+in every session, not just on average. Each of N short profiler sessions puts 20 marks right before
+and after a ``torch.add`` through the native module's own ``marks_start``/``mark``/``marks_stop``;
+a session whose converters disagree shows as a shift of all its gaps together (the median gap of
+the session), which a single long session cannot show.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import numpy as np
 import torch
 
 from layerscope.capture import native
+from layerscope.capture.clock_anchors import ANCHOR_NAME, Anchor, Stamped, alignment
 
 SOURCE = r"""
 #include <pybind11/pybind11.h>
@@ -83,10 +92,64 @@ def gaps(label: str, values: np.ndarray) -> dict[str, Any]:
     }
 
 
+def session_offsets(sessions: int) -> None:
+    """Per session, the median gap from a mark to the op right after it and from the op's end to the
+    mark right after it (both positive when the converters agree: a shift moves them in opposite
+    directions); as converted, and after the clock anchors' alignment (``capture/clock_anchors.py``)."""
+    module = native.load()
+    if module is None:
+        raise SystemExit("the native module is not built: python -m layerscope native build")
+    a, b = torch.ones(8), torch.ones(8)
+    medians: dict[str, list[tuple[float, float]]] = {"as converted": [], "aligned": []}
+    for _ in range(sessions):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            module.marks_start()
+            module.clock_anchor()
+            module.clock_anchor()  # as ModuleMarks.start: the thread's first range brackets loosely
+            for _ in range(20):
+                module.mark(1)
+                torch.add(a, b)
+                module.mark(-1)
+            module.clock_anchor()
+            threads = module.marks_stop()
+        events = prof.profiler.kineto_results.events()
+        ops = [e for e in events if e.name() == "aten::add"]
+        tid = threads[0][0]
+        times = np.frombuffer(threads[0][2], dtype=np.int64)
+        codes = np.frombuffer(threads[0][3], dtype=np.int64)
+        anchors = [Anchor(tid, int(t0), int(t1)) for t0, t1 in times[codes < -(2**62)].reshape(-1, 2)]
+        stamped = [
+            Stamped(tid, e.start_ns(), e.start_ns() + e.duration_ns())
+            for e in events
+            if e.name() == ANCHOR_NAME
+        ]
+        marks = times[codes > -(2**62)]
+        shift = alignment(anchors, stamped)
+        start = np.array([e.start_ns() for e in ops])
+        end = start + np.array([e.duration_ns() for e in ops])
+        if len(ops) != len(marks) // 2:
+            continue
+        for kind, at in (("as converted", marks), ("aligned", shift.apply(marks) if shift else marks)):
+            medians[kind].append((float(np.median(start - at[0::2])), float(np.median(at[1::2] - end))))
+    for kind, found in medians.items():
+        before, after = np.array(found).T
+        shifted = int(((before < 0) | (after < 0)).sum())
+        print(f"{len(found)} sessions of 20 (mark, aten::add, mark), {kind}; per-session median gaps (ns):")
+        for label, values in (("mark -> op start", before), ("op end -> mark", after)):
+            low, p1, mid, p99, high = np.percentile(values, [0, 1, 50, 99, 100])
+            figures = f"min {low:7.0f}  p1 {p1:6.0f}  median {mid:6.0f}  p99 {p99:6.0f}  max {high:7.0f}"
+            print(f"  {label:<18} {figures}")
+        print(f"  sessions whose converters disagree past a gap (a median gap < 0): {shifted}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=20000)
+    parser.add_argument("--sessions", type=int, default=0, help="per-session offsets instead (see above)")
     args = parser.parse_args()
+    if args.sessions:
+        session_offsets(args.sessions)
+        return
     with tempfile.TemporaryDirectory() as folder:
         marks = build(Path(folder))
         marks.start()

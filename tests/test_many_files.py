@@ -250,10 +250,17 @@ def _dies_on_f3(name: str) -> str:
     return name
 
 
-def test_a_worker_that_dies_is_one_clear_error() -> None:
-    outcomes = each_file(_dies_on_f3, [Path(f"f{k}") for k in range(6)], jobs=2, pool="processes")
-    with pytest.raises(ls.LayerscopeError, match=r"a worker process died reading f\d .* --jobs 1 reads one"):
-        list(outcomes)
+def test_a_worker_that_dies_costs_only_its_own_file() -> None:
+    """A worker killed mid-file breaks the whole pool: the files not yet handed over are read again
+    one at a time, each in a fresh worker if the one before died, and only the file that kills its
+    worker even alone is reported, in the files' order."""
+    paths = [Path(f"f{k}") for k in range(6)]
+    with pytest.warns(LayerscopeWarning, match="worker process died while 2 files .* one at a time"):
+        outcomes = list(each_file(_dies_on_f3, paths, jobs=2, pool="processes"))
+    assert [path for path, _, _ in outcomes] == paths
+    assert [result for _, result, _ in outcomes] == ["f0", "f1", "f2", None, "f4", "f5"]
+    assert [why for _, _, why in outcomes][3] == "the worker process reading it died (killed: out of memory?)"
+    assert [why for k, (_, _, why) in enumerate(outcomes) if k != 3] == [None] * 5
 
 
 def _warns(name: str) -> str:

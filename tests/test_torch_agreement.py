@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import layerscope as ls
+from layerscope.capture.clock_anchors import ANCHOR_NAME
 from layerscope.models import TinyGPT
 from tests.fixtures.models import Containers, TinyMLP, tiny_resnet
 
@@ -45,7 +46,7 @@ def test_op_self_cpu_matches_key_averages(name: str, memory: bool, module_scopes
     averages = prof.torch_profiler.key_averages()
     # Step ranges are no op rows of ours (their self time is our "(Python between ops)"; with marks,
     # torch also counts there the time inside a module but outside its ops).
-    skipped = ("ls:", "ProfilerStep")
+    skipped = ("ls:", "ProfilerStep", ANCHOR_NAME)  # our ranges, torch's steps, our clock anchors
     # torch lists our module ranges as rows too; everything else is an op row of ours.
     theirs_ops = sum(e.self_cpu_time_total for e in averages if not e.key.startswith(skipped))
     ours_ops = sum(r.metrics.self_cpu_us for r in p.op_rows if not r.name.startswith(skipped))

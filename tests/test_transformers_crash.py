@@ -104,7 +104,11 @@ def test_a_caught_failure_is_ended_by_the_next_train(tmp_path: Path, flight: boo
     assert callback.compile_watch is None
     if flight:
         assert callback.recorder.steps_seen == 6
-        assert list((tmp_path / "layerscope").glob("flight-*")) == []  # nothing ended the process
+        # the first train()'s recorder dumped what it kept when the second started; the exception
+        # was gone (caught above), and with it what names the module (scopes close as it passes)
+        (dump,) = sorted((tmp_path / "layerscope").glob("flight-*"))
+        message = "TrainAbandoned: the previous train() raised; the program caught the exception"
+        _assert_dumped(dump, message, None)
     else:
         assert len(callback.cycles) == 1
         callback.cycles[0].profile.validate()
@@ -129,3 +133,31 @@ def test_the_hook_steps_aside_for_one_chained_over_it() -> None:
         assert seen == [] and printed == [error]
     finally:
         sys.excepthook = original
+
+
+def _assert_dumped(dump: Path, message: str, module: str | None = "transformer.h.0") -> None:
+    import layerscope as ls
+
+    profile = ls.load(dump)
+    profile.validate()
+    trigger = profile.trigger  # type: ignore[attr-defined]
+    assert (trigger.reason, trigger.step, trigger.module, trigger.message) == (
+        "exception",
+        3,
+        module,
+        message,
+    )
+    assert [s.step for s in profile.steps] == [0, 1, 2, 3]  # type: ignore[attr-defined]
+
+
+def test_a_retry_inside_except_dumps_the_exception_itself(tmp_path: Path) -> None:
+    from layerscope.integrations.transformers import LayerscopeCallback
+
+    callback = LayerscopeCallback(flight_recorder=True, keep=5)
+    _, run = _namespace()["trainer"](str(tmp_path), 3, callback)
+    try:
+        run.train()
+    except ValueError:
+        run.train()  # the program retries while it holds the error: the dump names it
+    (dump,) = sorted((tmp_path / "layerscope").glob("flight-*"))
+    _assert_dumped(dump, "ValueError: bad batch")

@@ -164,28 +164,63 @@ def each_file(
             window.append(executor.submit(caught, name))
             if len(window) == (1 + AHEAD_PER_JOB) * count:
                 break
-        for path in paths:
-            result, why, warned = _outcome(window.popleft(), path, count)
+        for index, path in enumerate(paths):
+            outcome = _outcome(window.popleft())
+            if outcome is None:  # the pool broke: this file and the rest, one at a time
+                executor.shutdown(wait=False, cancel_futures=True)
+                _warn_pool_died(count)
+                yield from _one_at_a_time(caught, paths[index:])
+                return
             following = next(queued, None)
             if following is not None:  # a slot freed: start the next file before handing this one over
                 window.append(executor.submit(caught, following))
-            _replay(warned)
-            yield path, result, why
+            _replay(outcome[2])
+            yield path, outcome[0], outcome[1]
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _outcome(future: Future[Outcome[R]], path: Path, jobs: int) -> Outcome[R]:
-    """A file's outcome; a worker process that died (killed: out of memory, most often) is one line."""
+def _outcome(future: Future[Outcome[R]]) -> Outcome[R] | None:
+    """A file's outcome, or None when its worker process died (killed: out of memory, most often),
+    which breaks the whole pool."""
     from concurrent.futures.process import BrokenProcessPool
 
     try:
         return future.result()
     except BrokenProcessPool:
-        raise LayerscopeError(
-            f"a worker process died reading {path} or another of the {jobs} files read at once "
-            "(killed: out of memory?); --jobs 1 reads one file at a time"
-        ) from None
+        return None
+
+
+def _warn_pool_died(jobs: int) -> None:
+    import warnings
+
+    from layerscope.errors import LayerscopeWarning
+
+    warnings.warn(
+        f"a worker process died while {jobs} files were read at once (killed: out of memory?); "
+        "reading the rest one at a time",
+        LayerscopeWarning,
+        stacklevel=4,
+    )
+
+
+def _one_at_a_time(caught: _Caught[R], paths: Sequence[Path]) -> Iterator[tuple[Path, R | None, str | None]]:
+    """Each file in a worker process of its own pool, one after another: a file whose worker dies
+    even alone is reported as failed and the next gets a fresh worker."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    executor = ProcessPoolExecutor(max_workers=1)
+    try:
+        for path in paths:
+            outcome = _outcome(executor.submit(caught, str(path)))
+            if outcome is None:
+                executor.shutdown(wait=False, cancel_futures=True)
+                executor = ProcessPoolExecutor(max_workers=1)
+                outcome = (None, "the worker process reading it died (killed: out of memory?)", ())
+            _replay(outcome[2])
+            yield path, outcome[0], outcome[1]
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
 
 
 def read_all(func: Callable[[Path], R], paths: Sequence[Path], jobs: int | None = None) -> list[R]:

@@ -73,6 +73,7 @@ def _read(path: Path, progress: Progress | None = None, strict: bool = False) ->
             found.meta["lost_bytes"] = 0
             if not found.span_count and not found.memory_count:
                 raise TraceFormatError(f"{path}: the trace holds no profiler events")
+            found.drop_clock_anchors()  # a trace torch wrote itself during a layerscope block
             return found
     builder = TraceTableBuilder(flops=flops, source=str(path), strict=strict)
     try:
@@ -111,6 +112,7 @@ def _read(path: Path, progress: Progress | None = None, strict: bool = False) ->
             MalformedEventsWarning,
             stacklevel=3,
         )
+    table.drop_clock_anchors()
     return table
 
 

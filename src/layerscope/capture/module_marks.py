@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.capture.clock_anchors import ANCHOR_NAME, Alignment, Anchor, Stamped, alignment
 from layerscope.events.table import EventKind, EventTable
 
 
@@ -41,6 +42,14 @@ class ModuleMarks:
         self.running = False
         #: Watch points (code 0, see :meth:`watch_point`) per OS thread: (torch thread id, Unix ns).
         self.watch_points: dict[int, list[tuple[int, int]]] = {}
+        #: Clock anchors taken as sessions start and stop (``clock_anchors.py``), and the OS thread
+        #: of each torch thread that took one (Chrome traces name threads by OS id).
+        self.anchors: list[Anchor] = []
+        self._anchor_os_tid: dict[int, int] = {}
+        self._anchor_codes = (
+            getattr(native_module, "ANCHOR_BEFORE", None),
+            getattr(native_module, "ANCHOR_AFTER", None),
+        )
 
     def watch_point(self) -> None:
         """A point on torch's clock with no scope (code 0), for records made in Python (memory watch
@@ -58,6 +67,8 @@ class ModuleMarks:
     def start(self) -> None:
         """Start recording (inside the profiler session)."""
         self._native.marks_start()
+        self._native.clock_anchor()
+        self._native.clock_anchor()  # the first of a thread brackets loosely (clock_anchors.py)
         self.running = True
 
     def take_watch_points(self) -> dict[int, list[tuple[int, int]]]:
@@ -74,12 +85,22 @@ class ModuleMarks:
         if not self.running:
             return
         self.running = False
+        self._native.clock_anchor()
+        before_code, after_code = self._anchor_codes
         for tid, os_tid, raw_times, raw_codes in self._native.marks_stop():
             times = np.frombuffer(raw_times, dtype=np.int64).tolist()
             codes = np.frombuffer(raw_codes, dtype=np.int64).tolist()
             open_calls: list[tuple[int, int]] = []  # (code, start) of calls open on this thread
             points = self.watch_points.setdefault(os_tid, [])
+            anchored = 0
             for at, code in zip(times, codes, strict=True):
+                if code == before_code:
+                    anchored = at
+                    continue
+                if code == after_code:
+                    self.anchors.append(Anchor(tid, anchored, at))
+                    self._anchor_os_tid[tid] = os_tid
+                    continue
                 if code == 0:
                     points.append((tid, at))
                     continue
@@ -106,34 +127,71 @@ class ModuleMarks:
         """Append the spans to ``table`` as the CPU-op ranges they stand for, on the threads torch
         recorded (without ``all_threads`` torch records only some threads; a range on another thread
         would not have been recorded either)."""
+        tids, starts, durations = (table.array(c) for c in ("span_tid", "span_ts", "span_dur"))
+        rows = table.drop_clock_anchors()  # the columns read above still hold them
+        stamped = [
+            Stamped(t, s, s + d)
+            for t, s, d in zip(
+                tids[rows].tolist(), starts[rows].tolist(), durations[rows].tolist(), strict=True
+            )
+        ]
         recorded = set(np.unique(table.array("span_tid")).tolist())
         kept = [i for i, tid in enumerate(self.span_tid) if tid in recorded]
+        start, dur = self._aligned(alignment(self.anchors, stamped), kept)
         table.append_spans(
             [self.span_name[i] for i in kept],
             EventKind.CPU_OP,
             [self.span_tid[i] for i in kept],
-            [self.span_start[i] for i in kept],
-            [self.span_dur[i] for i in kept],
+            start,
+            dur,
         )
 
-    def trace_events(self, base_ns: int, os_tids: set[int]) -> list[dict[str, Any]]:
+    def _aligned(self, shift: Alignment | None, rows: list[int]) -> tuple[list[int], list[int]]:
+        """The starts and durations of the spans at ``rows``, shifted onto torch's clock (when the
+        anchors say the converters disagree)."""
+        start = np.array([self.span_start[i] for i in rows], dtype=np.int64)
+        dur = np.array([self.span_dur[i] for i in rows], dtype=np.int64)
+        if shift is not None:
+            begin, end = shift.apply(start), shift.apply(start + dur)
+            start, dur = begin, end - begin
+        return start.tolist(), dur.tolist()
+
+    def stamped_in_trace(
+        self, events: list[dict[str, Any]], base_ns: int
+    ) -> tuple[list[dict[str, Any]], list[Stamped]]:
+        """A Chrome trace's events without the anchors' ranges, and those ranges as torch stamped them
+        (threads mapped back to torch's ids through the anchors we took)."""
+        by_os = {os_tid: tid for tid, os_tid in self._anchor_os_tid.items()}
+        kept, stamped = [], []
+        for event in events:
+            if event.get("name") != ANCHOR_NAME:
+                kept.append(event)
+                continue
+            tid = by_os.get(event.get("tid"))  # type: ignore[arg-type]
+            if tid is not None:
+                start = base_ns + round(float(event["ts"]) * 1000)
+                stamped.append(Stamped(tid, start, start + round(float(event.get("dur", 0)) * 1000)))
+        return kept, stamped
+
+    def trace_events(
+        self, base_ns: int, os_tids: set[int], stamped: list[Stamped] | None = None
+    ) -> list[dict[str, Any]]:
         """The spans on the OS threads in ``os_tids`` (those torch's trace has events of) as Chrome
         trace events, as torch writes its ranges (``ts`` in µs after the trace's
         ``baseTimeNanoseconds``, on the process and OS thread that ran them)."""
         pid = os.getpid()
+        rows = [i for i, os_tid in enumerate(self.span_os_tid) if os_tid in os_tids]
+        starts, durations = self._aligned(alignment(self.anchors, stamped or []), rows)
         return [
             {
                 "ph": "X",
                 "cat": "cpu_op",
-                "name": name,
+                "name": self.span_name[i],
                 "pid": pid,
-                "tid": os_tid,
+                "tid": self.span_os_tid[i],
                 "ts": round((start - base_ns) / 1000, 3),
                 "dur": round(dur / 1000, 3),
                 "args": {},
             }
-            for name, os_tid, start, dur in zip(
-                self.span_name, self.span_os_tid, self.span_start, self.span_dur, strict=True
-            )
-            if os_tid in os_tids
+            for i, start, dur in zip(rows, starts, durations, strict=True)
         ]

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -441,6 +442,9 @@ struct MarkBuffer {
   std::mutex lock;
 };
 
+// The name of the clock anchors' profiler ranges (module_marks.ANCHOR_NAME).
+constexpr const char* kAnchorName = "layerscope::clock";
+
 std::mutex marks_mutex;
 std::vector<std::shared_ptr<MarkBuffer>> mark_buffers;
 std::unique_ptr<c10::ApproximateClockToUnixTimeConverter> mark_clock;
@@ -485,6 +489,29 @@ void mark(int64_t code) {
   std::lock_guard<std::mutex> guard(buffer.lock);
   buffer.times.push_back(now);
   buffer.codes.push_back(code);
+}
+
+// Codes of a clock anchor's two raw reads in a thread's marks (no scope code comes near them).
+constexpr int64_t kAnchorBefore = std::numeric_limits<int64_t>::min();
+constexpr int64_t kAnchorAfter = kAnchorBefore + 1;
+
+// A clock anchor: a profiler range of ours (kAnchorName) between two raw clock reads on this thread.
+// torch stamps the range with its own converter, the two reads are converted with ours: where the
+// converters disagree by more than the bracket's width (benchmarks/clock_marks.py --sessions saw
+// ~2 us in 1 session of 600), the stamps fall outside the bracket and the marks can be shifted
+// (module_marks.py). Nothing is recorded when the profiler does not record this thread now.
+void clock_anchor() {
+  MarkBuffer& buffer = marks_of_this_thread();
+  const auto before = c10::getApproximateTime();
+  {
+    RECORD_USER_SCOPE(kAnchorName);
+  }
+  const auto after = c10::getApproximateTime();
+  std::lock_guard<std::mutex> guard(buffer.lock);
+  buffer.times.push_back(before);
+  buffer.codes.push_back(kAnchorBefore);
+  buffer.times.push_back(after);
+  buffer.codes.push_back(kAnchorAfter);
 }
 
 // End the session: per thread, (torch thread id, OS thread id, Unix ns times, codes) as int64 bytes.
@@ -544,6 +571,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("marks_start", &marks_start);
   m.def("mark", &mark, py::arg("code"));
   m.def("marks_stop", &marks_stop);
+  m.def("clock_anchor", &clock_anchor);
+  m.attr("ANCHOR_BEFORE") = kAnchorBefore;
+  m.attr("ANCHOR_AFTER") = kAnchorAfter;
+  m.attr("ANCHOR_NAME") = kAnchorName;
   layerscope_lines::register_functions(m);
   layerscope_flight::register_functions(m);
   layerscope_objects::register_functions(m);

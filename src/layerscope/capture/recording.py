@@ -215,9 +215,10 @@ class Recording:
         if marks is not None:  # module calls as the ranges torch would have written
             base = int(trace.get("baseTimeNanoseconds", 0))
             cpu_kinds = ("cpu_op", "user_annotation")
-            threads = {e.get("tid") for e in trace["traceEvents"] if e.get("cat") in cpu_kinds}
-            marked = marks.trace_events(base, {t for t in threads if isinstance(t, int)})
-            trace["traceEvents"] = [*trace["traceEvents"], *marked]
+            events, stamped = marks.stamped_in_trace(trace["traceEvents"], base)
+            threads = {e.get("tid") for e in events if e.get("cat") in cpu_kinds}
+            marked = marks.trace_events(base, {t for t in threads if isinstance(t, int)}, stamped)
+            trace["traceEvents"] = [*events, *marked]
         trace = with_backward_tracks(trace)
         # What `analyze` needs beyond torch's events, first in the file, where the block reader
         # reads the header (before traceEvents): the modules compiled kernels belong to, and the

@@ -60,10 +60,20 @@ class Snapshot:
             )
             other = len(CATEGORIES)
             self._columns = EntryColumns(
-                np.asarray(addr, dtype=np.int64),
+                _signed_addresses(addr),
                 np.asarray(nbytes, dtype=np.int64),
                 np.asarray([_CATEGORY_INDEX.get(c, other) for c in category], dtype=np.int64),
                 np.asarray(on_device, dtype=bool),
                 np.asarray(seq, dtype=np.int64),
             )
         return self._columns
+
+
+def _signed_addresses(addresses: tuple[int, ...]) -> np.ndarray:
+    """Addresses as int64, the way torch hands its memory events' addresses over (a pointer read as
+    a signed integer): one at or above 2**63 (a tagged pointer's top bit, as on ARM) wraps below 0
+    instead of overflowing the column."""
+    try:
+        return np.asarray(addresses, dtype=np.int64)
+    except OverflowError:
+        return np.asarray([a - (1 << 64) if a >= 1 << 63 else a for a in addresses], dtype=np.int64)

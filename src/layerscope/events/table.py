@@ -41,6 +41,10 @@ CPU_KINDS = frozenset({EventKind.CPU_OP, EventKind.USER_ANNOTATION, EventKind.RU
 DEVICE_WORK_KINDS = frozenset({EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET})
 
 
+#: The profiler range of layerscope's clock anchors (``capture/clock_anchors.py``): never the user's
+#: op; dropped from live tables once the marks are aligned, and from traces as they are read.
+CLOCK_ANCHOR_NAME = "layerscope::clock"
+
 #: The per-span and per-allocation columns of an :class:`EventTable`.
 SPAN_COLUMNS = (
     "span_name",
@@ -155,6 +159,10 @@ class EventTable:
             made[key] = make(self)
         return made[key]
 
+    def name_id(self, name: str) -> int | None:
+        """The id of ``name`` in the string table, or None when no event uses it."""
+        return self._name_ids.get(name)
+
     def intern(self, name: str) -> int:
         """The id of ``name`` in the string table, adding it if new."""
         ids = self._name_ids
@@ -255,6 +263,32 @@ class EventTable:
                 raise ValueError(f"not a column: {column}")
             self.__dict__.pop(column, None)
         self._arrays.update(arrays)
+
+    def drop_spans(self, rows: np.ndarray) -> None:
+        """Remove the spans at ``rows`` (indices) from every per-span column and index (the clock
+        anchors' ranges, once the marks are aligned with them)."""
+        if rows.size == 0:
+            return
+        keep = np.ones(self.span_count, dtype=bool)
+        keep[rows] = False
+        self.set_columns({column: self.array(column)[keep] for column in SPAN_COLUMNS})
+        for per_span in ("op_handles", "span_dtype", "span_dtypes"):
+            found = getattr(self, per_span)
+            if found is not None:
+                setattr(self, per_span, found[keep])
+        if self.sync_waits:
+            moved = np.cumsum(keep) - 1
+            self.sync_waits = {int(moved[i]): wait for i, wait in self.sync_waits.items() if keep[i]}
+        self._derived.clear()
+
+    def drop_clock_anchors(self) -> np.ndarray:
+        """Remove the clock anchors' ranges (:data:`CLOCK_ANCHOR_NAME`); their rows as they were."""
+        found = self.name_id(CLOCK_ANCHOR_NAME)
+        if found is None:
+            return np.zeros(0, dtype=np.int64)
+        rows = np.flatnonzero(self.array("span_name") == found)
+        self.drop_spans(rows)
+        return rows
 
     def check(self) -> None:
         """Raise ValueError if the columns have different lengths (a reader bug)."""

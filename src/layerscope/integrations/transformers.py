@@ -13,19 +13,29 @@ every step recorded lightly, the last ``keep`` dumped into the same folder on a 
 SIGUSR1). The Trainer calls no callback when ``train()`` raises, so while it trains the recorder's
 callback chains ``sys.excepthook`` (:mod:`layerscope.integrations.uncaught`): an exception that ends the
 process is dumped (naming the module it passed, as ``ls.flight_recorder`` would) and every hook comes
-off before Python prints it. One caught by the program (a notebook, a retry loop) is not seen: the
-next ``train()`` ends what the failed one left installed, or call :meth:`LayerscopeCallback.close`.
+off before Python prints it. One caught by the program (a notebook, a retry loop) is seen when the
+next ``train()`` starts: its recorder, still installed, dumps the steps it kept (the exception itself
+when the program still holds it: inside its ``except``, or a notebook's last error; else
+:class:`TrainAbandoned`, which names no module) and everything comes off.
+:meth:`LayerscopeCallback.close` ends it all without a dump.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from types import TracebackType
 from typing import Any
 
 from transformers import TrainerCallback
 
 from layerscope.integrations._common import FlightOptions, save_with_report, start_flight_recorder
 from layerscope.integrations.uncaught import UncaughtHook
+
+
+class TrainAbandoned(Exception):
+    """What a flight dump names when a ``train()`` raised, the program caught the exception and it is
+    gone by the next ``train()`` (the dump still holds the steps and the module left open)."""
 
 
 class LayerscopeCallback(TrainerCallback):
@@ -82,7 +92,7 @@ class LayerscopeCallback(TrainerCallback):
         from layerscope.capture.compiled_modules import compiled_wrapper_of
 
         # a train() that raised never reached on_train_end: end what it left before starting anew
-        self.close()
+        self._end_failed_train()
         self.compile_watch = CompileWatch().start()
         if model is not None and getattr(args, "torch_compile", False):
             # The Trainer runs a torch.compile wrapper of the model it hands us: scope the wrapper
@@ -122,6 +132,15 @@ class LayerscopeCallback(TrainerCallback):
             self.compile_watch.stop()
             self.compile_watch = None
 
+    def _end_failed_train(self) -> None:
+        """End what a ``train()`` that raised left installed; its recorder dumps the steps it kept."""
+        if self.recorder is not None and self.recorder.clock.active:
+            exc = _failed_train_exception()
+            if exc is None:
+                exc = TrainAbandoned("the previous train() raised; the program caught the exception")
+            self.recorder.__exit__(type(exc), exc, exc.__traceback__)
+        self.close()
+
     def _ended_by(self, exc: BaseException) -> None:
         """An exception is ending the process inside ``train()`` (flight recorder only: a profiling
         session would build and save a partial cycle in the hook): the recorder dumps it (waiting
@@ -129,3 +148,24 @@ class LayerscopeCallback(TrainerCallback):
         if self.recorder is not None and self.recorder.clock.active:
             self.recorder.__exit__(type(exc), exc, exc.__traceback__)
         self.close()
+
+
+def _failed_train_exception() -> BaseException | None:
+    """The exception a ``train()`` raised, if the program still holds it: the one being handled
+    (a retry inside ``except``) or the interpreter's last error (a notebook's previous cell); only
+    one whose traceback passes through the Trainer's ``train``."""
+    for found in (sys.exc_info()[1], getattr(sys, "last_exc", None), getattr(sys, "last_value", None)):
+        if isinstance(found, BaseException) and _through_train(found.__traceback__):
+            return found
+    return None
+
+
+def _through_train(tb: TracebackType | None) -> bool:
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "train" and code.co_filename.replace("\\", "/").endswith(
+            "transformers/trainer.py"
+        ):
+            return True
+        tb = tb.tb_next
+    return False

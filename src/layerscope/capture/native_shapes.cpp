@@ -18,7 +18,8 @@
 
 // As torch is built: without NDEBUG, RecordFunction::inputs() asserts a member (inputs_valid_) that
 // torch's own build of the class does not have, reading padding instead (ops started without inputs
-// then fail the assertion in this callback).
+// then fail the assertion in this callback). The member sits in padding either way, so the layout is
+// torch's in every file of the module; inputs() is called (and inlined) in this file only.
 #ifndef NDEBUG
 #define NDEBUG
 #endif

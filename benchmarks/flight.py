@@ -23,6 +23,7 @@ the median light step.
     python benchmarks/flight.py [--rounds 21] [--steps 20] [--layers 20] [--batch 4] [--detail-every 100]
     python benchmarks/flight.py --threads 1     # torch's intra-op threads (default: torch's choice)
     python benchmarks/flight.py --device cuda   # steps end with a synchronize
+    python benchmarks/flight.py --detail-shapes both   # detailed steps: own shapes and torch's, paired
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import torch
 from torch import nn
 
 import layerscope as ls
+from layerscope.capture import flight_shapes
 from layerscope.models.gpt import TinyGPT
 
 #: One timed part: (wall seconds, process CPU seconds).
@@ -165,72 +167,106 @@ def end_to_end(parts: dict[str, Timing], clock: int) -> float:
     return sum(parts[name][clock] for name in ("enter", "steps", "exit") if name in parts)
 
 
-def detail_run(model: nn.Module, step: Callable[[], None], every: int, out: Path) -> dict[str, Any]:
+def detail_run(
+    model: nn.Module, step: Callable[[], None], every: int, out: Path, own_shapes: bool = True
+) -> dict[str, Any]:
     """One recorded run of 13 steps with ``detail_every=every`` (0: the light record): wall and
     process CPU seconds of the whole (entry and exit in: leaving waits for the writer), the step's
-    thread's CPU seconds, each step's on that thread (its ``rec.step()`` included), the ring."""
+    thread's CPU seconds, each step's on that thread (its ``rec.step()`` included) and of that its
+    ``rec.step()`` alone, the ring. ``own_shapes``: the detailed steps record shapes themselves
+    (``flight_shapes.py``), else torch's ``record_shapes`` does."""
     gc.collect()
+    flight_shapes.OWN_SHAPES = own_shapes
     wall, cpu, main = time.perf_counter(), time.process_time(), time.thread_time()
     rec = ls.flight_recorder(model, out=out, slow=None, detail_every=every)
     rec.__enter__()
-    per_step = []
+    per_step, in_rec_step = [], []
     try:
         for _ in range(13):
             start = time.thread_time()
             step()
+            stepped = time.thread_time()
             rec.step()
-            per_step.append(time.thread_time() - start)
+            end = time.thread_time()
+            per_step.append(end - start)
+            in_rec_step.append(end - stepped)
     finally:
         rec.__exit__(None, None, None)
+        flight_shapes.OWN_SHAPES = True
     return {
         "wall": time.perf_counter() - wall,
         "cpu": time.process_time() - cpu,
         "main": time.thread_time() - main,
         "per_step": per_step,
+        "rec_step": in_rec_step,
         "ring": {s.step: s.wall_ns / 1e9 for s in rec.ring},
     }
 
 
-def detail_cost(model: nn.Module, step: Callable[[], None], out: Path, rounds: int) -> dict[str, float]:
-    """Seconds one detailed step costs in steady state, and what the block's end adds once; medians
-    over ``rounds`` rounds of three runs of 13 steps (``detail_run``), in a shuffled order:
-    ``detail_every=6`` (detailed steps 6 and 12), ``detail_every=12`` (step 12 only), the light
+def detail_cost(
+    model: nn.Module, step: Callable[[], None], out: Path, rounds: int, modes: tuple[bool, ...] = (True,)
+) -> dict[str, dict[str, float]]:
+    """Seconds one detailed step costs in steady state, and what the block's end adds once, for
+    each of ``modes`` (own shapes or torch's: ``detail_run``), keyed "own" / "torch"; medians over
+    ``rounds`` rounds of runs of 13 steps (``detail_run``), in a shuffled order: ``detail_every=6``
+    (detailed steps 6 and 12) and ``detail_every=12`` (step 12 only) per mode, and the light
     record. Both detailed runs end the block alike (the latest detailed step is written then), so
     the first against the second is one detailed step with all that follows from it. Read three
     ways: the whole runs' difference (wall, process CPU: every thread, but a 13-step run's noise is
     in it), the step's thread alone (CPU of the two steps that start and stop the profile over the
-    run's median step; wall from the ring), and the other threads' CPU (the writer's: with
-    ``--threads 1`` torch starts no thread of its own here). The block's end: the writer's CPU in
-    the one-detail run less that marginal writer work."""
-    configs = {"two": 6, "one": 12, "light": 0}
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    run's median step, split into the profile's start, the step under it and its stop; wall from
+    the ring), and the other threads' CPU (the writer's: with ``--threads 1`` torch starts no
+    thread of its own here). The block's end: the writer's CPU in the one-detail run less that
+    marginal writer work."""
+    configs: dict[tuple[str, bool], int] = {("light", True): 0}
+    for own in modes:
+        configs[("two", own)], configs[("one", own)] = 6, 12
+    runs: dict[tuple[str, bool], list[dict[str, Any]]] = {key: [] for key in configs}
     for _ in range(rounds):
         order = list(configs)
         random.shuffle(order)
-        for name in order:
-            runs[name].append(detail_run(model, step, configs[name], out / name))
+        for key in order:
+            name, own = key
+            runs[key].append(detail_run(model, step, configs[key], out / f"{name}-{own}", own_shapes=own))
 
-    def median_of(value: Callable[[dict[str, Any], dict[str, Any]], float]) -> float:
-        return statistics.median(value(a, b) for a, b in zip(runs["two"], runs["one"], strict=True))
+    def typical(values: list[float]) -> float:
+        return statistics.median(t for k, t in enumerate(values) if k not in (5, 6, 11, 12))
 
     def on_thread(run: dict[str, Any], key: str) -> float:
         # steps 5 and 6 of the loop: the profile's start (in step 5's rec.step()), step 6 and the stop
         per = run["per_step"] if key == "cpu" else [run["ring"][k] for k in range(13)]
-        typical = statistics.median(t for k, t in enumerate(per) if k not in (5, 6, 11, 12))
-        return float(per[5] + per[6] - 2 * typical)
+        return float(per[5] + per[6] - 2 * typical(per))
+
+    def parts(run: dict[str, Any]) -> tuple[float, float, float]:
+        """The profile's start, the step under it, its stop (thread CPU over the typical step)."""
+        rec_step, per = run["rec_step"], run["per_step"]
+        steps = [p - r for p, r in zip(per, rec_step, strict=True)]
+        return rec_step[5] - typical(rec_step), steps[6] - typical(steps), rec_step[6] - typical(rec_step)
 
     def writer(run: dict[str, Any]) -> float:
         return float(run["cpu"] - run["main"])
 
-    writer_step = median_of(lambda a, b: writer(a) - writer(b))
-    return {
-        "wall": median_of(lambda a, b: a["wall"] - b["wall"]),
-        "cpu": median_of(lambda a, b: a["cpu"] - b["cpu"]),
-        "on_thread": statistics.median(on_thread(a, "wall") for a in runs["two"]),
-        "on_thread_cpu": statistics.median(on_thread(a, "cpu") for a in runs["two"]),
-        "writer_cpu": writer_step,
-        "writer_cpu_block_end": statistics.median(writer(b) for b in runs["one"]) - writer_step,
-    }
+    found: dict[str, dict[str, float]] = {}
+    for own in modes:
+        two, one = runs[("two", own)], runs[("one", own)]
+
+        def median_of(value: Callable[[dict[str, Any], dict[str, Any]], float]) -> float:
+            return statistics.median(value(a, b) for a, b in zip(two, one, strict=True))  # noqa: B023
+
+        writer_step = median_of(lambda a, b: writer(a) - writer(b))
+        split = [statistics.median(parts(a)[k] for a in two) for k in range(3)]
+        found["own" if own else "torch"] = {
+            "wall": median_of(lambda a, b: a["wall"] - b["wall"]),
+            "cpu": median_of(lambda a, b: a["cpu"] - b["cpu"]),
+            "on_thread": statistics.median(on_thread(a, "wall") for a in two),
+            "on_thread_cpu": statistics.median(on_thread(a, "cpu") for a in two),
+            "start_cpu": split[0],
+            "under_cpu": split[1],
+            "stop_cpu": split[2],
+            "writer_cpu": writer_step,
+            "writer_cpu_block_end": statistics.median(writer(b) for b in one) - writer_step,
+        }
+    return found
 
 
 def signal_latency(model: nn.Module, step: Callable[[], None], out: Path) -> float:
@@ -293,6 +329,39 @@ def spread(values: list[float]) -> str:
     return f"{median:.4f}x ({(median - 1) * 100:+.2f}%, IQR {q1:.4f}-{q3:.4f}, {interval})"
 
 
+def print_detail(
+    mode: str,
+    detail: dict[str, float],
+    seconds: dict[str, list[dict[str, Timing]]],
+    result: dict[str, Any],
+    steps: int,
+    every: int,
+) -> None:
+    """The detailed step's figures of one shapes mode."""
+    print(f"detailed steps, shapes recorded by {'layerscope' if mode == 'own' else 'torch'}:")
+    for key, clock, label in (("wall", "wall", "wall"), ("cpu", "CPU", "CPU ")):
+        step_s = statistics.median(r["steps"][clock == "CPU"] for r in seconds["plain"]) / steps
+        light = result[f"ratios_{clock}"]["light"]
+        print(
+            f"  {label} one detailed step adds {detail[key] * 1000:.0f} ms, whole runs' difference "
+            f"({detail[key] / step_s:.1f} plain steps on this clock); "
+            f"detail_every={every}: {light + detail[key] / (every * step_s):.4f}x"
+        )
+    parts = detail["on_thread_cpu"] + detail["writer_cpu"]
+    cpu_step_s = statistics.median(r["steps"][1] for r in seconds["plain"]) / steps
+    print(
+        f"  CPU  by thread: the step's {detail['on_thread_cpu'] * 1000:.0f} ms (profile start "
+        f"{detail['start_cpu'] * 1000:.0f}, step under it +{detail['under_cpu'] * 1000:.0f}, stop "
+        f"{detail['stop_cpu'] * 1000:.0f}) + the writer's {detail['writer_cpu'] * 1000:.0f} ms = "
+        f"{parts * 1000:.0f} ms ({parts / cpu_step_s:.2f} plain steps; detail_every={every}: "
+        f"+{parts / (every * cpu_step_s) * 100:.2f}% over the light record)"
+    )
+    print(
+        f"       the step's thread, wall: {detail['on_thread'] * 1000:.0f} ms; the block's end writes "
+        f"the latest detailed profile once: {detail['writer_cpu_block_end'] * 1000:.0f} ms writer CPU"
+    )
+
+
 def main() -> None:
     """Run the rounds and print the figures (and a JSON line)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -312,6 +381,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--threads", type=int, default=0, help="torch's intra-op threads (0: torch's default)"
+    )
+    parser.add_argument(
+        "--detail-shapes",
+        default="own",
+        choices=("own", "torch", "both"),
+        help="detailed steps' shapes: recorded by layerscope (own), by torch, or both paired",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--skip", default="", help="comma-separated: percall,detail,signal,ring")
@@ -341,7 +416,8 @@ def main() -> None:
                 seconds[name].append(timed_run(model, step, args.steps, configs[name], out / name))
         if "detail" not in skip:
             detail_rounds = args.detail_rounds or max(3, args.rounds // 3)
-            result["detail_step_s"] = detail_cost(model, step, out, rounds=detail_rounds)
+            modes = {"own": (True,), "torch": (False,), "both": (True, False)}[args.detail_shapes]
+            result["detail_step_s"] = detail_cost(model, step, out, rounds=detail_rounds, modes=modes)
         if "signal" not in skip:
             result["signal_s"] = signal_latency(model, step, out / "signal")
         if "ring" not in skip:
@@ -375,28 +451,8 @@ def main() -> None:
         "(wall, medians)"
     )
     if "detail_step_s" in result:
-        detail = result["detail_step_s"]
-        every = args.detail_every
-        for key, clock, label in (("wall", "wall", "wall"), ("cpu", "CPU", "CPU ")):
-            step_s = statistics.median(r["steps"][clock == "CPU"] for r in seconds["plain"]) / args.steps
-            light = result[f"ratios_{clock}"]["light"]
-            print(
-                f"{label} one detailed step adds {detail[key] * 1000:.0f} ms, whole runs' difference "
-                f"({detail[key] / step_s:.1f} plain steps on this clock); "
-                f"detail_every={every}: {light + detail[key] / (every * step_s):.4f}x"
-            )
-        parts = detail["on_thread_cpu"] + detail["writer_cpu"]
-        cpu_step_s = statistics.median(r["steps"][1] for r in seconds["plain"]) / args.steps
-        print(
-            f"CPU  by thread: the step's {detail['on_thread_cpu'] * 1000:.0f} ms (profile start, step, "
-            f"stop) + the writer's {detail['writer_cpu'] * 1000:.0f} ms = {parts * 1000:.0f} ms "
-            f"({parts / cpu_step_s:.2f} plain steps; detail_every={every}: "
-            f"+{parts / (every * cpu_step_s) * 100:.2f}% over the light record)"
-        )
-        print(
-            f"     the step's thread, wall: {detail['on_thread'] * 1000:.0f} ms; the block's end writes "
-            f"the latest detailed profile once: {detail['writer_cpu_block_end'] * 1000:.0f} ms writer CPU"
-        )
+        for mode, detail in result["detail_step_s"].items():
+            print_detail(mode, detail, seconds, result, args.steps, args.detail_every)
     if "signal_s" in result:
         print(f"signal -> dump written: {result['signal_s'] * 1000:.0f} ms")
     if "ring_bytes" in result:

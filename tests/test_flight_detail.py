@@ -84,7 +84,7 @@ def test_torch_s_results_are_freed_by_reference_counting(out: Path) -> None:
     try:
         with ls.flight_recorder(model, out=out, detail_every=2, slow=None) as rec:
             train(model, 2, rec)
-            session = rec._detail[0]
+            session = rec._detail[0].session
             torch_profiler = weakref.ref(session.torch_profiler)
             del session
             train(model, 1, rec)  # the detailed step ends

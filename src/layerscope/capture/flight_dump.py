@@ -142,6 +142,7 @@ class DumpWriter:
         try:
             if isinstance(job, ReadJob):
                 job.recording.keep_events_only()
+                job.recording.own_shapes = None  # read: the shapes record goes with torch's results
                 return
             if isinstance(job, DumpJob):
                 write_dump(job)

@@ -48,6 +48,7 @@ from layerscope.capture.flight_dump import (
     make_folder,
 )
 from layerscope.capture.flight_scopes import FlightScopes
+from layerscope.capture.flight_shapes import DetailedProfile
 from layerscope.capture.flight_triggers import (
     SignalTrigger,
     SlowSteps,
@@ -106,7 +107,7 @@ class FlightRecorder:
         self._step_event: Any = None
         self._memory_fired = False
         self._writer_busy = False  # the writer had work when the running step began
-        self._detail: Any = None  # the running detailed profile session and its step
+        self._detail: tuple[DetailedProfile, int] | None = None  # the running detailed profile, its step
         self._detail_failed = False
         self._detail_file: tuple[Path, int] | None = None  # the latest detailed profile written
         # the latest detailed step not written yet: its file, step and recording (events table
@@ -299,31 +300,29 @@ class FlightRecorder:
 
     # ----- the detailed profile ----------------------------------------------------------------------
     def _start_detail(self) -> None:
-        from layerscope.capture.session import profile
-
         try:
             # Without a model (``run``), steps end in torch's optimizer hooks, where the memory
-            # watch could not add its own: the detailed profile records no memory there.
-            session = profile(self.model, memory=self.model is not None)
-            session.__enter__()
+            # watch could not add its own: the detailed profile records no memory there. The
+            # shapes are recorded beside torch where the native module can (``flight_shapes.py``).
+            detail = DetailedProfile(self.model, memory=self.model is not None)
+            detail.start()
         except Exception as exc:  # e.g. another profiler is running: no detailed steps from now on
             self._detail_failed = True
             warn(f"no detailed profiles ({type(exc).__name__}: {exc})")
             return
-        self._detail = (session, self._step)
+        self._detail = (detail, self._step)
 
     def _drop_detail(self) -> None:
         """Stop a detailed profile whose step never ended (the block did): nothing to keep."""
         if self._detail is not None:
-            (session, _), self._detail = self._detail, None
-            session.__exit__(None, None, None)
+            (detail, _), self._detail = self._detail, None
+            detail.stop()
 
     def _stop_detail(self) -> None:
         if self._detail is None:
             return
-        (session, step), self._detail = self._detail, None
-        session.__exit__(None, None, None)
-        recording = session.recording
+        (detail, step), self._detail = self._detail, None
+        recording = detail.stop()
         recording.pause_gc = False  # read and built beside the program: its collector is its own
         # torch's results (~3 kB per event) are read into a table and let go on the writer thread;
         # the table (~130 B per event) is all that is kept, one detailed step at a time

@@ -25,16 +25,23 @@ def table_from_kineto(
     shapes: bool,
     cpu_only: bool = False,
     use_native: bool | None = None,
+    reader: Any = None,
 ) -> EventTable:
     """Read ``profiler.kineto_results`` (torch's ``_ProfilerResult``) into an EventTable.
 
     Uses the native reader (``capture/native.py``) when it is built for this torch, else torch's
     Python bindings; both give the same table. ``use_native`` forces one or the other (False: the
-    bindings; True: the native reader, raising when it is missing).
+    bindings; True: the native reader, raising when it is missing). ``reader`` stands in for the
+    native module (``flight_shapes.JoinedReader``: torch recorded no shapes, the reader joins its
+    own); it is used alone, its failures raised (the bindings would read no shapes).
     """
     # Attribution's kernels (nesting, grouping) come with the torch-free native module: handed over
     # here, since attribution cannot import capture; numpy where it is not built or turned off.
     nest_native.use(native.load_trace_reader())
+    if reader is not None:
+        table = table_from_native(reader, kineto_results, flops, shapes, cpu_only)
+        table.meta["reader"] = "native"
+        return table
     if use_native is not False:
         module = native.load()
         if use_native and module is None:

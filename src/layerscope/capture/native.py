@@ -41,12 +41,13 @@ from layerscope.errors import LayerscopeError
 
 SOURCE = Path(__file__).with_name("native_reader.cpp")
 #: Every source compiled into the module (the reader and marks; call lines; the flight recorder's
-#: backward hooks).
+#: backward hooks; the live-tensor walk; input shapes recorded without torch's record_shapes).
 SOURCES = (
     SOURCE,
     Path(__file__).with_name("native_lines.cpp"),
     Path(__file__).with_name("native_flight.cpp"),
     Path(__file__).with_name("native_objects.cpp"),
+    Path(__file__).with_name("native_shapes.cpp"),
 )
 _MODULE_PREFIX = "_layerscope_native_"
 #: The trace-file reader: its own module, built by the same ``build``, linked against nothing of torch.

@@ -39,6 +39,10 @@
 
 namespace py = pybind11;
 
+namespace layerscope_shapes {
+void register_functions(py::module_& m);  // native_shapes.cpp: registered with the flight recorder's
+}
+
 namespace layerscope_flight {
 namespace {
 
@@ -278,6 +282,7 @@ void register_functions(py::module_& m) {
   m.def("flight_clear_forward", &flight_clear_forward);
   m.add_object("flight_mark", py::reinterpret_steal<py::object>(PyCFunction_New(&mark_def, nullptr)));
   m.add_object("flight_after", py::reinterpret_steal<py::object>(PyCFunction_New(&after_def, nullptr)));
+  layerscope_shapes::register_functions(m);  // the detailed step's own shapes
 }
 
 }  // namespace layerscope_flight

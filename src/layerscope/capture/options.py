@@ -135,6 +135,9 @@ class CaptureOptions:
     on_trace_ready: Callable[[Any], Any] | None = None
     #: Only CPU events can occur (the reader then skips the device columns).
     cpu_only: bool = False
+    #: Input shapes come from layerscope's own callback, not torch's ``record_shapes`` (the flight
+    #: recorder's detailed steps, which export no trace: ``capture/flight_shapes.py``).
+    own_shapes: bool = False
 
     @property
     def scheduled(self) -> bool:
@@ -145,7 +148,7 @@ class CaptureOptions:
         """The arguments of ``torch.profiler.profile`` these options stand for (no schedule)."""
         return {
             "activities": list(self.activities),
-            "record_shapes": self.shapes or self.flops,
+            "record_shapes": (self.shapes or self.flops) and not self.own_shapes,
             "profile_memory": self.memory,
             "with_stack": self.with_stack,
             **self.profiler_kwargs,

@@ -92,6 +92,9 @@ class Recording:
         #: Pause the cyclic GC while reading and building (False where that runs beside the
         #: program, as the flight recorder's writer thread: the pause would be the program's too).
         self.pause_gc = True
+        #: The input shapes recorded beside torch (``options.own_shapes``: ``flight_shapes.py``),
+        #: read in place of torch's native reader; set by whoever recorded them, before the read.
+        self.own_shapes: Any = None
 
     @property
     def profile(self) -> Profile:
@@ -125,7 +128,9 @@ class Recording:
             raise CaptureError("torch.profiler recorded no results")
         options, marks = self.context.options, self.context.marks
         calculator = FlopCalculator() if options.flops else None
-        table = table_from_kineto(results, calculator, shapes=options.shapes, cpu_only=options.cpu_only)
+        table = table_from_kineto(
+            results, calculator, shapes=options.shapes, cpu_only=options.cpu_only, reader=self.own_shapes
+        )
         if marks is not None:
             marks.add_to(table)
         table.call_lines = self.context.call_lines

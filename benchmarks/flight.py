@@ -4,9 +4,10 @@ what one detailed step (``detail_every``) adds; the ring's memory; the time from
 Each round runs the same loop (a GPT-style model with ~200 module calls per step, AdamW,
 cross-entropy) plain, plain again (the A/A control: how far two identical contenders read apart on
 this machine) and recorded, in a shuffled order, each from the same process state (``gc.collect()``
-first). The recorder is entered before its steps and left after them, each part timed: the steps
-alone give the steady-state ratio (a job enters the recorder once), the steps with the entry and exit
-the end-to-end ratio of a loop of ``--steps`` steps. Each is timed on the wall clock and in process
+first). The recorder is entered before its steps and left after them, each part timed: the first
+``--warm-steps`` steps after the entry apart (the recorder's first two cost ~1-1.5% more than later
+ones; every contender runs them), the steps after them alone give the steady-state ratio (a job
+enters the recorder once), all of it with the entry and exit the end-to-end ratio. Each is timed on the wall clock and in process
 CPU time (``time.process_time``: every thread of the process, the writer's included). Reported: the
 median of the per-round ratios against the plain loop, their interquartile range and the median's 95%
 confidence interval (short rounds, many of them: a shared machine's bursts hit single rounds, the
@@ -22,6 +23,7 @@ the median light step.
 
     python benchmarks/flight.py [--rounds 21] [--steps 20] [--layers 20] [--batch 4] [--detail-every 100]
     python benchmarks/flight.py --threads 1     # torch's intra-op threads (default: torch's choice)
+    python benchmarks/flight.py --warm-steps 2  # the steps after entry timed apart (the default: 2)
     python benchmarks/flight.py --device cuda   # steps end with a synchronize
     python benchmarks/flight.py --detail-shapes both   # detailed steps: own shapes and torch's, paired
 """
@@ -125,11 +127,14 @@ def timed_run(
     recorder: dict[str, Any] | None,
     out: Path,
     used: list[Any] | None = None,
+    warm: int = 0,
 ) -> dict[str, Timing]:
-    """The parts of ``steps`` steps: ``steps`` (the loop), and with a recorder its ``enter`` and
-    ``exit`` (leaving waits for the writer's work); the recorder is appended to ``used``. Also
-    ``median_step``: the median step (its ``rec.step()`` included) on each clock, which a burst
-    on this shared machine moves less than the loop's sum."""
+    """The parts of ``warm`` then ``steps`` steps: ``warm`` (the first steps after the recorder's
+    entry, or the plain loop's first: the recorder's first two steps cost ~1-1.5% more than later
+    ones, docs/benchmarks.md), ``steps`` (the loop after them: the steady state), and with a recorder
+    its ``enter`` and ``exit`` (leaving waits for the writer's work); the recorder is appended to
+    ``used``. Also ``median_step``: the median step (its ``rec.step()`` included) on each clock,
+    which a burst on this shared machine moves less than the loop's sum."""
     gc.collect()
     rec = None
     parts: dict[str, Timing] = {}
@@ -142,6 +147,12 @@ def timed_run(
         parts["enter"] = _since(start)
     per_step: list[Timing] = []
     try:
+        first = _clocks()
+        for _ in range(warm):
+            step()
+            if rec is not None:
+                rec.step()
+        parts["warm"] = _since(first)
         loop = _clocks()
         for _ in range(steps):
             start = _clocks()
@@ -163,8 +174,9 @@ def timed_run(
 
 
 def end_to_end(parts: dict[str, Timing], clock: int) -> float:
-    """Seconds of the loop with the recorder's entry and exit, on one clock (0: wall, 1: CPU)."""
-    return sum(parts[name][clock] for name in ("enter", "steps", "exit") if name in parts)
+    """Seconds of the loop with its first steps and the recorder's entry and exit, on one clock (0:
+    wall, 1: CPU)."""
+    return sum(parts[name][clock] for name in ("enter", "warm", "steps", "exit") if name in parts)
 
 
 def detail_run(
@@ -305,7 +317,7 @@ def ratios(
     """Per-round ratios of ``name`` against the plain loop: its ``part`` (the steps, or the median
     step), or (``whole``) the steps with the recorder's entry and exit."""
     return [
-        (end_to_end(r, clock) if whole else r[part][clock]) / p[part][clock]
+        end_to_end(r, clock) / end_to_end(p, clock) if whole else r[part][clock] / p[part][clock]
         for r, p in zip(seconds[name], seconds["plain"], strict=True)
     ]
 
@@ -390,6 +402,12 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--skip", default="", help="comma-separated: percall,detail,signal,ring")
+    parser.add_argument(
+        "--warm-steps",
+        type=int,
+        default=2,
+        help="steps after entry timed apart from the steady state (each contender runs them)",
+    )
     args = parser.parse_args()
     skip = set(args.skip.split(","))
     if args.threads:
@@ -413,7 +431,9 @@ def main() -> None:
             order = list(configs)
             random.shuffle(order)
             for name in order:
-                seconds[name].append(timed_run(model, step, args.steps, configs[name], out / name))
+                seconds[name].append(
+                    timed_run(model, step, args.steps, configs[name], out / name, warm=args.warm_steps)
+                )
         if "detail" not in skip:
             detail_rounds = args.detail_rounds or max(3, args.rounds // 3)
             modes = {"own": (True,), "torch": (False,), "both": (True, False)}[args.detail_shapes]
@@ -433,7 +453,13 @@ def main() -> None:
         whole = ratios(seconds, "light", clock, whole=True)
         print(f"{clock_name} A/A control (plain vs plain): {spread(aa)}")
         print(f"{clock_name} light, steady state (steps only): {spread(steady)}")
-        print(f"{clock_name} light, end to end ({args.steps} steps, entry and exit in): {spread(whole)}")
+        print(
+            f"{clock_name} light, end to end ({args.warm_steps} + {args.steps} steps, entry and exit in): "
+            f"{spread(whole)}"
+        )
+        if args.warm_steps:
+            first = ratios(seconds, "light", clock, whole=False, part="warm")
+            print(f"{clock_name} light, its first {args.warm_steps} steps after entry: {spread(first)}")
         if args.steps >= 5:
             aa_median = ratios(seconds, "plain (A/A)", clock, whole=False, part="median_step")
             light_median = ratios(seconds, "light", clock, whole=False, part="median_step")

@@ -7,10 +7,10 @@ this machine) and recorded, in a shuffled order, each from the same process stat
 first). The recorder is entered before its steps and left after them, each part timed: the first
 ``--warm-steps`` steps after the entry apart (the recorder's first two cost ~1-1.5% more than later
 ones; every contender runs them), the steps after them alone give the steady-state ratio (a job
-enters the recorder once), all of it with the entry and exit the end-to-end ratio. Each is timed on the wall clock and in process
-CPU time (``time.process_time``: every thread of the process, the writer's included). Reported: the
-median of the per-round ratios against the plain loop, their interquartile range and the median's 95%
-confidence interval (short rounds, many of them: a shared machine's bursts hit single rounds, the
+enters the recorder once), all of it with the entry and exit the end-to-end ratio. Each is timed on
+the wall clock and in process CPU time (``time.process_time``: every thread of the process, the
+writer's included). Reported: the median of the per-round ratios against the plain loop, their
+interquartile range and the median's 95% confidence interval (short rounds, many of them: a shared machine's bursts hit single rounds, the
 median drops them, and the interval narrows as the rounds grow where one round's spread does not).
 
 A detailed step happens once per ``detail_every`` steps; its cost is measured on its own, in steady

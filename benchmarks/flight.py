@@ -1,17 +1,18 @@
 """The flight recorder's cost: a training loop plain and with the light record, in paired rounds;
 what one detailed step (``detail_every``) adds; the ring's memory; the time from a signal to its dump.
 
-Each round runs the same loop (a GPT-style model with ~200 module calls per step, AdamW,
-cross-entropy) plain, plain again (the A/A control: how far two identical contenders read apart on
-this machine) and recorded, in a shuffled order, each from the same process state (``gc.collect()``
+Each round runs the same loop (a GPT-style model with ~200 module calls per step, AdamW, cross-
+entropy) plain, plain again (the A/A control: how far two identical contenders read apart on this
+machine) and recorded, in a shuffled order, each from the same process state (``gc.collect()``
 first). The recorder is entered before its steps and left after them, each part timed: the first
 ``--warm-steps`` steps after the entry apart (the recorder's first two cost ~1-1.5% more than later
 ones; every contender runs them), the steps after them alone give the steady-state ratio (a job
 enters the recorder once), all of it with the entry and exit the end-to-end ratio. Each is timed on
 the wall clock and in process CPU time (``time.process_time``: every thread of the process, the
 writer's included). Reported: the median of the per-round ratios against the plain loop, their
-interquartile range and the median's 95% confidence interval (short rounds, many of them: a shared machine's bursts hit single rounds, the
-median drops them, and the interval narrows as the rounds grow where one round's spread does not).
+interquartile range and the median's 95% confidence interval (short rounds, many of them: a shared
+machine's bursts hit single rounds, the median drops them, and the interval narrows as the rounds
+grow where one round's spread does not).
 
 A detailed step happens once per ``detail_every`` steps; its cost is measured on its own, in steady
 state: a recorded run with two detailed steps against one with one (same length, same block end: the

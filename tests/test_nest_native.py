@@ -18,7 +18,7 @@ import torch
 
 import layerscope as ls
 from layerscope.attribution import nest_native
-from layerscope.attribution.nest_columns import exclusive, parents
+from layerscope.attribution.nest_columns import _anchors, exclusive, parents
 from layerscope.attribution.nesting import depths, inclusive, levels, time_order
 from layerscope.capture import native
 from layerscope.events import EventKind, EventTable
@@ -165,3 +165,16 @@ def test_unique_is_numpys_past_many_table_growths(module: Any) -> None:
         found = nest_native.unique(keys)
     for mine, theirs in zip(found, expected, strict=True):
         assert mine.tolist() == theirs.reshape(-1).tolist()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_anchors_by_level_are_pointer_doublings(seed: int, module: Any) -> None:
+    # sweep_columns finds anchors level by level when the native pass gave the levels
+    table = random_table(random.Random(seed))
+    order = time_order(table)
+    with nest_native.using(module):
+        found = nest_native.nest(table, order)
+    assert found is not None
+    span_role = np.random.default_rng(seed).integers(0, 6, table.span_count)
+    by_level = _anchors(order, found.parent, span_role, found.levels)
+    assert by_level.tolist() == _anchors(order, found.parent, span_role).tolist()

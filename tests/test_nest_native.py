@@ -18,7 +18,7 @@ import torch
 
 import layerscope as ls
 from layerscope.attribution import nest_native
-from layerscope.attribution.nest_columns import exclusive, parents
+from layerscope.attribution.nest_columns import _anchors, exclusive, parents
 from layerscope.attribution.nesting import depths, inclusive, levels, time_order
 from layerscope.capture import native
 from layerscope.events import EventKind, EventTable
@@ -152,3 +152,29 @@ def test_a_trace_file_hands_the_kernels_over(module: Any) -> None:
     nest_native.use(None)  # not left over from a live capture's hand-over
     ls.load(TRACES[0])
     assert nest_native.active()
+
+
+def test_unique_is_numpys_past_many_table_growths(module: Any) -> None:
+    # the native table starts small and doubles with the distinct keys: many doublings, keys that
+    # share their low bits, and repeats seen before and after each growth
+    rng = np.random.default_rng(7)
+    keys = np.concatenate([rng.integers(0, 40_000, 60_000) << 20, np.arange(-500, 500)]).astype(np.int64)
+    keys = np.concatenate([keys, keys[::-3]])
+    expected = np.unique(keys, return_index=True, return_inverse=True)
+    with nest_native.using(module):
+        found = nest_native.unique(keys)
+    for mine, theirs in zip(found, expected, strict=True):
+        assert mine.tolist() == theirs.reshape(-1).tolist()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_anchors_by_level_are_pointer_doublings(seed: int, module: Any) -> None:
+    # sweep_columns finds anchors level by level when the native pass gave the levels
+    table = random_table(random.Random(seed))
+    order = time_order(table)
+    with nest_native.using(module):
+        found = nest_native.nest(table, order)
+    assert found is not None
+    span_role = np.random.default_rng(seed).integers(0, 6, table.span_count)
+    by_level = _anchors(order, found.parent, span_role, found.levels)
+    assert by_level.tolist() == _anchors(order, found.parent, span_role).tolist()

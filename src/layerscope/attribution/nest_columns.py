@@ -69,7 +69,7 @@ def sweep_columns(
     found.module_windows = order[role_in_order == ROLE_MODULE].tolist()
     found.backward_windows = order[role_in_order == ROLE_BACKWARD_NODE].tolist()
     found.step_spans = order[role_in_order == ROLE_STEP].tolist()
-    anchor = _anchors(order, parent, span_role)
+    anchor = _anchors(order, parent, span_role, found.levels)
     is_anchor = anchor[order] == order
     found.compiled_graph_spans = order[~is_anchor & (role_in_order == ROLE_COMPILED_GRAPH)].tolist()
     position = np.full(table.span_count, order.size, dtype=np.int64)
@@ -165,15 +165,22 @@ def exclusive(table: EventTable, order: np.ndarray, parent: np.ndarray) -> np.nd
     return excl
 
 
-def _anchors(order: np.ndarray, parent: np.ndarray, span_role: np.ndarray) -> np.ndarray:
+def _anchors(
+    order: np.ndarray, parent: np.ndarray, span_role: np.ndarray, levels: list[np.ndarray] | None = None
+) -> np.ndarray:
     """Per span, the span whose bucket it takes: itself, or for a plain span (or compiled graph
-    call) inside anything but a step, its parent's anchor (pointer doubling up the chain)."""
+    call) inside anything but a step, its parent's anchor: level by level down from the top when
+    the nesting ``levels`` are known (each span looked up once), else by pointer doubling."""
     anchor = np.arange(parent.size, dtype=np.int64)
     p = parent[order]
     role = span_role[order]
     inherits = ((role == ROLE_PLAIN) | (role == ROLE_COMPILED_GRAPH)) & (p >= 0)
     inherits[inherits] = span_role[p[inherits]] != ROLE_STEP
     anchor[order[inherits]] = p[inherits]
+    if levels is not None:  # a parent's level comes before its children's: its anchor is final
+        for level in levels[1:]:
+            anchor[level] = anchor[anchor[level]]
+        return anchor
     while True:
         up = anchor[anchor]
         if np.array_equal(up, anchor):

@@ -120,16 +120,21 @@ py::tuple nest(const Int64Array& order_in, const Int64Array& tid_in, const Int64
 py::tuple group(const Int64Array& keys_in) {
   const auto keys = keys_in.unchecked<1>();
   const py::ssize_t n = keys.shape(0);
-  size_t capacity = 16;
-  while (capacity < static_cast<size_t>(n) * 2) capacity <<= 1;
-  const size_t mask = capacity - 1;
+  // The table grows with the distinct keys, not with n: most columns grouped (names, shapes, FLOP
+  // counts) have a few thousand distinct keys among millions, and a table that fits in cache is
+  // probed ~5x faster than one sized 2n (64 MiB at 4M spans, a cache miss a key).
+  size_t capacity = 1024;
+  size_t mask = capacity - 1;
   std::vector<int64_t> slot_of(capacity, -1);  // table slot -> distinct key's number (first-seen)
   std::vector<int64_t> distinct, first;
   std::vector<int64_t> seen(static_cast<size_t>(n));  // each key's distinct number
+  const auto slot = [&](int64_t key) {
+    uint64_t h = static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ull;
+    return static_cast<size_t>(h ^ (h >> 29)) & mask;
+  };
   for (py::ssize_t i = 0; i < n; ++i) {
     const int64_t key = keys(i);
-    uint64_t h = static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ull;
-    size_t at = static_cast<size_t>(h ^ (h >> 29)) & mask;
+    size_t at = slot(key);
     while (true) {
       const int64_t found = slot_of[at];
       if (found < 0) {
@@ -137,6 +142,16 @@ py::tuple group(const Int64Array& keys_in) {
         seen[static_cast<size_t>(i)] = static_cast<int64_t>(distinct.size());
         distinct.push_back(key);
         first.push_back(i);
+        if (distinct.size() * 2 > capacity) {  // at most half full: rehash the distinct keys, doubled
+          capacity <<= 1;
+          mask = capacity - 1;
+          slot_of.assign(capacity, -1);
+          for (size_t k = 0; k < distinct.size(); ++k) {
+            size_t to = slot(distinct[k]);
+            while (slot_of[to] >= 0) to = (to + 1) & mask;
+            slot_of[to] = static_cast<int64_t>(k);
+          }
+        }
         break;
       }
       if (distinct[static_cast<size_t>(found)] == key) {

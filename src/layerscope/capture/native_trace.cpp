@@ -19,6 +19,7 @@
 // that does not link torch (pybind11's headers come from torch's include folder at build time only),
 // so reading a trace never imports torch.
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <charconv>
@@ -205,9 +206,21 @@ std::string decode(const Val& v) {
 }
 
 
+// Fewer bytes a span than any trace seen (shared traces: 300-2400), so the reserve rarely falls short.
+constexpr int64_t BYTES_PER_SPAN = 256;
+
+// A column handed to Python without a copy: a read-only numpy array over the vector's own buffer,
+// which the array now owns (`v` is left empty). Copying into bytes faulted in and wrote every
+// column a second time at finish, with both copies resident.
 template <typename T>
-py::bytes bytes_of(const std::vector<T>& v) {
-  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+py::array column_of(std::vector<T>& v) {
+  auto* owned = new std::vector<T>(std::move(v));
+  std::vector<T>().swap(v);
+  py::capsule free_it(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  py::array_t<T> out({static_cast<py::ssize_t>(owned->size())}, {static_cast<py::ssize_t>(sizeof(T))},
+                     owned->data(), free_it);
+  py::detail::array_proxy(out.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return std::move(out);
 }
 
 // A pid, tid or flow id as the key Python would use: an int, a string or None (anything else declines).
@@ -234,7 +247,15 @@ py::object id_object(const std::string& key) {
 
 class TraceReader {
  public:
-  explicit TraceReader(bool flops_arg) : flops_arg_(flops_arg) {}
+  // `expect_bytes`: the trace's size when known (0 if not). The span columns reserve room for the
+  // spans such a file holds (traces run ~300-600 bytes a span), so they do not grow by doubling: each
+  // growth faults in fresh pages and copies what came before, and the old and new buffers are both
+  // resident while it does. Room reserved but never filled is never touched, so costs no memory.
+  TraceReader(bool flops_arg, int64_t expect_bytes) : flops_arg_(flops_arg) {
+    const size_t spans = expect_bytes > 0 ? size_t(expect_bytes / BYTES_PER_SPAN) : 0;
+    for (auto* column : {&ts_, &dur_, &seq_, &fwd_, &corr_, &ext_, &flops_, &kind_, &tid_}) column->reserve(spans);
+    for (auto* column : {&name_, &dims_, &types_, &call_}) column->reserve(spans);
+  }
 
   // Parse what `chunk` completes; the bytes of an unfinished unit wait for the next feed. Units are
   // parsed in the chunk itself: only the unfinished unit's bytes are copied (and what it takes from
@@ -948,7 +969,7 @@ py::object TraceReader::finish() {
   out["comms_args"] = bytes_list(comms_args_);
   out["header"] = py::bytes(header_ + "}");
   out["skipped"] = skipped_;
-#define COLUMN(field, key) out[key] = bytes_of(field), std::vector<std::remove_reference_t<decltype(field)>::value_type>().swap(field)
+#define COLUMN(field, key) out[key] = column_of(field)
   COLUMN(name_, "name"); COLUMN(kind_, "kind"); COLUMN(tid_, "tid"); COLUMN(ts_, "ts");
   COLUMN(dur_, "dur"); COLUMN(seq_, "seq"); COLUMN(fwd_, "fwd"); COLUMN(corr_, "corr");
   COLUMN(ext_, "ext"); COLUMN(dims_, "dims_id");
@@ -975,7 +996,7 @@ void register_functions(py::module_& m);  // native_nesting.cpp: attribution's k
 PYBIND11_MODULE(LAYERSCOPE_TRACE_MODULE, m) {
   m.doc() = "layerscope trace reader: Chrome trace JSON into columns, one pass, no object per event";
   py::class_<TraceReader>(m, "TraceReader")
-      .def(py::init<bool>(), py::arg("flops_arg"))
+      .def(py::init<bool, int64_t>(), py::arg("flops_arg"), py::arg("expect_bytes") = 0)
       .def("feed", &TraceReader::feed, py::arg("chunk"))
       .def("declined", &TraceReader::declined)
       .def("finish", &TraceReader::finish);

@@ -29,13 +29,20 @@ class Declined(Exception):
 
 
 def _i64(found: dict[str, Any], key: str) -> np.ndarray:
-    # a view of the reader's bytes (read-only, no copy): the table keeps it as the column
+    # the reader's own column (read-only, no copy): the table keeps it as it is
     return np.frombuffer(found[key], dtype=np.int64)
 
 
 def _i32(found: dict[str, Any], key: str) -> np.ndarray:
     # ids the table never keeps as they are (they index per-distinct arrays): no widening copy
     return np.frombuffer(found[key], dtype=np.int32)
+
+
+def _int_array(found: dict[str, Any], key: str) -> array[int]:
+    # an array("q") of an int64 column, copied as bytes (array() of an ndarray goes item by item)
+    out = array("q")
+    out.frombytes(_i64(found, key).data.cast("B"))
+    return out
 
 
 def _op_flops(found: dict[str, Any], builder: TraceTableBuilder, dims: list[Any]) -> np.ndarray:
@@ -210,8 +217,8 @@ def _side_tables(builder: TraceTableBuilder, found: dict[str, Any], dur: np.ndar
     builder.copy_bytes = {names[n]: b for n, b in copies}
     sync = zip(_i64(found, "sync_stream").tolist(), _i64(found, "sync_corr").tolist(), strict=True)
     builder.table.sync_waits = dict(zip(_i64(found, "sync_span").tolist(), sync, strict=True))
-    builder.handles.spans = array("q", found["handle_span"])
-    builder.handles.handles = array("q", found["handle"])
+    builder.handles.spans = _int_array(found, "handle_span")
+    builder.handles.handles = _int_array(found, "handle")
 
 
 def _python_ids(found: dict[str, Any]) -> dict[int, tuple[Any, Any]]:

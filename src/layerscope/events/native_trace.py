@@ -96,11 +96,12 @@ def read_native(
 ) -> EventTable | None:
     """The trace at ``path`` read by the native reader, or None when it declines (see module doc)."""
     global last_decline
-    reader = module.TraceReader(flops is None)
     try:
         with open(path, "rb") as probe:
             gz = probe.read(2) == b"\x1f\x8b"
         size = path.stat().st_size
+        # the span columns reserve room from the size (of the JSON: unknown for .gz)
+        reader = module.TraceReader(flops is None, 0 if gz else size)
         blocks = _blocks(path)
         for block, position in _overlapped(blocks) if gz else blocks:
             reader.feed(block)

@@ -410,10 +410,13 @@ py::object visit_walk(const std::unordered_set<PyObject*>& wanted) {
 }
 #endif
 
-py::object tracked_of_types(const py::set& types, bool incremental) {
+// `visit`: the interpreter's walk even where the layout is known (3.12+; None before): for tests
+// and benchmarks.
+py::object tracked_of_types(const py::set& types, bool incremental, bool visit) {
   const std::unordered_set<PyObject*> wanted = type_set(types);
 #ifdef LAYERSCOPE_GC_LAYOUT
-  if (GCGeneration* gens = generations()) {
+  GCGeneration* gens = visit ? nullptr : generations();
+  if (gens != nullptr) {
     return layout_walk(wanted, gens, incremental);
   }
 #endif
@@ -468,7 +471,8 @@ py::list storage_spans(const py::list& tensors) {
 
 void register_functions(py::module_& m) {
   m.def("objects_of_types", &of_types, py::arg("objects"), py::arg("types"));
-  m.def("tracked_of_types", &tracked_of_types, py::arg("types"), py::arg("incremental") = true);
+  m.def("tracked_of_types", &tracked_of_types, py::arg("types"), py::arg("incremental") = true,
+        py::arg("visit") = false);
   m.def("walk_stats", &walk_stats);
   m.def("storage_spans", &storage_spans, py::arg("tensors"));
 }

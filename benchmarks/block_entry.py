@@ -13,7 +13,8 @@ of the medians.
 order: bare, layerscope, and layerscope with the scan's whole walk (every object the collector
 tracks, as before the incremental walk; it still leaves the incremental walk's sentinels and weak
 references behind, a few tenths of a ms): before and after, paired; also how many objects each
-walk visited.
+walk visited. On Python 3.12+ a fourth: the whole walk by ``PyUnstable_GC_VisitObjects`` (what
+3.12 ran before the incremental walk was extended to it).
 
     python benchmarks/block_entry.py [--rounds 21] [--first-runs 3] [--clock wall|cpu] [--scan-paths]
 """
@@ -104,12 +105,13 @@ def later_blocks(rounds: int) -> None:
 
 
 @contextmanager
-def whole_walk() -> Iterator[None]:
-    """The scan as it was before the incremental walk: every object the collector tracks visited."""
+def whole_walk(visit: bool = False) -> Iterator[None]:
+    """The scan as it was before the incremental walk: every object the collector tracks visited;
+    ``visit``: by the interpreter's walk (``PyUnstable_GC_VisitObjects``, what 3.12 used before)."""
     module = native.load()
     assert module is not None, "the native module is not built"
     walk = module.tracked_of_types
-    module.tracked_of_types = lambda wanted: walk(wanted, incremental=False)
+    module.tracked_of_types = lambda wanted: walk(wanted, incremental=False, visit=visit)
     try:
         yield
     finally:
@@ -128,10 +130,10 @@ def scan_paths(rounds: int) -> None:
         visited["layerscope"].append(module.walk_stats()[1])
         return times
 
-    def previous(memory: bool) -> tuple[float, float]:
-        with whole_walk():
+    def previous(memory: bool, visit: bool = False) -> tuple[float, float]:
+        with whole_walk(visit):
             times = timed_block("layerscope", memory, model, step)
-        visited["previous"].append(module.walk_stats()[1])
+        visited["visit" if visit else "previous"].append(module.walk_stats()[1])
         return times
 
     contenders: dict[str, Callable[[bool], tuple[float, float]]] = {
@@ -139,16 +141,26 @@ def scan_paths(rounds: int) -> None:
         "layerscope": ours,
         "previous": previous,
     }
+    if module.tracked_of_types({torch.Tensor}, visit=True) is not None:  # 3.12+
+        contenders["visit"] = lambda memory: previous(memory, visit=True)
+        visited["visit"] = []
     for run in list(contenders.values()) * 2:  # warm-up
         run(True)
-    entry: dict[str, list[float]] = {"layerscope": [], "previous": []}
+    entry: dict[str, list[float]] = {name: [] for name in visited}
     for _ in range(rounds):
         order = list(contenders)
         random.shuffle(order)
         times = {name: contenders[name](True)[0] for name in order}
         for name in entry:
             entry[name].append(times[name] - times["bare"])
-    for name, label in (("previous", "before (whole walk)"), ("layerscope", "after (incremental)")):
+    labels = {
+        "visit": "interpreter's walk",
+        "previous": "before (whole walk)",
+        "layerscope": "after (incremental)",
+    }
+    for name, label in labels.items():
+        if name not in entry:
+            continue
         print(
             f"later blocks, memory=True, {label}: entry +{statistics.median(entry[name]) * 1e3:.1f} ms "
             f"beyond bare (median of {rounds} paired rounds); objects visited: median "

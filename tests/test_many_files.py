@@ -283,7 +283,9 @@ def test_worker_warnings_are_shown_here_in_the_files_order() -> None:
             assert [r for _, r, _ in each_file(_warns, paths, jobs=jobs, pool=pool)] == [
                 p.name for p in paths
             ]
-        runs.append([str(w.message) for w in seen])
+        # ours only: Python 3.12+ adds a DeprecationWarning of its own when the pool forks a
+        # multi-threaded process
+        runs.append([str(w.message) for w in seen if issubclass(w.category, LayerscopeWarning)])
     assert runs[0] == runs[1] == [f"f{k}: something odd" for k in range(5)]
 
 

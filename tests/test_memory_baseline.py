@@ -296,6 +296,33 @@ def test_the_walk_of_the_collectors_lists_finds_what_get_objects_finds() -> None
         (gc.enable if was_enabled else gc.disable)()
 
 
+def test_the_interpreters_walk_finds_what_get_objects_finds() -> None:
+    """Where the collector's layout is not the one mirrored (3.13+, free-threaded builds, a failed
+    check), the walk is the interpreter's (``PyUnstable_GC_VisitObjects``, 3.12+): it finds what
+    ``gc.get_objects()`` lists too, frozen objects excluded."""
+    module = native.load()
+    if module is None:
+        pytest.skip("the native module is not built")
+    wanted = {torch.Tensor, nn.Parameter}
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        frozen = torch.randn(3)
+        gc.freeze()
+        young = [torch.randn(6), nn.Parameter(torch.randn(2))]
+        walked = module.tracked_of_types(wanted, visit=True)
+        if walked is None:
+            pytest.skip("PyUnstable_GC_VisitObjects needs Python 3.12")
+        assert module.walk_stats()[2] == "visit"
+        listed = [obj for obj in gc.get_objects() if type(obj) in wanted]
+        assert sorted(map(id, walked)) == sorted(map(id, listed))
+        ids = {id(obj) for obj in walked}
+        assert all(id(t) in ids for t in young) and id(frozen) not in ids
+    finally:
+        gc.unfreeze()
+        (gc.enable if was_enabled else gc.disable)()
+
+
 def test_native_storage_entries_are_the_python_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     """``storage_entries`` in C++ and in Python: the same entries, in order, for plain tensors,
     views, parameters, a subclass, and the ones that hold no memory (skipped)."""

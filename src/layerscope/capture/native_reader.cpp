@@ -12,6 +12,7 @@
 #include <ATen/record_function.h>
 #include <c10/util/ApproximateClock.h>
 #include <pybind11/pybind11.h>
+#include <structmember.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/profiler/collection.h>
 
@@ -257,6 +258,49 @@ const ProfilerResult& result_of(const py::object& results) {
   return results.cast<const ProfilerResult&>();
 }
 
+// Prefetching: the reader is bound by memory, not work. Each event's data is spread over the heap
+// (the KinetoEvent; its Result, whose variant's index sits ~0.5 kB in; the op's name when longer
+// than a short string; its shapes list and each input's dims; its dtypes), most of it out of the
+// caches after a training step, and one event's work is too long for the processor to overlap the
+// next events' misses with it (perf: most of the loop's time was spent waiting on those loads). So
+// the loop asks for each event in three stages, each once the pointers the stage reads have
+// arrived: the KinetoEvent 3 * kAhead events ahead, its Result and lists 2 * kAhead ahead, what
+// those point to (the name, each input's dims) kAhead ahead.
+constexpr size_t kAhead = 8;
+
+void prefetch_bytes(const void* at, size_t size) {
+  const char* begin = static_cast<const char*>(at);
+  for (size_t offset = 0; offset < size; offset += 64) {
+    __builtin_prefetch(begin + offset);
+  }
+  __builtin_prefetch(begin + size - 1);
+}
+
+void prefetch_result(const KinetoEvent& e, bool with_shapes) {
+  if (const Result* result = result_of_event(e)) {
+    prefetch_bytes(result, 192);  // the times, the thread, the op's fields
+    // the variant's index, after its storage
+    __builtin_prefetch(reinterpret_cast<const char*>(&result->extra_fields_ + 1) - 1);
+  }
+  if (with_shapes) {
+    __builtin_prefetch(e.shapes().data());
+    __builtin_prefetch(e.dtypes().data());
+  }
+}
+
+void prefetch_pointed(const KinetoEvent& e, bool with_shapes) {
+  if (const Result* result = result_of_event(e)) {
+    if (const auto* op = std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_)) {
+      __builtin_prefetch(op->name_.data());
+    }
+  }
+  if (with_shapes) {
+    for (const auto& dims : e.shapes()) {
+      __builtin_prefetch(dims.data());
+    }
+  }
+}
+
 // Every event as columns. Memory events (the only ones with a byte count) go to mem_*; the rest are
 // spans, in the order torch lists them, as the pybind reader keeps them.
 py::dict read_columns(const py::object& results, bool with_shapes) {
@@ -267,14 +311,21 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   std::vector<int64_t> span_tid, span_seq, span_fwd_tid, span_corr, span_linked, span_shapes, span_handle;
   std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device, mem_addr;
   std::vector<int64_t> oom_bytes, oom_ts, oom_tid, oom_device, oom_allocated;
-  span_index.reserve(n);
   std::vector<int64_t> span_dtypes;
+  // Room for every event as a span: no column is copied while it grows.
+  for (auto* column : {&span_index, &span_name, &span_activity, &span_ts, &span_dur, &span_tid, &span_seq,
+                       &span_fwd_tid, &span_corr, &span_linked, &span_shapes, &span_handle, &span_dtypes}) {
+    column->reserve(n);
+  }
   Interner names;
   ShapesInterner shapes;
   DtypesInterner dtypes;
   const int64_t no_dtypes = dtypes.texts.id(std::string("[]"));
   const int64_t no_shapes = shapes.texts.id(std::string("[]"));
   for (size_t i = 0; i < n; ++i) {
+    if (i + 3 * kAhead < n) prefetch_bytes(&events[i + 3 * kAhead], sizeof(KinetoEvent));
+    if (i + 2 * kAhead < n) prefetch_result(events[i + 2 * kAhead], with_shapes);
+    if (i + kAhead < n) prefetch_pointed(events[i + kAhead], with_shapes);
     const KinetoEvent& e = events[i];
     const int64_t nbytes = e.nBytes();
     if (nbytes != 0) {
@@ -520,6 +571,66 @@ py::object activity_name(int64_t code) {
   return py::none();
 }
 
+// ----- rows --------------------------------------------------------------------------------------
+// Objects of a slots class (the profile's frozen dataclasses: Metrics, OpStats) made from columns
+// without running its __init__. A frozen dataclass's __init__ sets each field through
+// object.__setattr__ (~5 us for an op row and its Metrics, 24 fields); here each object is allocated
+// by its type, as object.__new__ does, and its slots are filled with the column's items, which is
+// what that __init__ leaves behind. The caller (attribution/op_rows.py) names every slot of a class
+// without __post_init__; each name must be a writable object slot of the class, each column a list.
+py::list slot_objects(const py::handle& cls, const py::sequence& names, const py::sequence& columns) {
+  if (!PyType_Check(cls.ptr())) {
+    throw py::type_error("slot_objects: not a class");
+  }
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  const size_t width = py::len(names);
+  if (py::len(columns) != width) {
+    throw py::value_error("slot_objects: one column per slot");
+  }
+  std::vector<Py_ssize_t> offsets;
+  std::vector<PyObject*> lists;  // borrowed: `columns` holds them
+  Py_ssize_t rows = 0;
+  for (size_t j = 0; j < width; ++j) {
+    const py::object name = names[j];
+    PyObject* descr = _PyType_Lookup(type, name.ptr());  // borrowed
+    if (descr == nullptr || Py_TYPE(descr) != &PyMemberDescr_Type) {
+      throw py::type_error("slot_objects: not a slot of the class: " + py::str(name).cast<std::string>());
+    }
+    const PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
+    if (member->type != T_OBJECT_EX || (member->flags & READONLY) != 0 ||
+        member->offset + static_cast<Py_ssize_t>(sizeof(PyObject*)) > type->tp_basicsize) {
+      throw py::type_error("slot_objects: not a writable object slot: " + py::str(name).cast<std::string>());
+    }
+    const py::object column = columns[j];
+    if (!PyList_Check(column.ptr())) {
+      throw py::type_error("slot_objects: a column is not a list");
+    }
+    const Py_ssize_t size = PyList_GET_SIZE(column.ptr());
+    if (j == 0) {
+      rows = size;
+    } else if (size != rows) {
+      throw py::value_error("slot_objects: columns of different lengths");
+    }
+    offsets.push_back(member->offset);
+    lists.push_back(column.ptr());
+  }
+  py::list out(rows);
+  for (Py_ssize_t i = 0; i < rows; ++i) {
+    PyObject* object = type->tp_alloc(type, 0);  // slots start NULL, as after object.__new__
+    if (object == nullptr) {
+      throw py::error_already_set();
+    }
+    char* base = reinterpret_cast<char*>(object);
+    for (size_t j = 0; j < width; ++j) {
+      PyObject* value = PyList_GET_ITEM(lists[j], i);
+      Py_INCREF(value);
+      *reinterpret_cast<PyObject**>(base + offsets[j]) = value;
+    }
+    PyList_SET_ITEM(out.ptr(), i, object);  // steals the reference
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace layerscope_lines {
@@ -541,6 +652,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("first_dtypes", &first_dtypes, py::arg("results"), py::arg("packed_indices"));
   m.def("event_at", &event_at, py::arg("results"), py::arg("index"));
   m.def("activity_name", &activity_name, py::arg("code"));
+  m.def("slot_objects", &slot_objects, py::arg("cls"), py::arg("names"), py::arg("columns"));
   m.def("marks_start", &marks_start);
   m.def("mark", &mark, py::arg("code"));
   m.def("marks_stop", &marks_stop);

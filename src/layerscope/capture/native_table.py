@@ -16,7 +16,7 @@ from layerscope.capture.event_columns import (
     set_flop_dtypes,
 )
 from layerscope.capture.flops import FlopCalculator
-from layerscope.events.shapes import dtypes_key_from_json, shapes_key_from_json
+from layerscope.events.shapes import dtypes_key_from_json, first_input_dtype, shapes_key_from_json
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
 
 
@@ -93,7 +93,7 @@ def table_from_native(
             keys, concrete = _concrete_inputs(module, kineto_results, indices)
             count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
             if hasattr(module, "first_dtypes"):
-                set_flop_dtypes(table, picked, module.first_dtypes(kineto_results, indices.tobytes()))
+                set_flop_dtypes(table, picked, _first_dtypes(module, kineto_results, cols, picked, indices))
     table.span_flops = span_flops
     return table
 
@@ -103,6 +103,29 @@ def _interned(table: EventTable, texts: list[bytes], local: np.ndarray) -> np.nd
     ids = [dtypes_key_from_json(b) for b in texts]
     found = np.array([table.intern(k) if k is not None else -1 for k in ids], dtype=np.int64)
     return found[local] if len(texts) else local
+
+
+def _first_dtypes(
+    module: Any, kineto_results: Any, cols: dict[str, Any], picked: list[int], indices: np.ndarray
+) -> list[str]:
+    """The first typed input's dtype of each picked span ("" when none), as ``module.first_dtypes``
+    reads it: from the dtypes list the reader interned for the span (each distinct list parsed
+    once: reading every event's list again cost ~2 µs an event), and from torch for the spans read
+    without one (an op recorded without shapes)."""
+    if "span_dtypes" not in cols:
+        found: list[str] = module.first_dtypes(kineto_results, indices.tobytes())
+        return found
+    texts: list[bytes] = cols["dtypes"]
+    first = [first_input_dtype(orjson.loads(text)) or "" for text in texts]
+    local = _column(cols["span_dtypes"])[picked].tolist()
+    found = [first[i] for i in local]
+    unread = [k for k, i in enumerate(local) if texts[i] == b"[]"]
+    if unread:
+        for k, dtype in zip(
+            unread, module.first_dtypes(kineto_results, indices[unread].tobytes()), strict=True
+        ):
+            found[k] = dtype
+    return found
 
 
 def _out_of_memory(cols: dict[str, Any], cpu_only: bool) -> list[OutOfMemory]:

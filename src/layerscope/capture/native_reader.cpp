@@ -150,10 +150,18 @@ struct ShapesInterner {
   Interner texts;
 
   int64_t id(const c10::ArrayRef<std::vector<int64_t>>& shapes) {
-    key.clear();
+    size_t size = shapes.size();
     for (const auto& dims : shapes) {
-      key.push_back(static_cast<int64_t>(dims.size()));
-      key.insert(key.end(), dims.begin(), dims.end());
+      size += dims.size();
+    }
+    key.resize(size);  // written in place: growing it an item at a time cost more than the lookup
+    int64_t* at = key.data();
+    for (const auto& dims : shapes) {
+      *at++ = static_cast<int64_t>(dims.size());
+      if (!dims.empty()) {
+        std::memcpy(at, dims.data(), dims.size() * sizeof(int64_t));
+        at += dims.size();
+      }
     }
     auto found = ids.find(key);
     if (found != ids.end()) {
@@ -409,6 +417,29 @@ std::vector<int64_t> unpack_indices(const py::bytes& packed_indices) {
   return indices;
 }
 
+// One event's concrete inputs as a JSON array into `text`; false where an input is of a kind the
+// writer above does not know.
+bool concrete_text(const KinetoEvent& e, std::string& text) {
+  text.assign("[");
+  bool known = true;
+  if (e.hasConcreteInputs()) {
+    const auto inputs = e.concreteInputs();
+    for (size_t i = 0; i < inputs.size() && known; ++i) {
+      if (i) text.push_back(',');
+      known = append_ivalue(text, inputs[i]);
+    }
+  }
+  text.push_back(']');
+  return known;
+}
+
+const KinetoEvent& event_of(const std::vector<KinetoEvent>& events, int64_t index) {
+  if (index < 0 || static_cast<size_t>(index) >= events.size()) {
+    throw py::index_error("event index out of range");
+  }
+  return events[static_cast<size_t>(index)];
+}
+
 // The concrete inputs of the events at `packed_indices` (positions in torch's event list, packed
 // int64) as JSON arrays, or None where an input is of a kind the writer above does not know (the
 // caller then asks torch's bindings).
@@ -418,24 +449,25 @@ py::list concrete_inputs(const py::object& results, const py::bytes& packed_indi
   py::list out(indices.size());
   std::string text;
   for (size_t k = 0; k < indices.size(); ++k) {
-    const auto index = indices[k];
-    if (index < 0 || static_cast<size_t>(index) >= events.size()) {
-      throw py::index_error("event index out of range");
-    }
-    const KinetoEvent& e = events[static_cast<size_t>(index)];
-    text.assign("[");
-    bool known = true;
-    if (e.hasConcreteInputs()) {
-      const auto inputs = e.concreteInputs();
-      for (size_t i = 0; i < inputs.size() && known; ++i) {
-        if (i) text.push_back(',');
-        known = append_ivalue(text, inputs[i]);
-      }
-    }
-    text.push_back(']');
+    const bool known = concrete_text(event_of(events, indices[k]), text);
     out[k] = known ? py::object(py::bytes(text)) : py::object(py::none());
   }
   return out;
+}
+
+// concrete_inputs with each distinct text once: (per event its text's number in first-seen order,
+// -1 where the writer does not know an input's kind, as packed int64; the texts). Training repeats
+// the same calls step after step: a few dozen texts for thousands of events.
+py::tuple concrete_input_ids(const py::object& results, const py::bytes& packed_indices) {
+  const auto& events = result_of(results).events();
+  const std::vector<int64_t> indices = unpack_indices(packed_indices);
+  std::vector<int64_t> ids(indices.size());
+  Interner texts;
+  std::string text;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    ids[k] = concrete_text(event_of(events, indices[k]), text) ? texts.id(text) : -1;
+  }
+  return py::make_tuple(column(ids), texts.as_bytes());
 }
 
 // The dtype of the first typed input of the events at `packed_indices` ("" when none): what FLOPs
@@ -649,6 +681,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
   m.def("concrete_inputs", &concrete_inputs, py::arg("results"), py::arg("packed_indices"));
+  m.def("concrete_input_ids", &concrete_input_ids, py::arg("results"), py::arg("packed_indices"));
   m.def("first_dtypes", &first_dtypes, py::arg("results"), py::arg("packed_indices"));
   m.def("event_at", &event_at, py::arg("results"), py::arg("index"));
   m.def("activity_name", &activity_name, py::arg("code"));

@@ -10,6 +10,7 @@ import orjson
 
 from layerscope.capture.event_columns import (
     count_flops,
+    count_flops_by_call,
     decode_names,
     flop_candidates,
     kind_of_activity,
@@ -88,10 +89,13 @@ def table_from_native(
     if flops is not None:
         picked = flop_candidates(table, set(name_of_local.tolist()), flops)
         if picked:
-            shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
             indices = _column(cols["span_index"])[picked]
-            keys, concrete = _concrete_inputs(module, kineto_results, indices)
-            count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
+            if hasattr(module, "concrete_input_ids"):
+                _count_flops_by_call(module, kineto_results, table, flops, span_flops, picked, cols)
+            else:  # a module built before it numbered the calls
+                shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
+                keys, concrete = _concrete_inputs(module, kineto_results, indices)
+                count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
             if hasattr(module, "first_dtypes"):
                 set_flop_dtypes(table, picked, _first_dtypes(module, kineto_results, cols, picked, indices))
     table.span_flops = span_flops
@@ -155,6 +159,42 @@ def _span_kinds(module: Any, kineto_results: Any, cols: dict[str, Any], cpu_only
             name = event.activity_type()
         lookup[code] = int(kind_of_activity(name))
     return lookup[activity] if len(activity) else activity
+
+
+def _count_flops_by_call(
+    module: Any,
+    kineto_results: Any,
+    table: EventTable,
+    flops: FlopCalculator,
+    span_flops: list[int],
+    picked: list[int],
+    cols: dict[str, Any],
+) -> None:
+    """FLOPs of the picked spans, each distinct call counted once: the reader numbers the scalar
+    arguments' texts, so a call is (name, shapes, arguments) as three numbers. Arguments the C++
+    writer leaves to torch are keyed by their JSON, as :func:`_concrete_inputs` keys them, in the
+    same numbering (one text, one number, whichever wrote it)."""
+    indices = _column(cols["span_index"])[picked]
+    packed_ids, texts = module.concrete_input_ids(kineto_results, indices.tobytes())
+    text_ids = _column(packed_ids).copy()
+    torch_values: dict[int, Any] = {}  # by position in picked: the values torch's bindings gave
+    unknown = np.flatnonzero(text_ids < 0).tolist()
+    if unknown:
+        number = {text: i for i, text in enumerate(texts)}
+        for k in unknown:
+            value = module.event_at(kineto_results, int(indices[k])).concrete_inputs()
+            text_ids[k] = number.setdefault(orjson.dumps(value, default=str), len(number))
+            torch_values[k] = value
+    local_shapes = _column(cols["span_shapes"])[picked]
+    shape_texts: list[bytes] = cols["shapes"]
+    width = int(text_ids.max()) + 1 if text_ids.size else 1
+    call_of = (table.array("span_name")[picked] * (len(shape_texts) + 1) + local_shapes) * width + text_ids
+
+    def call_inputs(k: int) -> tuple[bytes, Any]:
+        inputs = torch_values[k] if k in torch_values else texts[int(text_ids[k])]
+        return shape_texts[int(local_shapes[k])], inputs
+
+    count_flops_by_call(table, flops, span_flops, picked, call_of, call_inputs)
 
 
 def _concrete_inputs(

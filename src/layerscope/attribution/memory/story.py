@@ -131,7 +131,7 @@ class MemoryStory:
         free_at = np.full(n, -1, dtype=np.int64)
         if not n or not self.addressed:
             return free_at
-        by_addr = np.lexsort((np.arange(n), self.addr))
+        by_addr = np.argsort(self.addr, kind="stable")  # by address, then time (index) order
         same_next = self.addr[by_addr[1:]] == self.addr[by_addr[:-1]]
         is_alloc = self.nbytes[by_addr[:-1]] > 0
         next_is_free = self.nbytes[by_addr[1:]] < 0

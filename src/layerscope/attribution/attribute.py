@@ -52,7 +52,7 @@ from layerscope.attribution.nesting import (
     outermost_flops,
     time_order,
 )
-from layerscope.attribution.op_rows import SpanFigures, op_rows
+from layerscope.attribution.op_rows import SpanFigures, make_objects, op_rows
 from layerscope.attribution.profile_meta import full_meta as table_meta
 from layerscope.attribution.recompute import stopped_recompute_ops
 from layerscope.attribution.span_bytes import SpanBytes, span_bytes
@@ -303,17 +303,24 @@ def _bucket_metrics(
     if table.memory_count:
         w = peak_windows(table, order, nested.parent, nested.bucket, buckets, swept)
         window_peaks(table, w.tid, w.start, w.end, w.bucket, peaks)
-    per_bucket = {  # lists, not arrays: read one element at a time
-        "cpu_us": (self_cpu_ns / 1000.0).tolist(),
-        "device_us": (self_dev_ns / 1000.0).tolist(),
-        "flops": self_flops,
-        "cpu_alloc_bytes": mem.cpu_alloc.tolist(),
-        "device_alloc_bytes": mem.device_alloc.tolist(),
-        "net_bytes": mem.net.tolist(),
-        "cpu_relative_peak_bytes": [cpu for cpu, _ in peaks],
-        "device_relative_peak_bytes": [dev for _, dev in peaks],
-    }
-    return [own_metrics(per_bucket, b) for b in range(nb)]
+    # Each bucket's figures are all its own (own_metrics: self = total, times as floats, the rest as
+    # ints), made a column at a time.
+    cpu_us = [float(v) for v in (self_cpu_ns / 1000.0).tolist()]
+    device_us = [float(v) for v in (self_dev_ns / 1000.0).tolist()]
+    flops = [int(v) for v in self_flops]
+    cpu_alloc, device_alloc, net = (
+        [int(v) for v in m.tolist()] for m in (mem.cpu_alloc, mem.device_alloc, mem.net)
+    )
+    columns: list[list[Any]] = [cpu_us, cpu_us, device_us, device_us, flops, flops, cpu_alloc, cpu_alloc]
+    columns += [
+        device_alloc,
+        device_alloc,
+        net,
+        net,
+        [int(cpu) for cpu, _ in peaks],
+        [int(dev) for _, dev in peaks],
+    ]
+    return make_objects(Metrics, columns)
 
 
 def _unattributed(buckets: Buckets, per_bucket: list[Metrics]) -> tuple[UnattributedEntry, ...]:

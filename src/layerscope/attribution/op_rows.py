@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -22,6 +22,8 @@ from layerscope.attribution.span_bytes import SpanBytes
 from layerscope.events.table import EventTable
 from layerscope.model.metrics import Metrics
 from layerscope.model.profile import OpStats, Phase
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,24 +70,49 @@ def op_rows(
     modules = [buckets.where(b, catalog) if buckets.is_module(b) else None for b in range(buckets.count)]
     scopes = ["" if buckets.is_module(b) else buckets.where(b, catalog) for b in range(buckets.count)]
     all_stacks = stacks[1] if stacks is not None else []
-    result: list[OpStats] = []
-    columns = zip(*row_keys, calls, exact_flops, *sums, row_bytes, row_dtypes, strict=True)
-    for name_id, b, shape_id, stack_id, count, fl, *v, moved, dtype in columns:
-        result.append(
-            OpStats(
-                name=names[name_id],
-                phase=phases[b],
-                module=modules[b],
-                input_shapes=names[shape_id] if shape_id >= 0 else None,
-                calls=count,
-                metrics=Metrics(v[0], v[1], v[2], v[3], fl, fl, v[4], v[5], v[6], v[7], v[8], v[9]),
-                scope=scopes[b],
-                stack=all_stacks[stack_id] if stack_id >= 0 else (),
-                bytes=moved,
-                dtype=dtype,
-            )
-        )
+    name_ids, row_buckets, shape_ids, stack_ids = row_keys
+    zeros = [0] * len(name_ids)  # the peaks: op rows have none
+    metrics = make_objects(Metrics, [*sums[:4], exact_flops, exact_flops, *sums[4:], zeros, zeros])
+    result = make_objects(
+        OpStats,
+        [
+            [names[i] for i in name_ids],
+            [phases[b] for b in row_buckets],
+            [modules[b] for b in row_buckets],
+            [names[i] if i >= 0 else None for i in shape_ids],
+            calls,
+            metrics,
+            [scopes[b] for b in row_buckets],
+            [all_stacks[i] if i >= 0 else () for i in stack_ids],
+            row_bytes,
+            row_dtypes,
+        ],
+    )
     return (*result, *_unlinked_rows(table, unlinked_device))
+
+
+#: The native module whose ``slot_objects`` makes rows (``capture/native_reader.cpp``), or None.
+_native: Any = None
+
+
+def use(module: Any) -> None:
+    """Make rows with ``module``'s ``slot_objects`` from now on (None, or a module without it: their
+    ``__init__``). Handed over where a live capture is read (``capture/kineto.py``), as attribution
+    cannot import capture."""
+    global _native
+    _native = module if module is not None and hasattr(module, "slot_objects") else None
+
+
+def make_objects(cls: type[T], columns: list[list[Any]]) -> list[T]:
+    """``[cls(*row) for row in zip(*columns)]`` for a frozen slots dataclass without ``__post_init__``
+    (``Metrics``, ``OpStats``), one column per field in order: with the native module, each object's
+    slots are filled directly (a frozen ``__init__`` sets every field through ``object.__setattr__``:
+    ~5 µs an op row, most of the rows' cost), else by ``__init__``. The same objects either way
+    (``tests/test_op_rows_fast.py``)."""
+    if _native is not None:
+        found: list[T] = _native.slot_objects(cls, cls.__slots__, columns)  # type: ignore[attr-defined]
+        return found
+    return [cls(*row) for row in zip(*columns, strict=True)]
 
 
 def _fold_same_name_children(

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from layerscope.attribution.buckets import Buckets, NameRoles
 from layerscope.attribution.catalog import ModuleInfo
 from layerscope.attribution.nesting import Sweep
 from layerscope.events.table import EventTable
-from layerscope.model.metrics import ADDITIVE_PAIRS, PEAK_FIELDS, Metrics
+from layerscope.model.metrics import ADDITIVE_PAIRS, FIELD_NAMES, PEAK_FIELDS, Metrics
 from layerscope.model.profile import ModuleNode
 
 
 def with_children_totals(own: Metrics, children: list[Metrics]) -> Metrics:
     """``own`` holds self figures; return it with totals = self + children's totals and peaks maxed."""
-    values: dict[str, float | int] = {}
-    for self_name, total_name in ADDITIVE_PAIRS:
-        value = getattr(own, self_name)
-        values[self_name] = value
-        values[total_name] = value + sum(getattr(c, total_name) for c in children)
-    for name in PEAK_FIELDS:
-        values[name] = max([getattr(own, name)] + [getattr(c, name) for c in children])
-    return Metrics(**values)  # type: ignore[arg-type]
+    values: list[Any] = own.to_list()
+    kids = [c.to_list() for c in children]
+    for self_at, total_at in _PAIR_AT:
+        values[total_at] = values[self_at] + sum(k[total_at] for k in kids)
+    for at in _PEAK_AT:
+        values[at] = max([values[at]] + [k[at] for k in kids])
+    return Metrics(*values)
+
+
+#: Positions in ``Metrics.to_list()`` of each additive pair (self, total) and of the peaks.
+_PAIR_AT = [(FIELD_NAMES.index(s), FIELD_NAMES.index(t)) for s, t in ADDITIVE_PAIRS]
+_PEAK_AT = [FIELD_NAMES.index(name) for name in PEAK_FIELDS]
 
 
 def assemble_tree(

@@ -4,7 +4,7 @@ the name of undecodable events, and FLOP counting for the ops that have a formul
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -137,6 +137,34 @@ def count_flops(
             values = orjson.loads(inputs) if isinstance(inputs, bytes) else inputs
             found = cache[key] = flops.count(table.names[key[0]], orjson.loads(shapes_json), values)
         span_flops[j] = found
+
+
+def count_flops_by_call(
+    table: EventTable,
+    flops: FlopCalculator,
+    span_flops: list[int],
+    picked: list[int],
+    call_of: np.ndarray,
+    call_inputs: Callable[[int], Any],
+) -> None:
+    """:func:`count_flops` where the reader has numbered each picked span's call: ``call_of[k]`` is
+    the number of ``picked[k]``'s distinct (op, shapes, scalar arguments), and ``call_inputs(k)``
+    gives the shapes (JSON) and scalar arguments (JSON text, or torch's values) of ``picked[k]``.
+    Each distinct call is counted once, from its first span, in order of first appearance, as
+    :func:`count_flops` counts them; no Python runs per span but to place the counts."""
+    if not picked:
+        return
+    _, first, inverse = np.unique(call_of, return_index=True, return_inverse=True)
+    counted = [0] * first.size
+    names = table.names
+    name_ids = table.array("span_name")
+    for call in np.argsort(first, kind="stable").tolist():
+        k = int(first[call])
+        shapes_json, inputs = call_inputs(k)
+        values = orjson.loads(inputs) if isinstance(inputs, bytes) else inputs
+        counted[call] = flops.count(names[int(name_ids[picked[k]])], orjson.loads(shapes_json), values)
+    for j, call in zip(picked, inverse.reshape(-1).tolist(), strict=True):
+        span_flops[j] = counted[call]
 
 
 def set_flop_dtypes(table: EventTable, picked: list[int], dtypes: list[str]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from layerscope.attribution import nest_native
+from layerscope.attribution import nest_native, op_rows
 from layerscope.capture import native
 from layerscope.capture.bindings_reader import table_from_bindings
 from layerscope.capture.flops import FlopCalculator
@@ -38,6 +38,8 @@ def table_from_kineto(
     # Attribution's kernels (nesting, grouping) come with the torch-free native module: handed over
     # here, since attribution cannot import capture; numpy where it is not built or turned off.
     nest_native.use(native.load_trace_reader())
+    # So does the maker of op rows' objects, in this module (filling their slots directly).
+    op_rows.use(native.load())
     if reader is not None:
         table = table_from_native(reader, kineto_results, flops, shapes, cpu_only)
         table.meta["reader"] = "native"

@@ -12,6 +12,7 @@
 #include <ATen/record_function.h>
 #include <c10/util/ApproximateClock.h>
 #include <pybind11/pybind11.h>
+#include <structmember.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/profiler/collection.h>
 
@@ -150,10 +151,18 @@ struct ShapesInterner {
   Interner texts;
 
   int64_t id(const c10::ArrayRef<std::vector<int64_t>>& shapes) {
-    key.clear();
+    size_t size = shapes.size();
     for (const auto& dims : shapes) {
-      key.push_back(static_cast<int64_t>(dims.size()));
-      key.insert(key.end(), dims.begin(), dims.end());
+      size += dims.size();
+    }
+    key.resize(size);  // written in place: growing it an item at a time cost more than the lookup
+    int64_t* at = key.data();
+    for (const auto& dims : shapes) {
+      *at++ = static_cast<int64_t>(dims.size());
+      if (!dims.empty()) {
+        std::memcpy(at, dims.data(), dims.size() * sizeof(int64_t));
+        at += dims.size();
+      }
     }
     auto found = ids.find(key);
     if (found != ids.end()) {
@@ -258,6 +267,49 @@ const ProfilerResult& result_of(const py::object& results) {
   return results.cast<const ProfilerResult&>();
 }
 
+// Prefetching: the reader is bound by memory, not work. Each event's data is spread over the heap
+// (the KinetoEvent; its Result, whose variant's index sits ~0.5 kB in; the op's name when longer
+// than a short string; its shapes list and each input's dims; its dtypes), most of it out of the
+// caches after a training step, and one event's work is too long for the processor to overlap the
+// next events' misses with it (perf: most of the loop's time was spent waiting on those loads). So
+// the loop asks for each event in three stages, each once the pointers the stage reads have
+// arrived: the KinetoEvent 3 * kAhead events ahead, its Result and lists 2 * kAhead ahead, what
+// those point to (the name, each input's dims) kAhead ahead.
+constexpr size_t kAhead = 8;
+
+void prefetch_bytes(const void* at, size_t size) {
+  const char* begin = static_cast<const char*>(at);
+  for (size_t offset = 0; offset < size; offset += 64) {
+    __builtin_prefetch(begin + offset);
+  }
+  __builtin_prefetch(begin + size - 1);
+}
+
+void prefetch_result(const KinetoEvent& e, bool with_shapes) {
+  if (const Result* result = result_of_event(e)) {
+    prefetch_bytes(result, 192);  // the times, the thread, the op's fields
+    // the variant's index, after its storage
+    __builtin_prefetch(reinterpret_cast<const char*>(&result->extra_fields_ + 1) - 1);
+  }
+  if (with_shapes) {
+    __builtin_prefetch(e.shapes().data());
+    __builtin_prefetch(e.dtypes().data());
+  }
+}
+
+void prefetch_pointed(const KinetoEvent& e, bool with_shapes) {
+  if (const Result* result = result_of_event(e)) {
+    if (const auto* op = std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_)) {
+      __builtin_prefetch(op->name_.data());
+    }
+  }
+  if (with_shapes) {
+    for (const auto& dims : e.shapes()) {
+      __builtin_prefetch(dims.data());
+    }
+  }
+}
+
 // Every event as columns. Memory events (the only ones with a byte count) go to mem_*; the rest are
 // spans, in the order torch lists them, as the pybind reader keeps them.
 py::dict read_columns(const py::object& results, bool with_shapes) {
@@ -268,14 +320,21 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   std::vector<int64_t> span_tid, span_seq, span_fwd_tid, span_corr, span_linked, span_shapes, span_handle;
   std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device, mem_addr;
   std::vector<int64_t> oom_bytes, oom_ts, oom_tid, oom_device, oom_allocated;
-  span_index.reserve(n);
   std::vector<int64_t> span_dtypes;
+  // Room for every event as a span: no column is copied while it grows.
+  for (auto* column : {&span_index, &span_name, &span_activity, &span_ts, &span_dur, &span_tid, &span_seq,
+                       &span_fwd_tid, &span_corr, &span_linked, &span_shapes, &span_handle, &span_dtypes}) {
+    column->reserve(n);
+  }
   Interner names;
   ShapesInterner shapes;
   DtypesInterner dtypes;
   const int64_t no_dtypes = dtypes.texts.id(std::string("[]"));
   const int64_t no_shapes = shapes.texts.id(std::string("[]"));
   for (size_t i = 0; i < n; ++i) {
+    if (i + 3 * kAhead < n) prefetch_bytes(&events[i + 3 * kAhead], sizeof(KinetoEvent));
+    if (i + 2 * kAhead < n) prefetch_result(events[i + 2 * kAhead], with_shapes);
+    if (i + kAhead < n) prefetch_pointed(events[i + kAhead], with_shapes);
     const KinetoEvent& e = events[i];
     const int64_t nbytes = e.nBytes();
     if (nbytes != 0) {
@@ -359,6 +418,29 @@ std::vector<int64_t> unpack_indices(const py::bytes& packed_indices) {
   return indices;
 }
 
+// One event's concrete inputs as a JSON array into `text`; false where an input is of a kind the
+// writer above does not know.
+bool concrete_text(const KinetoEvent& e, std::string& text) {
+  text.assign("[");
+  bool known = true;
+  if (e.hasConcreteInputs()) {
+    const auto inputs = e.concreteInputs();
+    for (size_t i = 0; i < inputs.size() && known; ++i) {
+      if (i) text.push_back(',');
+      known = append_ivalue(text, inputs[i]);
+    }
+  }
+  text.push_back(']');
+  return known;
+}
+
+const KinetoEvent& event_of(const std::vector<KinetoEvent>& events, int64_t index) {
+  if (index < 0 || static_cast<size_t>(index) >= events.size()) {
+    throw py::index_error("event index out of range");
+  }
+  return events[static_cast<size_t>(index)];
+}
+
 // The concrete inputs of the events at `packed_indices` (positions in torch's event list, packed
 // int64) as JSON arrays, or None where an input is of a kind the writer above does not know (the
 // caller then asks torch's bindings).
@@ -368,24 +450,51 @@ py::list concrete_inputs(const py::object& results, const py::bytes& packed_indi
   py::list out(indices.size());
   std::string text;
   for (size_t k = 0; k < indices.size(); ++k) {
-    const auto index = indices[k];
-    if (index < 0 || static_cast<size_t>(index) >= events.size()) {
-      throw py::index_error("event index out of range");
-    }
-    const KinetoEvent& e = events[static_cast<size_t>(index)];
-    text.assign("[");
-    bool known = true;
-    if (e.hasConcreteInputs()) {
-      const auto inputs = e.concreteInputs();
-      for (size_t i = 0; i < inputs.size() && known; ++i) {
-        if (i) text.push_back(',');
-        known = append_ivalue(text, inputs[i]);
-      }
-    }
-    text.push_back(']');
+    const bool known = concrete_text(event_of(events, indices[k]), text);
     out[k] = known ? py::object(py::bytes(text)) : py::object(py::none());
   }
   return out;
+}
+
+// The event at indices[k], when k and the index are in range (for prefetching), else null.
+const KinetoEvent* event_ahead(const std::vector<KinetoEvent>& events, const std::vector<int64_t>& indices, size_t k) {
+  if (k >= indices.size() || indices[k] < 0 || static_cast<size_t>(indices[k]) >= events.size()) {
+    return nullptr;
+  }
+  return &events[static_cast<size_t>(indices[k])];
+}
+
+// concrete_inputs with each distinct text once: (per event its text's number in first-seen order,
+// -1 where the writer does not know an input's kind, as packed int64; the texts). Training repeats
+// the same calls step after step: a few dozen texts for thousands of events.
+py::tuple concrete_input_ids(const py::object& results, const py::bytes& packed_indices) {
+  const auto& events = result_of(results).events();
+  const std::vector<int64_t> indices = unpack_indices(packed_indices);
+  std::vector<int64_t> ids(indices.size());
+  Interner texts;
+  std::string text;
+  const size_t count = indices.size();
+  for (size_t k = 0; k < count; ++k) {
+    // The events are far apart (a FLOP-counted op among many): ask for each ahead in stages, as
+    // read_columns does: the KinetoEvent, then its inputs (IValues), then what those point to
+    // (the lists of ints a convolution's arguments are).
+    if (const KinetoEvent* ahead = event_ahead(events, indices, k + 3 * kAhead)) {
+      prefetch_bytes(ahead, sizeof(KinetoEvent));
+    }
+    if (const KinetoEvent* ahead = event_ahead(events, indices, k + 2 * kAhead);
+        ahead != nullptr && ahead->hasConcreteInputs()) {
+      const auto inputs = ahead->concreteInputs();
+      if (!inputs.empty()) prefetch_bytes(inputs.data(), inputs.size() * sizeof(c10::IValue));
+    }
+    if (const KinetoEvent* ahead = event_ahead(events, indices, k + kAhead);
+        ahead != nullptr && ahead->hasConcreteInputs()) {
+      for (const auto& input : ahead->concreteInputs()) {
+        if (input.isPtrType()) __builtin_prefetch(input.internalToPointer());
+      }
+    }
+    ids[k] = concrete_text(event_of(events, indices[k]), text) ? texts.id(text) : -1;
+  }
+  return py::make_tuple(column(ids), texts.as_bytes());
 }
 
 // The dtype of the first typed input of the events at `packed_indices` ("" when none): what FLOPs
@@ -547,6 +656,66 @@ py::object activity_name(int64_t code) {
   return py::none();
 }
 
+// ----- rows --------------------------------------------------------------------------------------
+// Objects of a slots class (the profile's frozen dataclasses: Metrics, OpStats) made from columns
+// without running its __init__. A frozen dataclass's __init__ sets each field through
+// object.__setattr__ (~5 us for an op row and its Metrics, 24 fields); here each object is allocated
+// by its type, as object.__new__ does, and its slots are filled with the column's items, which is
+// what that __init__ leaves behind. The caller (attribution/op_rows.py) names every slot of a class
+// without __post_init__; each name must be a writable object slot of the class, each column a list.
+py::list slot_objects(const py::handle& cls, const py::sequence& names, const py::sequence& columns) {
+  if (!PyType_Check(cls.ptr())) {
+    throw py::type_error("slot_objects: not a class");
+  }
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  const size_t width = py::len(names);
+  if (py::len(columns) != width) {
+    throw py::value_error("slot_objects: one column per slot");
+  }
+  std::vector<Py_ssize_t> offsets;
+  std::vector<PyObject*> lists;  // borrowed: `columns` holds them
+  Py_ssize_t rows = 0;
+  for (size_t j = 0; j < width; ++j) {
+    const py::object name = names[j];
+    PyObject* descr = _PyType_Lookup(type, name.ptr());  // borrowed
+    if (descr == nullptr || Py_TYPE(descr) != &PyMemberDescr_Type) {
+      throw py::type_error("slot_objects: not a slot of the class: " + py::str(name).cast<std::string>());
+    }
+    const PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
+    if (member->type != T_OBJECT_EX || (member->flags & READONLY) != 0 ||
+        member->offset + static_cast<Py_ssize_t>(sizeof(PyObject*)) > type->tp_basicsize) {
+      throw py::type_error("slot_objects: not a writable object slot: " + py::str(name).cast<std::string>());
+    }
+    const py::object column = columns[j];
+    if (!PyList_Check(column.ptr())) {
+      throw py::type_error("slot_objects: a column is not a list");
+    }
+    const Py_ssize_t size = PyList_GET_SIZE(column.ptr());
+    if (j == 0) {
+      rows = size;
+    } else if (size != rows) {
+      throw py::value_error("slot_objects: columns of different lengths");
+    }
+    offsets.push_back(member->offset);
+    lists.push_back(column.ptr());
+  }
+  py::list out(rows);
+  for (Py_ssize_t i = 0; i < rows; ++i) {
+    PyObject* object = type->tp_alloc(type, 0);  // slots start NULL, as after object.__new__
+    if (object == nullptr) {
+      throw py::error_already_set();
+    }
+    char* base = reinterpret_cast<char*>(object);
+    for (size_t j = 0; j < width; ++j) {
+      PyObject* value = PyList_GET_ITEM(lists[j], i);
+      Py_INCREF(value);
+      *reinterpret_cast<PyObject**>(base + offsets[j]) = value;
+    }
+    PyList_SET_ITEM(out.ptr(), i, object);  // steals the reference
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace layerscope_lines {
@@ -565,9 +734,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
   m.def("concrete_inputs", &concrete_inputs, py::arg("results"), py::arg("packed_indices"));
+  m.def("concrete_input_ids", &concrete_input_ids, py::arg("results"), py::arg("packed_indices"));
   m.def("first_dtypes", &first_dtypes, py::arg("results"), py::arg("packed_indices"));
   m.def("event_at", &event_at, py::arg("results"), py::arg("index"));
   m.def("activity_name", &activity_name, py::arg("code"));
+  m.def("slot_objects", &slot_objects, py::arg("cls"), py::arg("names"), py::arg("columns"));
   m.def("marks_start", &marks_start);
   m.def("mark", &mark, py::arg("code"));
   m.def("marks_stop", &marks_stop);

@@ -10,13 +10,14 @@ import orjson
 
 from layerscope.capture.event_columns import (
     count_flops,
+    count_flops_by_call,
     decode_names,
     flop_candidates,
     kind_of_activity,
     set_flop_dtypes,
 )
 from layerscope.capture.flops import FlopCalculator
-from layerscope.events.shapes import dtypes_key_from_json, shapes_key_from_json
+from layerscope.events.shapes import dtypes_key_from_json, first_input_dtype, shapes_key_from_json
 from layerscope.events.table import EventKind, EventTable, OutOfMemory
 
 
@@ -88,12 +89,15 @@ def table_from_native(
     if flops is not None:
         picked = flop_candidates(table, set(name_of_local.tolist()), flops)
         if picked:
-            shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
             indices = _column(cols["span_index"])[picked]
-            keys, concrete = _concrete_inputs(module, kineto_results, indices)
-            count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
+            if hasattr(module, "concrete_input_ids"):
+                _count_flops_by_call(module, kineto_results, table, flops, span_flops, picked, cols)
+            else:  # a module built before it numbered the calls
+                shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
+                keys, concrete = _concrete_inputs(module, kineto_results, indices)
+                count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
             if hasattr(module, "first_dtypes"):
-                set_flop_dtypes(table, picked, module.first_dtypes(kineto_results, indices.tobytes()))
+                set_flop_dtypes(table, picked, _first_dtypes(module, kineto_results, cols, picked, indices))
     table.span_flops = span_flops
     return table
 
@@ -103,6 +107,29 @@ def _interned(table: EventTable, texts: list[bytes], local: np.ndarray) -> np.nd
     ids = [dtypes_key_from_json(b) for b in texts]
     found = np.array([table.intern(k) if k is not None else -1 for k in ids], dtype=np.int64)
     return found[local] if len(texts) else local
+
+
+def _first_dtypes(
+    module: Any, kineto_results: Any, cols: dict[str, Any], picked: list[int], indices: np.ndarray
+) -> list[str]:
+    """The first typed input's dtype of each picked span ("" when none), as ``module.first_dtypes``
+    reads it: from the dtypes list the reader interned for the span (each distinct list parsed
+    once: reading every event's list again cost ~2 µs an event), and from torch for the spans read
+    without one (an op recorded without shapes)."""
+    if "span_dtypes" not in cols:
+        found: list[str] = module.first_dtypes(kineto_results, indices.tobytes())
+        return found
+    texts: list[bytes] = cols["dtypes"]
+    first = [first_input_dtype(orjson.loads(text)) or "" for text in texts]
+    local = _column(cols["span_dtypes"])[picked].tolist()
+    found = [first[i] for i in local]
+    unread = [k for k, i in enumerate(local) if texts[i] == b"[]"]
+    if unread:
+        for k, dtype in zip(
+            unread, module.first_dtypes(kineto_results, indices[unread].tobytes()), strict=True
+        ):
+            found[k] = dtype
+    return found
 
 
 def _out_of_memory(cols: dict[str, Any], cpu_only: bool) -> list[OutOfMemory]:
@@ -132,6 +159,42 @@ def _span_kinds(module: Any, kineto_results: Any, cols: dict[str, Any], cpu_only
             name = event.activity_type()
         lookup[code] = int(kind_of_activity(name))
     return lookup[activity] if len(activity) else activity
+
+
+def _count_flops_by_call(
+    module: Any,
+    kineto_results: Any,
+    table: EventTable,
+    flops: FlopCalculator,
+    span_flops: list[int],
+    picked: list[int],
+    cols: dict[str, Any],
+) -> None:
+    """FLOPs of the picked spans, each distinct call counted once: the reader numbers the scalar
+    arguments' texts, so a call is (name, shapes, arguments) as three numbers. Arguments the C++
+    writer leaves to torch are keyed by their JSON, as :func:`_concrete_inputs` keys them, in the
+    same numbering (one text, one number, whichever wrote it)."""
+    indices = _column(cols["span_index"])[picked]
+    packed_ids, texts = module.concrete_input_ids(kineto_results, indices.tobytes())
+    text_ids = _column(packed_ids).copy()
+    torch_values: dict[int, Any] = {}  # by position in picked: the values torch's bindings gave
+    unknown = np.flatnonzero(text_ids < 0).tolist()
+    if unknown:
+        number = {text: i for i, text in enumerate(texts)}
+        for k in unknown:
+            value = module.event_at(kineto_results, int(indices[k])).concrete_inputs()
+            text_ids[k] = number.setdefault(orjson.dumps(value, default=str), len(number))
+            torch_values[k] = value
+    local_shapes = _column(cols["span_shapes"])[picked]
+    shape_texts: list[bytes] = cols["shapes"]
+    width = int(text_ids.max()) + 1 if text_ids.size else 1
+    call_of = (table.array("span_name")[picked] * (len(shape_texts) + 1) + local_shapes) * width + text_ids
+
+    def call_inputs(k: int) -> tuple[bytes, Any]:
+        inputs = torch_values[k] if k in torch_values else texts[int(text_ids[k])]
+        return shape_texts[int(local_shapes[k])], inputs
+
+    count_flops_by_call(table, flops, span_flops, picked, call_of, call_inputs)
 
 
 def _concrete_inputs(

@@ -16,7 +16,6 @@ live).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -91,7 +90,7 @@ class MemoryStory:
         owners: np.ndarray,
         on_device: bool,
         snapshots: list[Snapshot],
-        place: Any,
+        place: Placements,
         bucket: np.ndarray,
     ) -> None:
         picked = np.flatnonzero(table.array("mem_on_device") == on_device)
@@ -131,7 +130,7 @@ class MemoryStory:
         free_at = np.full(n, -1, dtype=np.int64)
         if not n or not self.addressed:
             return free_at
-        by_addr = np.lexsort((np.arange(n), self.addr))
+        by_addr = np.argsort(self.addr, kind="stable")  # by address, then time (index) order
         same_next = self.addr[by_addr[1:]] == self.addr[by_addr[:-1]]
         is_alloc = self.nbytes[by_addr[:-1]] > 0
         next_is_free = self.nbytes[by_addr[1:]] < 0
@@ -313,21 +312,43 @@ def _silent_frees(
     return silent
 
 
-def placement_of(table: EventTable, bucket: np.ndarray, buckets: Buckets, catalog: list[ModuleInfo]) -> Any:
-    """A function from span index to its Placement (module path or label, phase, op name)."""
-    names = table.array("span_name")
-    cache: dict[tuple[int, int], Placement] = {}  # by (bucket, name): spans share them
+class Placements:
+    """Span index -> its Placement (module path or label, phase, op name); spans of one (bucket,
+    name) share one. ``placements(span)`` for one span (-1: outside every op), :meth:`many` for a
+    column of them."""
 
-    def place(span: int) -> Placement:
+    def __init__(
+        self, table: EventTable, bucket: np.ndarray, buckets: Buckets, catalog: list[ModuleInfo]
+    ) -> None:
+        self._table, self._bucket, self._buckets, self._catalog = table, bucket, buckets, catalog
+        self._names = table.array("span_name")
+        self._cache: dict[tuple[int, int], Placement] = {}  # by (bucket, name)
+
+    def __call__(self, span: int) -> Placement:
         if span < 0:
             return Placement("(outside ops)", "", "")
-        key = (int(bucket[span]), int(names[span]))
-        found = cache.get(key)
+        return self._of((int(self._bucket[span]), int(self._names[span])))
+
+    def many(self, spans: np.ndarray) -> list[Placement | None]:
+        """The Placement of each span (None for -1), its bucket and name read a column at a time."""
+        inside = np.maximum(spans, 0)
+        keys = zip(spans.tolist(), self._bucket[inside].tolist(), self._names[inside].tolist(), strict=True)
+        return [self._of((b, name)) if span >= 0 else None for span, b, name in keys]
+
+    def _of(self, key: tuple[int, int]) -> Placement:
+        found = self._cache.get(key)
         if found is None:
             b = key[0]
-            found = cache[key] = Placement(
-                buckets.where(b, catalog), str(buckets.phase_of(b)), table.names[key[1]]
+            found = self._cache[key] = Placement(
+                self._buckets.where(b, self._catalog),
+                str(self._buckets.phase_of(b)),
+                self._table.names[key[1]],
             )
         return found
 
-    return place
+
+def placement_of(
+    table: EventTable, bucket: np.ndarray, buckets: Buckets, catalog: list[ModuleInfo]
+) -> Placements:
+    """The placements of the spans of ``table`` (module path or label, phase, op name)."""
+    return Placements(table, bucket, buckets, catalog)

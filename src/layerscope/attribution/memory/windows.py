@@ -102,8 +102,9 @@ def _backward_stretches(
     first_node = np.full(unique_calls.size, -1, dtype=np.int64)
     first_node[slot[::-1]] = node_of[::-1]  # any node of the call: its thread ran the backward
     backward_of = buckets.backward_of_module()  # recomputed ops run in backward buckets
-    stretch_bucket = np.array(
-        [backward_of.get(int(b), -1) for b in bucket[unique_calls].tolist()], dtype=np.int64
-    )
+    lookup = np.full(buckets.count + 1, -1, dtype=np.int64)  # the last entry: no bucket (-1)
+    if backward_of:
+        lookup[np.fromiter(backward_of, dtype=np.int64)] = np.fromiter(backward_of.values(), dtype=np.int64)
+    stretch_bucket = lookup[bucket[unique_calls]]
     keep = stretch_bucket >= 0
     return Windows(tids[first_node][keep], start[keep], end[keep], stretch_bucket[keep])

@@ -50,6 +50,58 @@ using torch::profiler::impl::EventType;
 using torch::profiler::impl::ExtraFields;
 using torch::profiler::impl::Result;
 
+// Concrete (scalar) inputs as JSON, the one writer of them: native_shapes.cpp writes its own record's
+// inputs with it too, so the two tables cannot drift apart.
+namespace layerscope_text {
+
+void append_double(std::string& out, double value) {
+  char buffer[32];
+  auto written = std::to_chars(buffer, buffer + sizeof(buffer), value);  // shortest round trip
+  std::string text(buffer, written.ptr);
+  if (text.find_first_of(".e") == std::string::npos) {
+    text += ".0";  // stays a float when parsed back
+  }
+  out += text;
+}
+
+// One concrete (scalar) input as JSON; false for a kind this writer does not know. These are the
+// kinds torch 2.13 records (strings and devices are recorded as None); anything else is left to
+// torch's bindings by the caller.
+bool append_ivalue(std::string& out, const c10::IValue& value) {
+  if (value.isNone()) {
+    out += "null";
+  } else if (value.isBool()) {
+    out += value.toBool() ? "true" : "false";
+  } else if (value.isInt()) {
+    out += std::to_string(value.toInt());
+  } else if (value.isDouble()) {
+    const double number = value.toDouble();
+    if (!std::isfinite(number)) return false;
+    append_double(out, number);
+  } else if (value.isIntList()) {
+    out.push_back('[');
+    const auto items = value.toIntVector();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i) out.push_back(',');
+      out += std::to_string(items[i]);
+    }
+    out.push_back(']');
+  } else if (value.isBoolList()) {
+    out.push_back('[');
+    const auto items = value.toBoolList();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i) out.push_back(',');
+      out += items.get(i) ? "true" : "false";
+    }
+    out.push_back(']');
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace layerscope_text
+
 namespace {
 
 // An allocation's address and an out-of-memory event's requested size live only in the event's
@@ -217,51 +269,7 @@ struct DtypesInterner {
   }
 };
 
-void append_double(std::string& out, double value) {
-  char buffer[32];
-  auto written = std::to_chars(buffer, buffer + sizeof(buffer), value);  // shortest round trip
-  std::string text(buffer, written.ptr);
-  if (text.find_first_of(".e") == std::string::npos) {
-    text += ".0";  // stays a float when parsed back
-  }
-  out += text;
-}
-
-// One concrete (scalar) input as JSON; false for a kind this writer does not know. These are the
-// kinds torch 2.13 records (strings and devices are recorded as None); anything else is left to
-// torch's bindings by the caller.
-bool append_ivalue(std::string& out, const c10::IValue& value) {
-  if (value.isNone()) {
-    out += "null";
-  } else if (value.isBool()) {
-    out += value.toBool() ? "true" : "false";
-  } else if (value.isInt()) {
-    out += std::to_string(value.toInt());
-  } else if (value.isDouble()) {
-    const double number = value.toDouble();
-    if (!std::isfinite(number)) return false;
-    append_double(out, number);
-  } else if (value.isIntList()) {
-    out.push_back('[');
-    const auto items = value.toIntVector();
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i) out.push_back(',');
-      out += std::to_string(items[i]);
-    }
-    out.push_back(']');
-  } else if (value.isBoolList()) {
-    out.push_back('[');
-    const auto items = value.toBoolList();
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i) out.push_back(',');
-      out += items.get(i) ? "true" : "false";
-    }
-    out.push_back(']');
-  } else {
-    return false;
-  }
-  return true;
-}
+using layerscope_text::append_ivalue;
 
 const ProfilerResult& result_of(const py::object& results) {
   return results.cast<const ProfilerResult&>();

@@ -46,6 +46,10 @@
 
 namespace py = pybind11;
 
+namespace layerscope_text {
+bool append_ivalue(std::string& out, const c10::IValue& value);  // native_reader.cpp
+}  // namespace layerscope_text
+
 namespace layerscope_shapes {
 namespace {
 
@@ -309,48 +313,9 @@ py::dict join_columns(ShapeRecord& record, const py::bytes& packed_handles) {
   return out;
 }
 
-// native_reader.cpp's append_double and append_ivalue: a concrete input as JSON, false for a kind it
-// leaves to torch's bindings (here: to torch::jit::toPyObject, what those bindings call).
-void append_double(std::string& out, double value) {
-  char buffer[32];
-  auto written = std::to_chars(buffer, buffer + sizeof(buffer), value);
-  std::string text(buffer, written.ptr);
-  if (text.find_first_of(".e") == std::string::npos) text += ".0";
-  out += text;
-}
-
-bool append_ivalue(std::string& out, const c10::IValue& value) {
-  if (value.isNone()) {
-    out += "null";
-  } else if (value.isBool()) {
-    out += value.toBool() ? "true" : "false";
-  } else if (value.isInt()) {
-    out += std::to_string(value.toInt());
-  } else if (value.isDouble()) {
-    const double number = value.toDouble();
-    if (!std::isfinite(number)) return false;
-    append_double(out, number);
-  } else if (value.isIntList()) {
-    out.push_back('[');
-    const auto items = value.toIntVector();
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i) out.push_back(',');
-      out += std::to_string(items[i]);
-    }
-    out.push_back(']');
-  } else if (value.isBoolList()) {
-    out.push_back('[');
-    const auto items = value.toBoolList();
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i) out.push_back(',');
-      out += items.get(i) ? "true" : "false";
-    }
-    out.push_back(']');
-  } else {
-    return false;
-  }
-  return true;
-}
+// A concrete input as JSON, false for a kind left to torch's bindings (here: to torch::jit::toPyObject,
+// what those bindings call): native_reader.cpp's writer, the one both tables are written by.
+using layerscope_text::append_ivalue;
 
 // The concrete inputs of the ops `packed_handles` as JSON arrays (None input: null), or None where
 // one is of a kind append_ivalue does not write (concrete_objects then gives it).

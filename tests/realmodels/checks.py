@@ -13,15 +13,16 @@ from typing import Any
 from torch.profiler._memory_profiler import Action, MemoryProfile
 from torch.utils.flop_counter import mm_flop
 
+from layerscope.events.table import CLOCK_ANCHOR_NAME
 from tests.realmodels.models import LAYERS, Case
 from tests.realmodels.runs import StepResult, ZooRun
 
 FLOP_TOLERANCE = 0.01
 PLACED_SHARE = 0.8
 SELF_CPU_TOLERANCE = 0.02  # as tests/test_torch_agreement.py: the same events, summed per op name
-# Step ranges are no op rows of ours; torch lists our module ranges (where they are ranges) and the
-# [memory] markers as rows too.
-SKIPPED = ("ls:", "ProfilerStep", "[memory]")
+# Step ranges are no op rows of ours; torch lists our module ranges (where they are ranges), the
+# [memory] markers and our clock anchors (capture/clock_anchors.py) as rows too.
+SKIPPED = ("ls:", "ProfilerStep", "[memory]", CLOCK_ANCHOR_NAME)
 
 #: Ops whose FLOPs layerscope counts and FlopCounterMode does not (it has no formula for them and
 #: reads 0), left out of the FLOPs comparison with the reason. Compared is layerscope's total less

@@ -23,7 +23,7 @@ from layerscope.attribution.buckets import (
     name_roles,
 )
 from layerscope.attribution.call_lines import call_line_stacks
-from layerscope.attribution.catalog import ModuleInfo
+from layerscope.attribution.catalog import ModuleInfo, saved_modules
 from layerscope.attribution.compiled import (
     CompiledAttribution,
     CompiledGraph,
@@ -89,7 +89,7 @@ def build_profile(
 
     # ---- name roles: the catalog, what each name means, where work can go ----------------------------
     named = name_roles(
-        table.names, catalog, _saved_modules(saved), _annotation_names(table) if catalog is None else None
+        table.names, catalog, saved_modules(saved), _annotation_names(table) if catalog is None else None
     )
     buckets = Buckets(len(named.catalog))
     # a live capture always knows its modules; a trace does when it has module ranges (or saved ones)
@@ -393,12 +393,3 @@ def _annotation_names(table: EventTable) -> set[int]:
     kinds = table.array("span_kind")
     names = table.array("span_name")
     return set(np.unique(names[kinds == int(EventKind.USER_ANNOTATION)]).tolist())
-
-
-def _saved_modules(saved: dict[str, Any]) -> list[tuple[str, str]]:
-    """(path, type) of the modules layerscope saved with a trace (modules without ranges of their own,
-    such as those inside compiled regions)."""
-    modules = saved.get("modules")
-    if not isinstance(modules, list):
-        return []
-    return [(str(m[0]), str(m[1])) for m in modules if isinstance(m, list | tuple) and len(m) == 2]

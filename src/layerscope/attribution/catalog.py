@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: The type of global mode's synthetic root, which holds the top-level modules called.
 GLOBAL_ROOT_TYPE = "(all modules)"
@@ -51,3 +52,12 @@ def catalog_from_ranges(
     rank = {path: k for k, path in enumerate(dict.fromkeys(model_order))}
     ordered = sorted(types, key=lambda p: (rank.get(p, len(rank)), p))
     return [ModuleInfo(path=p, type_name=types[p], parent=None if not p else parent_path(p)) for p in ordered]
+
+
+def saved_modules(saved: dict[str, Any]) -> list[tuple[str, str]]:
+    """(path, type) of the modules layerscope saved with a trace (modules without ranges of their own,
+    such as those inside compiled regions)."""
+    modules = saved.get("modules")
+    if not isinstance(modules, list):
+        return []
+    return [(str(m[0]), str(m[1])) for m in modules if isinstance(m, list | tuple) and len(m) == 2]

@@ -331,6 +331,8 @@ class Placements:
 
     def many(self, spans: np.ndarray) -> list[Placement | None]:
         """The Placement of each span (None for -1), its bucket and name read a column at a time."""
+        if not len(self._names):  # no span at all: every event is outside the ops
+            return [None] * len(spans)
         inside = np.maximum(spans, 0)
         keys = zip(spans.tolist(), self._bucket[inside].tolist(), self._names[inside].tolist(), strict=True)
         return [self._of((b, name)) if span >= 0 else None for span, b, name in keys]

@@ -8,6 +8,7 @@ sweep is a Python loop and list indexing is the fastest thing it can do; names a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -268,19 +269,26 @@ class EventTable:
 
     def drop_spans(self, rows: np.ndarray) -> None:
         """Remove the spans at ``rows`` (indices) from every per-span column and index (the clock
-        anchors' ranges, once the marks are aligned with them)."""
+        anchors' ranges, once the marks are aligned with them). A live build drops a few rows of
+        many: the kept runs between them are copied whole (a boolean mask costs ~10x more per span)."""
         if rows.size == 0:
             return
-        keep = np.ones(self.span_count, dtype=bool)
-        keep[rows] = False
-        self.set_columns({column: self.array(column)[keep] for column in SPAN_COLUMNS})
+        dropped = np.unique(rows)
+        bounds = [-1, *dropped.tolist(), self.span_count]
+        runs = [slice(a + 1, b) for a, b in itertools.pairwise(bounds) if b > a + 1]
+
+        def kept(values: np.ndarray) -> np.ndarray:
+            return np.concatenate([values[run] for run in runs]) if runs else values[:0].copy()
+
+        self.set_columns({column: kept(self.array(column)) for column in SPAN_COLUMNS})
         for per_span in ("op_handles", "span_dtype", "span_dtypes"):
             found = getattr(self, per_span)
             if found is not None:
-                setattr(self, per_span, found[keep])
+                setattr(self, per_span, kept(found))
         if self.sync_waits:
-            moved = np.cumsum(keep) - 1
-            self.sync_waits = {int(moved[i]): wait for i, wait in self.sync_waits.items() if keep[i]}
+            gone = set(dropped.tolist())
+            moved = {i: i - int(np.searchsorted(dropped, i)) for i in self.sync_waits if i not in gone}
+            self.sync_waits = {moved[i]: wait for i, wait in self.sync_waits.items() if i in moved}
         self._derived.clear()
 
     def drop_clock_anchors(self) -> np.ndarray:

@@ -85,6 +85,8 @@ def step_stats(
     label_values = sums[rows, buckets.module_bucket_count + columns].tolist()
     row_starts = np.searchsorted(rows, np.arange(len(windows) + 1)).tolist()
     columns_list = columns.tolist()
+    # each row summed as its own reduction would (pairwise along the contiguous row): the same bits
+    cpu_rows = sums.sum(axis=1).tolist()
     result = []
     for row, window in enumerate(windows):
         f, b = forward_rows[row], backward_rows[row]
@@ -97,7 +99,7 @@ def step_stats(
                 step=window.number,
                 wall_us=window.wall_ns / 1000.0,
                 device_us=device[row] / 1000.0,
-                cpu_us=float(sums[row].sum()),
+                cpu_us=cpu_rows[row],
                 modules={path: (f[m], b[m]) for m, path in kept},
                 unattributed=unattributed,
             )

@@ -92,5 +92,5 @@ def inclusive(own: np.ndarray, parent: np.ndarray, levels: list[np.ndarray]) -> 
         return None
     inner = levels[1:]
     bounds = np.cumsum([0, *(level.size for level in inner)], dtype=np.int64)
-    found: np.ndarray = _module.inclusive(own, parent, np.concatenate(inner, dtype=np.int64), bounds)
+    found: np.ndarray = _module.inclusive(own, parent, np.concatenate(inner).astype(np.int64), bounds)
     return found

@@ -60,16 +60,13 @@ def step_stats(
     # windows never overlap: a span or a kernel is counted in one step at most
     ends = np.asarray([w.end for w in windows], dtype=np.int64)
     span_start = ts[order]
-    which = np.searchsorted(starts, span_start, side="right")
-    which -= 1
+    which = np.searchsorted(starts, span_start, side="right") - 1
     inside = (which >= 0) & (span_start < ends[np.maximum(which, 0)])
-    del span_start
     device_ns = device_in_windows(table, starts, ends)
     n_modules = buckets.module_count
     n_buckets = buckets.count
     counted = order[inside]  # the spans inside a window (no gather of every span's bucket and time)
     key = which[inside] * n_buckets + bucket[counted]
-    del which
     flat = np.bincount(key, weights=excl[counted], minlength=len(windows) * n_buckets)
     sums: np.ndarray = flat.reshape(len(windows), n_buckets) / 1000.0
     forward = sums[:, buckets.forward_slice].copy()  # per step, per module (catalog order)

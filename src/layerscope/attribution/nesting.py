@@ -215,12 +215,13 @@ def levels(order: np.ndarray, depth: np.ndarray) -> list[np.ndarray]:
 
 def inclusive(own: np.ndarray, parent: np.ndarray, levels: list[np.ndarray]) -> np.ndarray:
     """Per-span totals including all nested spans: children added to parents, deepest level first."""
-    total = np.asarray(own, dtype=np.float64).copy()
+    total = np.asarray(own, dtype=np.float64)
     if not total.any():
-        return total
-    native = nest_native.inclusive(total, parent, levels)
+        return total.copy()
+    native = nest_native.inclusive(total, parent, levels)  # a new array: ``own`` is only read
     if native is not None:
         return native
+    total = total.copy()
     for level in reversed(levels[1:]):
         total += np.bincount(parent[level], weights=total[level], minlength=total.size)
     return total

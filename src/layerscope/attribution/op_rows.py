@@ -188,7 +188,10 @@ def _row_sums(
     count."""
 
     def summed(values: np.ndarray) -> np.ndarray:
-        return np.bincount(row_of, weights=np.asarray(values)[idx], minlength=rows)
+        values = np.asarray(values)
+        if not values.any():  # memory figures of a trace without such memory: zeros, as summed
+            return np.zeros(rows)
+        return np.bincount(row_of, weights=values[idx], minlength=rows)
 
     mem = figures.memory
     times = [summed(values) / 1000.0 for values in (figures.excl, table.array("span_dur"))]

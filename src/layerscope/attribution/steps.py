@@ -59,14 +59,12 @@ def step_stats(
     starts = np.asarray([w.start for w in windows], dtype=np.int64)
     # windows never overlap: a span or a kernel is counted in one step at most
     ends = np.asarray([w.end for w in windows], dtype=np.int64)
-    span_start = ts[order]
-    which = np.searchsorted(starts, span_start, side="right") - 1
-    inside = (which >= 0) & (span_start < ends[np.maximum(which, 0)])
+    window_of, counted = _spans_in_windows(ts[order], order, starts, ends)
     device_ns = device_in_windows(table, starts, ends)
     n_modules = buckets.module_count
     n_buckets = buckets.count
-    key = which[inside] * n_buckets + bucket[order][inside]
-    flat = np.bincount(key, weights=excl[order][inside], minlength=len(windows) * n_buckets)
+    key = window_of * n_buckets + bucket[counted]
+    flat = np.bincount(key, weights=excl[counted], minlength=len(windows) * n_buckets)
     sums: np.ndarray = flat.reshape(len(windows), n_buckets) / 1000.0
     forward = sums[:, buckets.forward_slice].copy()  # per step, per module (catalog order)
     backward = sums[:, buckets.backward_slice].copy()
@@ -85,6 +83,8 @@ def step_stats(
     label_values = sums[rows, buckets.module_bucket_count + columns].tolist()
     row_starts = np.searchsorted(rows, np.arange(len(windows) + 1)).tolist()
     columns_list = columns.tolist()
+    # each row summed as its own reduction would (pairwise along the contiguous row): the same bits
+    cpu_rows = sums.sum(axis=1).tolist()
     result = []
     for row, window in enumerate(windows):
         f, b = forward_rows[row], backward_rows[row]
@@ -97,7 +97,7 @@ def step_stats(
                 step=window.number,
                 wall_us=window.wall_ns / 1000.0,
                 device_us=device[row] / 1000.0,
-                cpu_us=float(sums[row].sum()),
+                cpu_us=cpu_rows[row],
                 modules={path: (f[m], b[m]) for m, path in kept},
                 unattributed=unattributed,
             )
@@ -110,6 +110,16 @@ def step_stats(
     if drop_idle_last and len(result) > 1 and idle_last:
         result.pop()
     return tuple(result)
+
+
+def _spans_in_windows(
+    span_start: np.ndarray, order: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The spans of ``order`` (starting at ``span_start``) that start inside a window: each one's
+    window and span index. Only these are gathered later, not every span's bucket and time."""
+    which = np.searchsorted(starts, span_start, side="right") - 1
+    inside = (which >= 0) & (span_start < ends[np.maximum(which, 0)])
+    return which[inside], order[inside]
 
 
 def _module_work(step: StepStats) -> float:

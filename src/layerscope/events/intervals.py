@@ -9,15 +9,16 @@ def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
     """Total length covered by intervals ``[starts[k], ends[k])`` (overlaps counted once)."""
     if not starts.size:
         return 0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    running_end = np.maximum.accumulate(e)
+    if bool((starts[1:] < starts[:-1]).any()):  # most callers' intervals come in start order
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+    running_end = np.maximum.accumulate(ends)
     # an interval starts a new block when it begins after everything before it ended
-    new_block = np.empty(s.size, dtype=bool)
-    new_block[0] = True
-    new_block[1:] = s[1:] > running_end[:-1]
-    block_id = np.cumsum(new_block) - 1
-    block_start = s[new_block]
-    block_end = np.zeros(block_start.size, dtype=np.int64)
-    np.maximum.at(block_end, block_id, e)
-    return int((block_end - block_start).sum())
+    firsts = np.flatnonzero(starts[1:] > running_end[:-1])
+    del running_end
+    firsts += 1
+    firsts = np.concatenate((np.zeros(1, firsts.dtype), firsts))
+    block_end = np.maximum.reduceat(ends, firsts)
+    np.maximum(block_end, 0, out=block_end)  # as a block's end was the max of 0 and its ends
+    block_end -= starts[firsts]
+    return int(block_end.sum())

@@ -65,7 +65,9 @@ def memory_over_time(story: MemoryStory, start_ns: int, points: int = 800) -> Me
     if not n:
         return None
     initial, delta = category_deltas(story)
-    live = initial[:, None] + np.cumsum(delta, axis=1)
+    # in place: categories x events of int64 is tens of MiB at 1 GB of trace, each copy fresh pages
+    live = np.cumsum(delta, axis=1, out=delta)
+    live += initial[:, None]
     total = story.running
     edges = np.linspace(0, n, num=min(points - 3, n) + 1).astype(np.int64)  # and the start, last, peak
     keep = sorted({*first_maxima(total, edges).tolist(), 0, n - 1, int(np.argmax(total))})

@@ -14,7 +14,7 @@ order: bare, layerscope, and layerscope with the scan's whole walk (every object
 tracks, as before the incremental walk; it still leaves the incremental walk's sentinels and weak
 references behind, a few tenths of a ms): before and after, paired; also how many objects each
 walk visited. On Python 3.12+ a fourth: the whole walk by ``PyUnstable_GC_VisitObjects`` (what
-3.12 ran before the incremental walk was extended to it).
+3.12 and 3.13 ran before the incremental walk was extended to them).
 
     python benchmarks/block_entry.py [--rounds 21] [--first-runs 3] [--clock wall|cpu] [--scan-paths]
                                      [--first-only]
@@ -175,16 +175,16 @@ def scan_paths(rounds: int) -> None:
 
 
 #: Where a layerscope block's first entry goes: (label, owner's dotted path, attribute), timed by
-#: wrapping each in the fresh process before its first block (nested pieces are inside the ones
-#: above them: the scan and the native module's load are parts of the instruments' preparation).
+#: wrapping each in the fresh process before its first block. The indented ones are parts of others:
+#: the scan of the instruments' preparation, the native module's loads of whichever piece asks first.
 PIECES = [
     ("torch.profiler made", "layerscope.capture.session", "make_torch_profiler"),
     ("scope plan", "layerscope.capture.session", "plan_block"),
     ("instruments prepared", "layerscope.capture.instruments.Instruments", "prepare"),
-    ("  native module loaded", "layerscope.capture.native", "load"),
-    ("  live-tensor scan", "layerscope.capture.memory_watch", "scan_live"),
     ("torch.profiler started", "torch.profiler.profile", "__enter__"),
     ("instruments started", "layerscope.capture.instruments.Instruments", "start"),
+    ("  live-tensor scan", "layerscope.capture.memory_watch", "scan_live"),
+    ("  native module loads", "layerscope.capture.native", "load"),
 ]
 
 
@@ -218,6 +218,9 @@ def first_block(kind: str, memory: bool) -> None:
     spent = time_pieces() if kind == "layerscope" else {}
     at_entry: dict[str, float] = {}  # the pieces' times spent entering (the exit loads things too)
     entry, leave = timed_block(kind, memory, model, step, lambda: at_entry.update(spent))
+    if at_entry:
+        top = [label for label, _, _ in PIECES if not label.startswith(" ")]
+        at_entry["rest"] = entry - sum(at_entry.get(label, 0.0) for label in top)
     print(json.dumps({"entry": entry, "exit": leave, "pieces": at_entry}))
 
 
@@ -228,6 +231,7 @@ def first_blocks(runs: int) -> None:
         entries: dict[str, list[float]] = {"bare": [], "layerscope": []}
         exits: dict[str, list[float]] = {"bare": [], "layerscope": []}
         pieces: dict[str, list[float]] = {label: [] for label, _, _ in PIECES}
+        pieces["rest"] = []
         for _ in range(runs):
             for kind in entries:
                 command = [sys.executable, __file__, "--first", kind, "--memory", str(int(memory))]
@@ -246,6 +250,8 @@ def first_blocks(runs: int) -> None:
             f"exit bare {bare_exit * 1e3:.0f} ms, layerscope {ours_exit * 1e3:.0f} ms "
             f"(medians of {runs} processes each)"
         )
+        paired = [ours - bare for bare, ours in zip(entries["bare"], entries["layerscope"], strict=True)]
+        print(f"    entry beyond bare, paired: +{statistics.median(paired) * 1e3:.1f} ms (median of pairs)")
         for label, seconds in pieces.items():
             if seconds:
                 print(f"    {label:26} {statistics.median(seconds) * 1e3:7.1f} ms (median)")

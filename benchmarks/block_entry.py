@@ -7,16 +7,17 @@ Later blocks: one process, a few blocks of each kind first, then paired rounds i
 
 The first block of a process: fresh processes (``--first``), alternating bare and layerscope, each
 timing its first block's entry after the same imports and the same model; reported: the difference
-of the medians.
+of the medians, and where layerscope's entry goes (its pieces timed by wrapping them, medians).
 
 ``--scan-paths``: later blocks with ``memory=True`` only, three contenders per round in a shuffled
 order: bare, layerscope, and layerscope with the scan's whole walk (every object the collector
 tracks, as before the incremental walk; it still leaves the incremental walk's sentinels and weak
 references behind, a few tenths of a ms): before and after, paired; also how many objects each
 walk visited. On Python 3.12+ a fourth: the whole walk by ``PyUnstable_GC_VisitObjects`` (what
-3.12 ran before the incremental walk was extended to it).
+3.12 and 3.13 ran before the incremental walk was extended to them).
 
     python benchmarks/block_entry.py [--rounds 21] [--first-runs 3] [--clock wall|cpu] [--scan-paths]
+                                     [--first-only]
 """
 
 from __future__ import annotations
@@ -65,15 +66,18 @@ def bare_block(memory: bool) -> Any:
     )
 
 
-def timed_block(kind: str, memory: bool, model: nn.Module, step: Callable[[], None]) -> tuple[float, float]:
+def timed_block(
+    kind: str, memory: bool, model: nn.Module, step: Callable[[], None], on_entered: Callable[[], Any] = int
+) -> tuple[float, float]:
     """Seconds to enter and to leave one block of ``kind`` (``bare`` or ``layerscope``) around a
     step: this thread's CPU time (``--clock cpu``, less moved by other processes on a shared machine)
-    or wall time."""
+    or wall time; ``on_entered`` is called once the block is entered (untimed)."""
     gc.collect()
     block = bare_block(memory) if kind == "bare" else ls.profile(model, memory=memory)
     started = CLOCK()
     block.__enter__()
     entered = CLOCK()
+    on_entered()
     step()
     leaving = CLOCK()
     block.__exit__(None, None, None)
@@ -170,18 +174,64 @@ def scan_paths(rounds: int) -> None:
     print(f"saved per entry: {statistics.median(saved) * 1e3:.1f} ms (median of the per-round differences)")
 
 
+#: Where a layerscope block's first entry goes: (label, owner's dotted path, attribute), timed by
+#: wrapping each in the fresh process before its first block. The indented ones are parts of others:
+#: the scan of the instruments' preparation, the native module's loads of whichever piece asks first.
+PIECES = [
+    ("torch.profiler made", "layerscope.capture.session", "make_torch_profiler"),
+    ("scope plan", "layerscope.capture.session", "plan_block"),
+    ("instruments prepared", "layerscope.capture.instruments.Instruments", "prepare"),
+    ("torch.profiler started", "torch.profiler.profile", "__enter__"),
+    ("instruments started", "layerscope.capture.instruments.Instruments", "start"),
+    ("  live-tensor scan", "layerscope.capture.memory_watch", "scan_live"),
+    ("  native module loads", "layerscope.capture.native", "load"),
+]
+
+
+def time_pieces() -> dict[str, float]:
+    """Wrap each of ``PIECES`` to add its time (``CLOCK``) to the returned dict."""
+    import importlib
+
+    spent: dict[str, float] = {}
+    for label, path, name in PIECES:
+        module_path, _, attr = path.rpartition(".")
+        try:
+            owner: Any = importlib.import_module(path)
+        except ModuleNotFoundError:
+            owner = getattr(importlib.import_module(module_path), attr)
+        original = getattr(owner, name)
+
+        def timed(*args: Any, _original: Any = original, _label: str = label, **kwargs: Any) -> Any:
+            started = CLOCK()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + CLOCK() - started
+
+        setattr(owner, name, timed)
+    return spent
+
+
 def first_block(kind: str, memory: bool) -> None:
-    """Time the first block of this (fresh) process and print it as JSON."""
+    """Time the first block of this (fresh) process (and for layerscope its pieces) as JSON."""
     model, step = make_step()
-    entry, leave = timed_block(kind, memory, model, step)
-    print(json.dumps({"entry": entry, "exit": leave}))
+    spent = time_pieces() if kind == "layerscope" else {}
+    at_entry: dict[str, float] = {}  # the pieces' times spent entering (the exit loads things too)
+    entry, leave = timed_block(kind, memory, model, step, lambda: at_entry.update(spent))
+    if at_entry:
+        top = [label for label, _, _ in PIECES if not label.startswith(" ")]
+        at_entry["rest"] = entry - sum(at_entry.get(label, 0.0) for label in top)
+    print(json.dumps({"entry": entry, "exit": leave, "pieces": at_entry}))
 
 
 def first_blocks(runs: int) -> None:
-    """Fresh processes, alternating kinds: the first block's entry, median per kind."""
+    """Fresh processes, alternating kinds: the first block's entry, median per kind; where a
+    layerscope entry goes (medians of the pieces)."""
     for memory in (False, True):
         entries: dict[str, list[float]] = {"bare": [], "layerscope": []}
         exits: dict[str, list[float]] = {"bare": [], "layerscope": []}
+        pieces: dict[str, list[float]] = {label: [] for label, _, _ in PIECES}
+        pieces["rest"] = []
         for _ in range(runs):
             for kind in entries:
                 command = [sys.executable, __file__, "--first", kind, "--memory", str(int(memory))]
@@ -190,6 +240,8 @@ def first_blocks(runs: int) -> None:
                 times = json.loads(out.strip().splitlines()[-1])
                 entries[kind].append(times["entry"])
                 exits[kind].append(times["exit"])
+                for label, seconds in times["pieces"].items():
+                    pieces[label].append(seconds)
         bare, ours = (statistics.median(entries[kind]) for kind in ("bare", "layerscope"))
         bare_exit, ours_exit = (statistics.median(exits[kind]) for kind in ("bare", "layerscope"))
         print(
@@ -198,6 +250,11 @@ def first_blocks(runs: int) -> None:
             f"exit bare {bare_exit * 1e3:.0f} ms, layerscope {ours_exit * 1e3:.0f} ms "
             f"(medians of {runs} processes each)"
         )
+        paired = [ours - bare for bare, ours in zip(entries["bare"], entries["layerscope"], strict=True)]
+        print(f"    entry beyond bare, paired: +{statistics.median(paired) * 1e3:.1f} ms (median of pairs)")
+        for label, seconds in pieces.items():
+            if seconds:
+                print(f"    {label:26} {statistics.median(seconds) * 1e3:7.1f} ms (median)")
 
 
 def main() -> None:
@@ -206,6 +263,7 @@ def main() -> None:
     parser.add_argument("--first-runs", type=int, default=3)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     parser.add_argument("--scan-paths", action="store_true", help="before/after of the scan's walk")
+    parser.add_argument("--first-only", action="store_true", help="only the first blocks (fresh processes)")
     parser.add_argument("--first", choices=["bare", "layerscope"], help=argparse.SUPPRESS)
     parser.add_argument("--memory", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -217,7 +275,8 @@ def main() -> None:
     if args.scan_paths:
         scan_paths(args.rounds)
         return
-    later_blocks(args.rounds)
+    if not args.first_only:
+        later_blocks(args.rounds)
     first_blocks(args.first_runs)
 
 

@@ -217,7 +217,8 @@ OPS: dict[str, Callable[[list[torch.Tensor], random.Random], object]] = {
     "unfreeze": lambda kept, rng: gc.unfreeze(),
     "collector switched": lambda kept, rng: (gc.enable if rng.random() < 0.5 else gc.disable)(),
     # more new containers than generation 0's threshold: a collection when the collector is on
-    "garbage": lambda kept, rng: [[] for _ in range(rng.randint(100, 2000))],
+    # (scaled to the threshold: 700 up to 3.12, 2000 in 3.13; the same random draws either way)
+    "garbage": lambda kept, rng: [[] for _ in range(rng.randint(100, 2000) * gc.get_threshold()[0] // 700)],
 }
 #: What the histories below must reach between them: every whole walk's reason that CPython's own
 #: operations can cause ("new types" and "asked" have their own tests, "no previous walk" is the

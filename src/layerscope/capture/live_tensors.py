@@ -16,7 +16,7 @@ collector's list: the watch's state entries name gradients, and on CUDA the allo
 (``torch.cuda.memory_allocated()``) covers the rest. Its cost: docs/benchmarks.md (baseline scan;
 the incremental walk). Between scans the native module keeps weak references to the tensors and
 optimizers the last one found (never a strong one) and two empty lists of its own in the
-collector's oldest generation (Python 3.10-3.12; two more stay frozen after each ``gc.freeze()``
+collector's oldest generation (Python 3.10-3.13; two more stay frozen after each ``gc.freeze()``
 that took them between scans).
 """
 

@@ -6,7 +6,7 @@
 // builds a list of them all (a reference taken on each, and dropped again when the list goes: two
 // writes to every object's header, most of them out of the caches after a training step); here the
 // collector's own lists are walked in place and only the objects of the wanted types are kept: one
-// read of each object's header. From the second walk on (3.10-3.12), only the objects tracked or
+// read of each object's header. From the second walk on (3.10-3.13), only the objects tracked or
 // moved since the previous walk are visited, where that provably finds the same (Incremental,
 // below). Then each tensor's storage: in Python a storage object is made per tensor to read its
 // address and size; here they are read off the tensor's storage directly, through the same checks.
@@ -50,7 +50,7 @@ py::list of_types(const py::list& objects, const py::set& types) {
 
 // Every object the collector tracks whose exact type is one of `types`, as gc.get_objects() would
 // list them, or None where this Python's lists cannot be walked from here; `incremental`: visit only
-// what may have changed since the previous walk where that is provably enough (3.10-3.12, below).
+// what may have changed since the previous walk where that is provably enough (3.10-3.13, below).
 // Nothing runs Python code during a walk and nothing it makes is tracked, so the lists hold still.
 
 // What the last walk did (walk_stats): for tests and benchmarks.
@@ -61,14 +61,17 @@ struct WalkStats {
 };
 WalkStats last_walk;
 
-#if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030D0000 && !defined(Py_GIL_DISABLED)
+#if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
 #define LAYERSCOPE_GC_LAYOUT 1
-// Python 3.10 to 3.12 (the default build: the free-threaded one has no lists) have no walk that
+// Python 3.10 to 3.13 (the default build: the free-threaded one has no lists) have no walk that
 // leaves the objects untouched: their collector's layout (Include/internal/pycore_gc.h, the same in
-// the three; the state inside the interpreter's, `interp->gc`) is mirrored here. Each tracked
+// the four; the state inside the interpreter's, `interp->gc`) is mirrored here. Each tracked
 // object is preceded by a GC header; the headers of a generation form a ring through `next` around
 // the generation's own header; the three generations lie side by side in the collector's state,
 // followed by its pointer to generation 0's header and the permanent generation (gc.freeze()'s).
+// 3.13 moved the collector to Python/gc.c and shipped 3.12's generational one (its incremental
+// collector was reverted before 3.13.0). 3.14's incremental one (a young generation and two old
+// spaces) is another layout and needs its own argument: not compiled for it.
 struct GCHead {
   uintptr_t next;
   uintptr_t prev;  // low bits are flags (_PyGC_PREV_MASK_FINALIZED, _PyGC_PREV_MASK_COLLECTING)
@@ -141,29 +144,30 @@ GCGeneration* generations() {
 }
 
 // The incremental walk. Between two walks the collector changes its lists only by these operations
-// (Modules/gcmodule.c, the same in 3.10-3.12): it links each object it starts tracking at
-// generation 0's tail; a collection of generation g appends generations 0..g-1 to g's tail (in
-// that order), moves an object its pass finds reachable late to the tail of g, and appends the
-// survivors (and anything resurrected or left uncollectable) to the tail of g+1 (g itself for the
-// oldest); untracking and freeing unlink, and so does 3.12's move of immortal objects from the
-// collected generations to the permanent one (update_refs). gc.freeze() appends generations 0, 1, 2
-// to the permanent generation's tail; gc.unfreeze() appends that to generation 2's tail. So with two
-// sentinels of ours (empty lists we hold, so their reference count never drops to what the
-// collector sees inside a generation: they are never moved, never freed) put at the head and the
-// tail of generation 2 at the end of a walk, as long as the head sentinel is still generation 2's
-// first object, every object tracked since that walk, and every one moved by a collection or
-// brought back by an unfreeze, lies after the tail sentinel in generation 2 or in generations 1 and
-// 0: nothing is ever linked before an object of generation 2, and only the oldest generation's
-// collection reorders generations (0 before 1: it cannot put anything before the tail sentinel,
-// which is in generation 2 already). What was frozen before that walk does not matter (CPython 3.12
-// keeps its immortal tuples there; a server may freeze its heap before forking). A freeze
-// since takes the sentinels with generation 2: the head is no longer generation 2's first object;
-// after an unfreeze it is again only if generations 0 and 1 were empty when it froze and nothing
-// else was frozen nor reached generation 2 meanwhile: then generation 2 is as the freeze found it.
-// Otherwise the whole walk runs, and where the sentinels are frozen they stay there, since moving
-// them would change gc.get_freeze_count(): two new ones take their place. The tensors found at the previous walk are kept as weak references: those
-// still alive, tracked and of a wanted type are found again without visiting the objects before
-// the tail sentinel (none of them can be frozen: a freeze would have taken the head sentinel too).
+// (Modules/gcmodule.c in 3.10-3.12, Python/gc.c in 3.13: the same): it links each object it starts
+// tracking at generation 0's tail; a collection of generation g appends generations 0..g-1 to g's
+// tail (in that order), moves an object its pass finds reachable late to the tail of g, and appends
+// the survivors (and anything resurrected or left uncollectable) to the tail of g+1 (g itself for
+// the oldest); untracking and freeing unlink, and so does 3.12's and 3.13's move of immortal
+// objects from the collected generations to the permanent one (update_refs). gc.freeze() appends
+// generations 0, 1, 2 to the permanent generation's tail; gc.unfreeze() appends that to generation
+// 2's tail. So with two sentinels of ours (empty lists we hold, so their reference count never
+// drops to what the collector sees inside a generation: they are never moved, never freed) put at
+// the head and the tail of generation 2 at the end of a walk, as long as the head sentinel is still
+// generation 2's first object, every object tracked since that walk, and every one moved by a
+// collection or brought back by an unfreeze, lies after the tail sentinel in generation 2 or in
+// generations 1 and 0: nothing is ever linked before an object of generation 2, and only the oldest
+// generation's collection reorders generations (0 before 1: it cannot put anything before the tail
+// sentinel, which is in generation 2 already). What was frozen before that walk does not matter
+// (CPython 3.12 keeps its immortal tuples there; a server may freeze its heap before forking). A
+// freeze since takes the sentinels with generation 2: the head is no longer generation 2's first
+// object; after an unfreeze it is again only if generations 0 and 1 were empty when it froze and
+// nothing else was frozen nor reached generation 2 meanwhile: then generation 2 is as the freeze
+// found it. Otherwise the whole walk runs, and where the sentinels are frozen they stay there,
+// since moving them would change gc.get_freeze_count(): two new ones take their place. The tensors
+// found at the previous walk are kept as weak references: those still alive, tracked and of a
+// wanted type are found again without visiting the objects before the tail sentinel (none of them
+// can be frozen: a freeze would have taken the head sentinel too).
 struct Incremental {
   PyObject* head = nullptr;  // the sentinel at generation 2's head (a strong reference)
   PyObject* tail = nullptr;  // the sentinel at generation 2's tail (a strong reference)
@@ -376,7 +380,7 @@ py::object layout_walk(const std::unordered_set<PyObject*>& wanted, GCGeneration
 #endif  // LAYERSCOPE_GC_LAYOUT
 
 #if PY_VERSION_HEX >= 0x030C0000
-// Where the layout is not the one mirrored above (3.13 on, the free-threaded build, or a layout
+// Where the layout is not the one mirrored above (3.14 on, the free-threaded build, or a layout
 // check that failed), the interpreter walks its lists for us: PyUnstable_GC_VisitObjects, always the
 // whole walk (it takes and drops a reference on each object, as gc.get_objects() does).
 struct Visit {

@@ -44,13 +44,7 @@ def table_from_native(
         arrays["mem_on_device"] = on_device
         arrays["mem_addr"] = _column(cols["mem_addr"])
     table.out_of_memory = _out_of_memory(cols, cpu_only)
-    # The clock anchors' ranges, left out of the spans (a module built before keeps them as spans).
-    if "anchor_ts" in cols:
-        anchor_ts = _column(cols["anchor_ts"])
-        ends = anchor_ts + _column(cols["anchor_dur"])
-        table.clock_stamps = list(
-            zip(_column(cols["anchor_tid"]).tolist(), anchor_ts.tolist(), ends.tolist(), strict=True)
-        )
+    table.clock_stamps = _clock_stamps(cols)
     span_local_name = _column(cols["span_name"])
     if len(span_local_name) == 0 and not len(mem_bytes):
         return table
@@ -139,6 +133,16 @@ def _first_dtypes(
         ):
             found[k] = dtype
     return found
+
+
+def _clock_stamps(cols: dict[str, Any]) -> list[tuple[int, int, int]] | None:
+    """The clock anchors' ranges as (thread, start, end), which the reader leaves out of the spans;
+    None from a module built before it did (the anchors are spans then)."""
+    if "anchor_ts" not in cols:
+        return None
+    starts = _column(cols["anchor_ts"])
+    ends = starts + _column(cols["anchor_dur"])
+    return list(zip(_column(cols["anchor_tid"]).tolist(), starts.tolist(), ends.tolist(), strict=True))
 
 
 def _out_of_memory(cols: dict[str, Any], cpu_only: bool) -> list[OutOfMemory]:

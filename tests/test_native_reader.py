@@ -26,7 +26,7 @@ from layerscope.capture.kineto import table_from_kineto
 from layerscope.capture.native_table import table_from_native
 from layerscope.cli import main
 from layerscope.errors import LayerscopeError, LayerscopeWarning
-from layerscope.events.table import MEMORY_COLUMNS, SPAN_COLUMNS, EventTable
+from layerscope.events.table import CLOCK_ANCHOR_NAME, MEMORY_COLUMNS, SPAN_COLUMNS, EventTable
 
 COLUMNS = ("names", *SPAN_COLUMNS, *MEMORY_COLUMNS)
 
@@ -119,6 +119,31 @@ def _assert_same(a: EventTable, b: EventTable) -> None:
         if column != "names":  # the arrays handed over with the columns hold the same numbers
             assert b.array(column).tolist() == list(getattr(a, column)), column
     assert a.meta.get("undecodable_names") == b.meta.get("undecodable_names")
+
+
+def test_clock_anchors_are_left_out_of_the_spans_their_stamps_handed_over(reader: ModuleType) -> None:
+    """The clock anchors' ranges (``clock_anchors.py``) are no spans of the native table: their
+    stamps come beside it, as the bindings table holds them, and the rest is the bindings table less
+    those rows (what ``drop_clock_anchors`` leaves of it), name ids included."""
+    reader.marks_start()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+            reader.clock_anchor()
+            _workload()
+            reader.clock_anchor()
+    finally:
+        reader.marks_stop()
+    results = prof.profiler.kineto_results
+    expected = table_from_bindings(results, FlopCalculator(), shapes=True, cpu_only=True)
+    found = table_from_native(reader, results, FlopCalculator(), shapes=True, cpu_only=True)
+    anchor = expected.name_id(CLOCK_ANCHOR_NAME)
+    rows = [i for i, name in enumerate(expected.span_name) if name == anchor]
+    assert len(rows) == 2 and expected.clock_stamps is None
+    ts, dur, tid = expected.span_ts, expected.span_dur, expected.span_tid
+    assert found.clock_stamps == [(tid[i], ts[i], ts[i] + dur[i]) for i in rows]
+    assert found.name_id(CLOCK_ANCHOR_NAME) == anchor  # interned where first seen all the same
+    expected.drop_clock_anchors()
+    _assert_same(expected, found)
 
 
 @pytest.mark.parametrize(

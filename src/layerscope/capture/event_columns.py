@@ -142,7 +142,7 @@ def count_flops(
 def count_flops_by_call(
     table: EventTable,
     flops: FlopCalculator,
-    span_flops: list[int],
+    span_flops: np.ndarray,
     picked: list[int],
     call_of: np.ndarray,
     call_inputs: Callable[[int], Any],
@@ -151,7 +151,8 @@ def count_flops_by_call(
     the number of ``picked[k]``'s distinct (op, shapes, scalar arguments), and ``call_inputs(k)``
     gives the shapes (JSON) and scalar arguments (JSON text, or torch's values) of ``picked[k]``.
     Each distinct call is counted once, from its first span, in order of first appearance, as
-    :func:`count_flops` counts them; no Python runs per span but to place the counts."""
+    :func:`count_flops` counts them, and placed at ``picked`` in ``span_flops`` (an int64 column)
+    a column at a time: no Python runs per span."""
     if not picked:
         return
     _, first, inverse = np.unique(call_of, return_index=True, return_inverse=True)
@@ -163,8 +164,7 @@ def count_flops_by_call(
         shapes_json, inputs = call_inputs(k)
         values = orjson.loads(inputs) if isinstance(inputs, bytes) else inputs
         counted[call] = flops.count(names[int(name_ids[picked[k]])], orjson.loads(shapes_json), values)
-    for j, call in zip(picked, inverse.reshape(-1).tolist(), strict=True):
-        span_flops[j] = counted[call]
+    span_flops[picked] = np.asarray(counted, dtype=np.int64)[inverse.reshape(-1)]
 
 
 def set_flop_dtypes(table: EventTable, picked: list[int], dtypes: list[str]) -> None:

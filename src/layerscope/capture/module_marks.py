@@ -16,6 +16,7 @@ starts it.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -127,30 +128,33 @@ class ModuleMarks:
         """Append the spans to ``table`` as the CPU-op ranges they stand for, on the threads torch
         recorded (without ``all_threads`` torch records only some threads; a range on another thread
         would not have been recorded either)."""
-        tids, starts, durations = (table.array(c) for c in ("span_tid", "span_ts", "span_dur"))
-        rows = table.drop_clock_anchors()  # the columns read above still hold them
-        stamped = [
-            Stamped(t, s, s + d)
-            for t, s, d in zip(
-                tids[rows].tolist(), starts[rows].tolist(), durations[rows].tolist(), strict=True
-            )
-        ]
-        recorded = set(np.unique(table.array("span_tid")).tolist())
-        kept = [i for i, tid in enumerate(self.span_tid) if tid in recorded]
+        # The native reader leaves the anchors out of the spans. (getattr: a table of an earlier
+        # layerscope, as benchmarks/postprocess_trees.py hands one over, has no such field.)
+        stamps = getattr(table, "clock_stamps", None)
+        if stamps is None:
+            threads_of, starts, durations = (table.array(c) for c in ("span_tid", "span_ts", "span_dur"))
+            rows = table.drop_clock_anchors()  # the columns read above still hold them
+            ends = (starts + durations)[rows].tolist()
+            stamps = list(zip(threads_of[rows].tolist(), starts[rows].tolist(), ends, strict=True))
+        stamped = [Stamped(*stamp) for stamp in stamps]
+        span_tid = table.array("span_tid")
+        threads = set(self.span_tid)
+        recorded = {tid for tid in threads if bool((span_tid == tid).any())}
+        if recorded == threads:  # the common case: every span kept, in order
+            kept: Sequence[int] = range(len(self.span_tid))
+            names, tids = self.span_name, self.span_tid
+        else:
+            kept = [i for i, tid in enumerate(self.span_tid) if tid in recorded]
+            names, tids = [self.span_name[i] for i in kept], [self.span_tid[i] for i in kept]
         start, dur = self._aligned(alignment(self.anchors, stamped), kept)
-        table.append_spans(
-            [self.span_name[i] for i in kept],
-            EventKind.CPU_OP,
-            [self.span_tid[i] for i in kept],
-            start,
-            dur,
-        )
+        table.append_spans(names, EventKind.CPU_OP, list(tids), start, dur)
 
-    def _aligned(self, shift: Alignment | None, rows: list[int]) -> tuple[list[int], list[int]]:
+    def _aligned(self, shift: Alignment | None, rows: Sequence[int]) -> tuple[list[int], list[int]]:
         """The starts and durations of the spans at ``rows``, shifted onto torch's clock (when the
         anchors say the converters disagree)."""
-        start = np.array([self.span_start[i] for i in rows], dtype=np.int64)
-        dur = np.array([self.span_dur[i] for i in rows], dtype=np.int64)
+        every = isinstance(rows, range) and len(rows) == len(self.span_start)
+        start = np.array(self.span_start if every else [self.span_start[i] for i in rows], dtype=np.int64)
+        dur = np.array(self.span_dur if every else [self.span_dur[i] for i in rows], dtype=np.int64)
         if shift is not None:
             begin, end = shift.apply(start), shift.apply(start + dur)
             start, dur = begin, end - begin

@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/profiler/collection.h>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cmath>
@@ -271,6 +272,9 @@ struct DtypesInterner {
 
 using layerscope_text::append_ivalue;
 
+// The name of the clock anchors' profiler ranges (module_marks.ANCHOR_NAME).
+constexpr const char* kAnchorName = "layerscope::clock";
+
 const ProfilerResult& result_of(const py::object& results) {
   return results.cast<const ProfilerResult&>();
 }
@@ -284,6 +288,9 @@ const ProfilerResult& result_of(const py::object& results) {
 // arrived: the KinetoEvent 3 * kAhead events ahead, its Result and lists 2 * kAhead ahead, what
 // those point to (the name, each input's dims) kAhead ahead.
 constexpr size_t kAhead = 8;
+// The bytes of a KinetoEvent the loop reads: result_, python_stack_, shapes_, dtypes_ (in that order,
+// torch's profiler_kineto.h); no further than the whole event.
+constexpr size_t kEventHead = std::min<size_t>(sizeof(KinetoEvent), 96);
 
 void prefetch_bytes(const void* at, size_t size) {
   const char* begin = static_cast<const char*>(at);
@@ -300,8 +307,11 @@ void prefetch_result(const KinetoEvent& e, bool with_shapes) {
     __builtin_prefetch(reinterpret_cast<const char*>(&result->extra_fields_ + 1) - 1);
   }
   if (with_shapes) {
-    __builtin_prefetch(e.shapes().data());
-    __builtin_prefetch(e.dtypes().data());
+    // every line of the two lists: an op with many inputs spreads them over several
+    const auto& listed = e.shapes();
+    if (!listed.empty()) prefetch_bytes(listed.data(), listed.size() * sizeof(listed[0]));
+    const auto& types = e.dtypes();
+    if (!types.empty()) prefetch_bytes(types.data(), types.size() * sizeof(types[0]));
   }
 }
 
@@ -329,6 +339,8 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device, mem_addr;
   std::vector<int64_t> oom_bytes, oom_ts, oom_tid, oom_device, oom_allocated;
   std::vector<int64_t> span_dtypes;
+  std::vector<int64_t> anchor_tid, anchor_ts, anchor_dur;
+  int64_t anchor_name = -1;  // the anchors' name id, once seen
   // Room for every event as a span: no column is copied while it grows.
   for (auto* column : {&span_index, &span_name, &span_activity, &span_ts, &span_dur, &span_tid, &span_seq,
                        &span_fwd_tid, &span_corr, &span_linked, &span_shapes, &span_handle, &span_dtypes}) {
@@ -340,7 +352,9 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   const int64_t no_dtypes = dtypes.texts.id(std::string("[]"));
   const int64_t no_shapes = shapes.texts.id(std::string("[]"));
   for (size_t i = 0; i < n; ++i) {
-    if (i + 3 * kAhead < n) prefetch_bytes(&events[i + 3 * kAhead], sizeof(KinetoEvent));
+    // only the KinetoEvent's first fields (the Result, the shapes and dtypes lists); each
+    // prefetch holds a line fill buffer while it waits, and those are what the loop runs short of
+    if (i + 3 * kAhead < n) prefetch_bytes(&events[i + 3 * kAhead], kEventHead);
     if (i + 2 * kAhead < n) prefetch_result(events[i + 2 * kAhead], with_shapes);
     if (i + kAhead < n) prefetch_pointed(events[i + kAhead], with_shapes);
     const KinetoEvent& e = events[i];
@@ -368,10 +382,23 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
         continue;
       }
     }
-    span_index.push_back(static_cast<int64_t>(i));
     // An op's name read where torch keeps it (what KinetoEvent::name() copies out); others copied.
     const auto* op = result ? std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_) : nullptr;
-    span_name.push_back(op ? names.id(op->name_) : names.id(e.name()));
+    const size_t known_names = names.order.size();
+    const int64_t name = op ? names.id(op->name_) : names.id(e.name());
+    if (names.order.size() != known_names && names.order.back() == kAnchorName) {
+      anchor_name = name;  // interned where first seen all the same: the name ids stay as they were
+    }
+    if (name == anchor_name) {
+      // A clock anchor's range: its stamps are all the marks need of it (module_marks.add_to), and
+      // leaving it out here spares copying every column to drop it afterwards.
+      anchor_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+      anchor_ts.push_back(static_cast<int64_t>(e.startNs()));
+      anchor_dur.push_back(static_cast<int64_t>(e.durationNs()));
+      continue;
+    }
+    span_index.push_back(static_cast<int64_t>(i));
+    span_name.push_back(name);
     span_activity.push_back(static_cast<int64_t>(e.activityType()));
     span_ts.push_back(static_cast<int64_t>(e.startNs()));
     span_dur.push_back(static_cast<int64_t>(e.durationNs()));
@@ -415,6 +442,9 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   out["oom_tid"] = column(oom_tid);
   out["oom_device"] = column(oom_device);
   out["oom_allocated"] = column(oom_allocated);
+  out["anchor_tid"] = column(anchor_tid);
+  out["anchor_ts"] = column(anchor_ts);
+  out["anchor_dur"] = column(anchor_dur);
   return out;
 }
 
@@ -558,9 +588,6 @@ struct MarkBuffer {
   // free-threaded Python (or a caller that dropped the GIL) from reading a buffer being grown.
   std::mutex lock;
 };
-
-// The name of the clock anchors' profiler ranges (module_marks.ANCHOR_NAME).
-constexpr const char* kAnchorName = "layerscope::clock";
 
 std::mutex marks_mutex;
 std::vector<std::shared_ptr<MarkBuffer>> mark_buffers;

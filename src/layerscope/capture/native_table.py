@@ -44,6 +44,7 @@ def table_from_native(
         arrays["mem_on_device"] = on_device
         arrays["mem_addr"] = _column(cols["mem_addr"])
     table.out_of_memory = _out_of_memory(cols, cpu_only)
+    table.clock_stamps = _clock_stamps(cols)
     span_local_name = _column(cols["span_name"])
     if len(span_local_name) == 0 and not len(mem_bytes):
         return table
@@ -85,7 +86,7 @@ def table_from_native(
         arrays["span_shapes"] = np.full(len(span_name), -1, dtype=np.int64)
 
     table.set_columns(arrays)  # attribution reads them as arrays: kept, not converted back
-    span_flops = [0] * len(span_name)
+    span_flops = np.zeros(len(span_name), dtype=np.int64)  # an array: attribution reads it as one
     if flops is not None:
         picked = flop_candidates(table, set(name_of_local.tolist()), flops)
         if picked:
@@ -95,10 +96,12 @@ def table_from_native(
             else:  # a module built before it numbered the calls
                 shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
                 keys, concrete = _concrete_inputs(module, kineto_results, indices)
-                count_flops(table, flops, span_flops, picked, shapes_raw, keys, concrete)
+                listed = [0] * len(span_name)
+                count_flops(table, flops, listed, picked, shapes_raw, keys, concrete)
+                span_flops = np.asarray(listed, dtype=np.int64)
             if hasattr(module, "first_dtypes"):
                 set_flop_dtypes(table, picked, _first_dtypes(module, kineto_results, cols, picked, indices))
-    table.span_flops = span_flops
+    table.set_columns({"span_flops": span_flops})
     return table
 
 
@@ -130,6 +133,16 @@ def _first_dtypes(
         ):
             found[k] = dtype
     return found
+
+
+def _clock_stamps(cols: dict[str, Any]) -> list[tuple[int, int, int]] | None:
+    """The clock anchors' ranges as (thread, start, end), which the reader leaves out of the spans;
+    None from a module built before it did (the anchors are spans then)."""
+    if "anchor_ts" not in cols:
+        return None
+    starts = _column(cols["anchor_ts"])
+    ends = starts + _column(cols["anchor_dur"])
+    return list(zip(_column(cols["anchor_tid"]).tolist(), starts.tolist(), ends.tolist(), strict=True))
 
 
 def _out_of_memory(cols: dict[str, Any], cpu_only: bool) -> list[OutOfMemory]:
@@ -166,7 +179,7 @@ def _count_flops_by_call(
     kineto_results: Any,
     table: EventTable,
     flops: FlopCalculator,
-    span_flops: list[int],
+    span_flops: np.ndarray,
     picked: list[int],
     cols: dict[str, Any],
 ) -> None:

@@ -129,6 +129,10 @@ class EventTable:
     span_dtypes: np.ndarray | None = None
     #: Call lines recorded with ``lines=True`` (``events/call_lines.py``), else None.
     call_lines: CallLines | None = None
+    #: The clock anchors' ranges (:data:`CLOCK_ANCHOR_NAME`) as (thread, start, end) where the reader
+    #: left them out of the spans (the native live reader), else None: they are spans then, for
+    #: :meth:`drop_clock_anchors` to remove.
+    clock_stamps: list[tuple[int, int, int]] | None = None
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -209,8 +213,9 @@ class EventTable:
         """Append spans of one kind with no sequence number, links, shapes or FLOPs (module marks);
         span arrays converted before grow with them, and a column held only as an array stays one."""
         count = len(names)
+        ids = {name: self.intern(name) for name in dict.fromkeys(names)}  # first-seen order, as one by one
         added: dict[str, list[int]] = {
-            "span_name": [self.intern(n) for n in names],
+            "span_name": [ids[n] for n in names],
             "span_kind": [int(kind)] * count,
             "span_tid": tids,
             "span_ts": starts,

@@ -57,17 +57,26 @@ def _last_at_or_before(
     matched = np.zeros(at_addr.size, dtype=bool)
     if not addr.size or not at_addr.size:
         return hit, matched
-    order = np.lexsort((ts, addr))
     addrs = nest_native.unique(addr)[0]
     rank = np.searchsorted(addrs, at_addr)
     known = rank < addrs.size
     known[known] = addrs[rank[known]] == at_addr[known]
-    # (address, time) as one int64: dense ranks of both, so the product cannot overflow
-    times = nest_native.unique(np.concatenate([ts, at_ts]))[0]
-    width = times.size + 1
-    key = np.searchsorted(addrs, addr[order]) * width + np.searchsorted(times, ts[order])
     asked = np.flatnonzero(known)
-    query = rank[asked] * width + np.searchsorted(times, at_ts[asked])
+    # (address, time) as one int64: dense ranks of both, so the product cannot overflow
+    if bool((ts[1:] >= ts[:-1]).all()):
+        # rows in time order (the story's allocations): a row's position is its time's rank, ties
+        # by position as the stable sort breaks them, and a query's is that of the last row at or
+        # before it; one stable sort by address instead of two, no ranking of the times
+        order = np.argsort(addr, kind="stable")
+        width = addr.size + 1
+        key = np.searchsorted(addrs, addr[order]) * width + order
+        query = rank[asked] * width + np.searchsorted(ts, at_ts[asked], side="right") - 1
+    else:
+        order = np.lexsort((ts, addr))
+        times = nest_native.unique(np.concatenate([ts, at_ts]))[0]
+        width = times.size + 1
+        key = np.searchsorted(addrs, addr[order]) * width + np.searchsorted(times, ts[order])
+        query = rank[asked] * width + np.searchsorted(times, at_ts[asked])
     pos = np.searchsorted(key, query, side="right") - 1
     found = pos >= 0
     found[found] = addr[order[pos[found]]] == at_addr[asked[found]]

@@ -861,3 +861,74 @@ def test_the_html_report_of_a_dump_leads_with_its_trigger(out: Path) -> None:
     text = page.read_text()
     assert '<p id="trigger"><b>Flight recorder dump</b>: dump() at step 3</p>' in text
     assert text.index('id="trigger"') < text.index('id="headline"')
+
+
+class _ManyArguments(nn.Module):
+    """A module called with more positional arguments than the native call keeps on its stack, and
+    with keyword arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, *xs: torch.Tensor, scale: float = 1.0, fail: bool = False) -> torch.Tensor:
+        if fail:
+            raise ValueError("asked to fail")
+        return self.linear(torch.stack(xs).sum(0)) * scale
+
+
+def test_native_calls_pass_arguments_and_errors_as_python_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The native whole-call path (``flight_call``) hands the module every positional and keyword
+    argument, returns the same output, closes the call's marks when it raises and lets the same
+    exception through; its records are the Python path's."""
+    from layerscope.capture import flight_clock, native
+
+    if native.load() is None:
+        pytest.skip("the native module is not built")
+
+    def record(folder: str) -> tuple[list[list[float]], list[FlightStep], BaseException]:
+        torch.manual_seed(0)
+        model = _ManyArguments()
+        xs = [torch.randn(2, 4, requires_grad=True) for _ in range(9)]
+        outputs = []
+        with ls.flight_recorder(model, out=tmp_path / folder, slow=None) as rec:
+            assert (rec.clock.native_call is not None) == (folder == "native")
+            for count in (3, 9):  # on the native call's stack, and past it
+                output = model(*xs[:count], scale=0.5)
+                output.sum().backward()
+                outputs.append(output.detach().flatten().tolist())
+                rec.step()
+            with pytest.raises(ValueError, match="asked to fail") as raised:
+                model(xs[0], fail=True)
+            rec.step()
+        return outputs, list(rec.ring), raised.value
+
+    native_outputs, native_steps, native_error = record("native")
+    monkeypatch.setattr(flight_clock.native, "load", lambda: None)
+    python_outputs, python_steps, python_error = record("python")
+    assert native_outputs == python_outputs
+    assert type(native_error) is type(python_error)
+    for ours, theirs in zip(native_steps, python_steps, strict=True):
+        assert ours.forward[:, 1:].tolist() == theirs.forward[:, 1:].tolist()
+        assert ours.backward[:, 1].tolist() == theirs.backward[:, 1].tolist()
+    assert native_steps[2].forward[:, 1].tolist() == [1, -1]  # the raising call's marks, closed
+    assert len(native_steps[0].backward) > 0
+
+
+def test_a_compiled_model_traces_through_the_wrappers_without_a_break(out: Path, hooks: str) -> None:
+    """Dynamo traces the class wrappers (native whole-call or Python marks) into one graph: their
+    torch.compiler check keeps the marks and the native call out of it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    plain = model(x)
+    torch._dynamo.reset()
+    with ls.flight_recorder(model, out=out, slow=None) as rec:
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        recorded = compiled(x)
+        rec.step()
+    torch._dynamo.reset()
+    assert torch.equal(plain, recorded)
+    assert nn.Linear.forward.__name__ == "forward" and "flight" not in nn.Linear.forward.__module__

@@ -29,6 +29,7 @@ from layerscope.capture import native
 from layerscope.events.flight_records import PASS_END, PASS_START, Int64Array, backward_rows, forward_rows
 
 _now = time.perf_counter_ns
+_AfterCall = Callable[[tuple[Any, ...], Any], None]
 _thread = threading.get_ident
 _grad_enabled = torch.is_grad_enabled
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
@@ -48,8 +49,9 @@ class FlightClock:
         self._names: list[str] = []
         self._native: Any = None  # the native module while this clock owns its marks and hooks
         self._native_taken: list[bytes] = []  # native events taken before the step ended
-        # the native module's hot calls from start() to stop(): builtins, so no reference cycle
-        self._native_calls: tuple[Callable[[int], None], Callable[[tuple[Any, ...], Any], None]] | None = None
+        # the native module's hot calls from start() to stop() (mark, after-call, whole call):
+        # builtins, so no reference cycle
+        self._native_calls: tuple[Callable[[int], None], _AfterCall, Any] | None = None
 
     @property
     def mark(self) -> Callable[[int], None]:
@@ -63,6 +65,13 @@ class FlightClock:
         native or Python, as :attr:`mark`."""
         return self._native_calls[1] if self._native_calls is not None else self._watch_output
 
+    @property
+    def native_call(self) -> Any:
+        """``forward_ranges.NativeCall``: a class-wrapped module's whole call (marks, the call, the
+        output's node hook) in one C call, from :meth:`start` to :meth:`stop` with the native
+        module; None otherwise (the wrapper then calls :attr:`mark` and :attr:`watch_output`)."""
+        return self._native_calls[2] if self._native_calls is not None else None
+
     def start(self) -> None:
         """Start recording; the native marks and hooks when the module is built and free."""
         global _native_owner
@@ -72,7 +81,8 @@ class FlightClock:
             module.flight_take()  # anything a previous recorder's late hooks left
             module.flight_clear_forward()
             module.flight_serial(self.serial)
-            self._native_calls = (module.flight_mark, module.flight_after)
+            whole_call = getattr(module, "flight_call", None)
+            self._native_calls = (module.flight_mark, module.flight_after, whole_call)
         self.active = True
 
     def stop(self) -> None:

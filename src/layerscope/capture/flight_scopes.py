@@ -51,7 +51,7 @@ class FlightScopes:
         self._codes: dict[int, int] = {}  # id(module) -> code, for hooked modules
         self._handles: list[RemovableHandle] = []
         self._compiled_calls: list[tuple[nn.Module, Any]] = []
-        self._forward = ForwardRanges(_no_first_call, clock, clock.watch_output)
+        self._forward = ForwardRanges(_no_first_call, clock, clock.watch_output, clock.native_call)
         self._plan = plan
         self._open = threading.local()  # global mode: the codes of the calls open on this thread
         self._lock = threading.Lock()

@@ -37,6 +37,11 @@ FirstCall = Callable[[nn.Module, Callable[..., Any], tuple[Any, ...], dict[str, 
 #: hooks the output's autograd node there.
 AfterCall = Callable[[tuple[Any, ...], Any], None]
 
+#: The whole of a marked call in one native call: ``call(codes, original, module, args, kwargs)``
+#: looks up ``module``'s code, marks, calls ``original(module, *args, **kwargs)``, marks again (also
+#: when it raises) and calls the after-call (``native_flight.cpp``'s ``flight_call``).
+NativeCall = Callable[[dict[int, int], Callable[..., Any], nn.Module, tuple[Any, ...], dict[str, Any]], Any]
+
 
 class MarkSink(Protocol):
     """Where marks go: the native marks of a profile block (``ModuleMarks``) or the flight
@@ -60,11 +65,16 @@ class ForwardRanges:
     """
 
     def __init__(
-        self, first_call: FirstCall, marks: MarkSink | None = None, after_call: AfterCall | None = None
+        self,
+        first_call: FirstCall,
+        marks: MarkSink | None = None,
+        after_call: AfterCall | None = None,
+        native_call: NativeCall | None = None,
     ) -> None:
         self._first_call = first_call
         self._marks = marks
         self._after_call = after_call
+        self._native_call = native_call  # with after_call: what marks and after_call do, in one C call
         self._seen: set[int] = set()  # modules whose first call already ran
         # owner class -> id(module) -> its range name, or its mark code when marks are on
         self._names: dict[type, dict[int, Any]] = {}
@@ -83,7 +93,9 @@ class ForwardRanges:
         names[id(module)] = self._marks.code(name) if self._marks is not None else name
 
     def _wrapper(self, original: Callable[..., Any], names: dict[int, Any]) -> Callable[..., Any]:
-        if self._marks is not None and self._after_call is not None:
+        if self._marks is not None and self._native_call is not None:
+            forward = self._native_wrapper(original, names, self._native_call)
+        elif self._marks is not None and self._after_call is not None:
             forward = self._marks_after_wrapper(original, names, self._marks, self._after_call)
         elif self._marks is not None:
             forward = self._marks_wrapper(original, names, self._marks)
@@ -167,6 +179,23 @@ class ForwardRanges:
                 mark(-code)
             after(args, output)
             return output
+
+        return forward
+
+    @staticmethod
+    def _native_wrapper(
+        original: Callable[..., Any], codes: dict[int, int], call: NativeCall
+    ) -> Callable[..., Any]:
+        """What :meth:`_marks_after_wrapper` does, the call itself made from C: in a real model the
+        kernels between two module calls evict this wrapper's code and objects from the caches, so
+        each Python operation it saves is worth far more there than in a tight loop (see
+        docs/benchmarks.md). torch.compiler's check stays here: Dynamo traces this frame and must
+        see the original call, never the native one."""
+
+        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if _is_compiling():
+                return original(self, *args, **kwargs)
+            return call(codes, original, self, args, kwargs)
 
         return forward
 

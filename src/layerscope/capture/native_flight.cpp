@@ -166,6 +166,24 @@ PyObject* output_tensor(PyObject* output) {
   return found;
 }
 
+// A forward mark (flight_mark's and flight_call's work): false when it could not be recorded (a
+// Python exception is set).
+bool add_mark(int64_t code) {
+  try {
+    if (code > 0 && !pass_open.load() && torch::autograd::get_current_graph_task_id() != -1) {
+      record(PASS_START);
+      open_pass();
+    }
+    forward_marks.push_back(now_ns());
+    forward_marks.push_back(code);
+    forward_marks.push_back(static_cast<int64_t>(PyThread_get_thread_ident()));
+  } catch (const std::exception& exc) {
+    PyErr_SetString(PyExc_RuntimeError, exc.what());
+    return false;
+  }
+  return true;
+}
+
 // flight_mark(code): a call of module `code` opens (+code) or closes (-code) on this thread. A call
 // that opens inside a backward pass none of our hooks has seen yet (reentrant checkpointing
 // re-running a whole model first) opens the pass, so it counts as recomputation.
@@ -177,16 +195,7 @@ PyObject* flight_mark(PyObject* /*self*/, PyObject* arg) {
   if (current_serial.load(std::memory_order_relaxed) < 0) {
     Py_RETURN_NONE;
   }
-  try {  // no C++ exception may unwind through the interpreter's frames
-    if (code > 0 && !pass_open.load() && torch::autograd::get_current_graph_task_id() != -1) {
-      record(PASS_START);
-      open_pass();
-    }
-    forward_marks.push_back(now_ns());
-    forward_marks.push_back(code);
-    forward_marks.push_back(static_cast<int64_t>(PyThread_get_thread_ident()));
-  } catch (const std::exception& exc) {
-    PyErr_SetString(PyExc_RuntimeError, exc.what());
+  if (!add_mark(code)) {  // no C++ exception may unwind through the interpreter's frames
     return nullptr;
   }
   Py_RETURN_NONE;
@@ -226,7 +235,106 @@ PyObject* flight_after(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nar
   Py_RETURN_NONE;
 }
 
+// original(module, *args, **kwargs), without building a tuple of (module, *args) where the
+// arguments are few.
+PyObject* call_original(PyObject* original, PyObject* module, PyObject* args, PyObject* kwargs) {
+  constexpr Py_ssize_t kStack = 8;
+  const Py_ssize_t n = PyTuple_GET_SIZE(args);
+  PyObject* kw = (kwargs != Py_None && PyDict_GET_SIZE(kwargs) > 0) ? kwargs : nullptr;
+  if (n < kStack) {
+    PyObject* stack[kStack];
+    stack[0] = module;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      stack[i + 1] = PyTuple_GET_ITEM(args, i);
+    }
+    return PyObject_VectorcallDict(original, stack, static_cast<size_t>(n + 1), kw);
+  }
+  PyObject* all = PyTuple_New(n + 1);
+  if (all == nullptr) {
+    return nullptr;
+  }
+  Py_INCREF(module);
+  PyTuple_SET_ITEM(all, 0, module);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyTuple_GET_ITEM(args, i);
+    Py_INCREF(item);
+    PyTuple_SET_ITEM(all, i + 1, item);
+  }
+  PyObject* result = PyObject_Call(original, all, kw);
+  Py_DECREF(all);
+  return result;
+}
+
+// flight_call(codes, original, module, args, kwargs): one recorded call of a class-wrapped module,
+// what the Python wrapper otherwise does in three C calls around its own frame's work: the code of
+// `module` from `codes` (id(module) -> code; none: a module the recorder does not name, called
+// through), the opening mark, original(module, *args, **kwargs), the closing mark (also when it
+// raises), and the output's node hook (flight_after). The wrapper keeps torch.compiler's check in
+// Python, so that Dynamo, which traces the wrapper, never reaches this call.
+PyObject* flight_call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5 || !PyDict_Check(args[0]) || !PyTuple_Check(args[3]) ||
+      (args[4] != Py_None && !PyDict_Check(args[4]))) {
+    PyErr_SetString(PyExc_TypeError, "flight_call(codes: dict, original, module, args: tuple, kwargs: dict)");
+    return nullptr;
+  }
+  PyObject* original = args[1];
+  PyObject* module = args[2];
+  PyObject* call_args = args[3];
+  PyObject* key = PyLong_FromVoidPtr(module);  // id(module)
+  if (key == nullptr) {
+    return nullptr;
+  }
+  PyObject* found = PyDict_GetItemWithError(args[0], key);  // borrowed
+  Py_DECREF(key);
+  if (found == nullptr) {
+    if (PyErr_Occurred()) {
+      return nullptr;
+    }
+    return call_original(original, module, call_args, args[4]);
+  }
+  const long long code = PyLong_AsLongLong(found);
+  if (code == -1 && PyErr_Occurred()) {
+    return nullptr;
+  }
+  if (current_serial.load(std::memory_order_relaxed) >= 0 && !add_mark(code)) {
+    return nullptr;
+  }
+  PyObject* output = call_original(original, module, call_args, args[4]);
+  // the closing mark, also when the call raised (its exception stays set meanwhile)
+  if (current_serial.load(std::memory_order_relaxed) >= 0) {
+    PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+    if (output == nullptr) {
+      PyErr_Fetch(&type, &value, &traceback);
+    }
+    const bool closed = add_mark(-code);
+    if (output == nullptr) {
+      PyErr_Restore(type, value, traceback);
+      return nullptr;
+    }
+    if (!closed) {
+      Py_DECREF(output);
+      return nullptr;
+    }
+  }
+  if (output == nullptr) {
+    return nullptr;
+  }
+  PyObject* const after_args[2] = {call_args, output};
+  PyObject* hooked = flight_after(nullptr, after_args, 2);  // checks the serial and grad mode itself
+  if (hooked == nullptr) {
+    Py_DECREF(output);
+    return nullptr;
+  }
+  Py_DECREF(hooked);
+  return output;
+}
+
 PyMethodDef mark_def = {"flight_mark", flight_mark, METH_O, "A forward mark: +code opens, -code closes."};
+PyMethodDef call_def = {
+    "flight_call",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(flight_call)),
+    METH_FASTCALL,
+    "One recorded call of a class-wrapped module (codes, original, module, args, kwargs)."};
 PyMethodDef after_def = {
     "flight_after",
     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(flight_after)),
@@ -282,6 +390,7 @@ void register_functions(py::module_& m) {
   m.def("flight_clear_forward", &flight_clear_forward);
   m.add_object("flight_mark", py::reinterpret_steal<py::object>(PyCFunction_New(&mark_def, nullptr)));
   m.add_object("flight_after", py::reinterpret_steal<py::object>(PyCFunction_New(&after_def, nullptr)));
+  m.add_object("flight_call", py::reinterpret_steal<py::object>(PyCFunction_New(&call_def, nullptr)));
   layerscope_shapes::register_functions(m);  // the detailed step's own shapes
 }
 

@@ -146,6 +146,8 @@ def test_trace_and_both_readers_give_the_same_bytes(tmp_path: Path) -> None:
     assert {key: live[key] for key in shared} == {key: loaded[key] for key in shared}
     results = prof.recording.torch_profiler.profiler.kineto_results
     tables = [table_from_kineto(results, None, True, use_native=native) for native in (False, True)]
+    for table in tables:  # the bindings reader keeps our clock anchors' rows; the native one leaves them out
+        table.drop_clock_anchors()
     decoded = [[t.names[i] if i >= 0 else None for i in t.span_dtypes.tolist()] for t in tables]
     assert decoded[0] == decoded[1] and any(decoded[0])
 

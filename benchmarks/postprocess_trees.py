@@ -82,7 +82,10 @@ def load_baseline(src: Path) -> Any:
 
 
 def baseline_recording(base: Any, recording: Any) -> Any:
-    """The baseline's Recording of the same torch results and context."""
+    """The baseline's Recording of the same torch results and context (this tree's marks, which
+    read ``clock_stamps`` off the table: a baseline's table from before that field has none)."""
+    if not hasattr(base.events.table.EventTable, "clock_stamps"):
+        base.events.table.EventTable.clock_stamps = None
     return base.capture.recording.Recording(
         recording.torch_profiler, recording.context, recording.block_us, recording.cycle
     )

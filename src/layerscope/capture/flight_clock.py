@@ -81,8 +81,7 @@ class FlightClock:
             module.flight_take()  # anything a previous recorder's late hooks left
             module.flight_clear_forward()
             module.flight_serial(self.serial)
-            whole_call = getattr(module, "flight_call", None)
-            self._native_calls = (module.flight_mark, module.flight_after, whole_call)
+            self._native_calls = (module.flight_mark, module.flight_after, module.flight_call)
         self.active = True
 
     def stop(self) -> None:

@@ -16,7 +16,6 @@ starts it.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -128,10 +127,8 @@ class ModuleMarks:
         """Append the spans to ``table`` as the CPU-op ranges they stand for, on the threads torch
         recorded (without ``all_threads`` torch records only some threads; a range on another thread
         would not have been recorded either)."""
-        # The native reader leaves the anchors out of the spans. (getattr: a table of an earlier
-        # layerscope, as benchmarks/postprocess_trees.py hands one over, has no such field.)
-        stamps = getattr(table, "clock_stamps", None)
-        if stamps is None:
+        stamps = table.clock_stamps  # the native live reader leaves the anchors out of the spans
+        if stamps is None:  # the bindings reader keeps them as spans
             threads_of, starts, durations = (table.array(c) for c in ("span_tid", "span_ts", "span_dur"))
             rows = table.drop_clock_anchors()  # the columns read above still hold them
             ends = (starts + durations)[rows].tolist()
@@ -140,21 +137,19 @@ class ModuleMarks:
         span_tid = table.array("span_tid")
         threads = set(self.span_tid)
         recorded = {tid for tid in threads if bool((span_tid == tid).any())}
-        if recorded == threads:  # the common case: every span kept, in order
-            kept: Sequence[int] = range(len(self.span_tid))
-            names, tids = self.span_name, self.span_tid
-        else:
+        kept: list[int] | None = None  # the common case: every span kept, in order
+        names, tids = self.span_name, self.span_tid
+        if recorded != threads:
             kept = [i for i, tid in enumerate(self.span_tid) if tid in recorded]
             names, tids = [self.span_name[i] for i in kept], [self.span_tid[i] for i in kept]
         start, dur = self._aligned(alignment(self.anchors, stamped), kept)
         table.append_spans(names, EventKind.CPU_OP, list(tids), start, dur)
 
-    def _aligned(self, shift: Alignment | None, rows: Sequence[int]) -> tuple[list[int], list[int]]:
-        """The starts and durations of the spans at ``rows``, shifted onto torch's clock (when the
-        anchors say the converters disagree)."""
-        every = isinstance(rows, range) and len(rows) == len(self.span_start)
-        start = np.array(self.span_start if every else [self.span_start[i] for i in rows], dtype=np.int64)
-        dur = np.array(self.span_dur if every else [self.span_dur[i] for i in rows], dtype=np.int64)
+    def _aligned(self, shift: Alignment | None, rows: list[int] | None) -> tuple[list[int], list[int]]:
+        """The starts and durations of the spans at ``rows`` (None: every span), shifted onto torch's
+        clock (when the anchors say the converters disagree)."""
+        start = np.array(self.span_start if rows is None else [self.span_start[i] for i in rows], np.int64)
+        dur = np.array(self.span_dur if rows is None else [self.span_dur[i] for i in rows], np.int64)
         if shift is not None:
             begin, end = shift.apply(start), shift.apply(start + dur)
             start, dur = begin, end - begin

@@ -135,11 +135,8 @@ def _first_dtypes(
     return found
 
 
-def _clock_stamps(cols: dict[str, Any]) -> list[tuple[int, int, int]] | None:
-    """The clock anchors' ranges as (thread, start, end), which the reader leaves out of the spans;
-    None from a module built before it did (the anchors are spans then)."""
-    if "anchor_ts" not in cols:
-        return None
+def _clock_stamps(cols: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """The clock anchors' ranges as (thread, start, end), which the reader leaves out of the spans."""
     starts = _column(cols["anchor_ts"])
     ends = starts + _column(cols["anchor_dur"])
     return list(zip(_column(cols["anchor_tid"]).tolist(), starts.tolist(), ends.tolist(), strict=True))

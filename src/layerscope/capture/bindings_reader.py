@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from layerscope.capture.device_streams import stream_threads
 from layerscope.capture.event_columns import (
     UNDECODABLE_NAME,
     count_flops,
@@ -106,12 +107,26 @@ def table_from_bindings(
     table.span_ts = list(map(event_type.start_ns, spans))
     table.span_dur = list(map(event_type.duration_ns, spans))
     table.span_tid = _signed(list(map(event_type.start_thread_id, spans)))
+    if not cpu_only:
+        _on_streams(table, spans, event_type)
     _read_links(table, spans, event_type, launches=any(k >= EventKind.KERNEL for k in kind_ids.values()))
     raw_shapes = _read_shapes(table, spans, name_ids, event_type) if shapes else None
     if raw_shapes is None:
         table.span_shapes = [-1] * len(spans)
     table.span_flops = _read_flops(table, spans, name_ids, raw_shapes, flops)
     return table
+
+
+def _on_streams(table: EventTable, spans: list[Any], event_type: Any) -> None:
+    """Device spans moved onto one thread per stream (``device_streams``), as the native reader does."""
+    rows = [k for k, d in enumerate(map(event_type.device_type, spans)) if int(d) != 0]  # not DeviceType.CPU
+    if not rows:
+        return
+    device = [event_type.device_index(spans[k]) for k in rows]
+    stream = [event_type.device_resource_id(spans[k]) for k in rows]
+    tid, mem_tid = np.asarray(table.span_tid, dtype=np.int64), np.asarray(table.mem_tid, dtype=np.int64)
+    table.threads = stream_threads(tid, mem_tid, np.asarray(rows), np.asarray(device), np.asarray(stream))
+    table.span_tid = tid.tolist()
 
 
 def _read_memory(

@@ -340,6 +340,8 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   std::vector<int64_t> oom_bytes, oom_ts, oom_tid, oom_device, oom_allocated;
   std::vector<int64_t> span_dtypes;
   std::vector<int64_t> anchor_tid, anchor_ts, anchor_dur;
+  // device-side spans (few): their row among the spans, device index and stream (resource id)
+  std::vector<int64_t> device_row, device_index, device_stream;
   int64_t anchor_name = -1;  // the anchors' name id, once seen
   // Room for every event as a span: no column is copied while it grows.
   for (auto* column : {&span_index, &span_name, &span_activity, &span_ts, &span_dur, &span_tid, &span_seq,
@@ -397,6 +399,13 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
       anchor_dur.push_back(static_cast<int64_t>(e.durationNs()));
       continue;
     }
+    // Device work carries its launching thread's id; its stream is what a trace file names it by.
+    // Ops run on the CPU, so only the other spans (few on a CPU capture) are asked.
+    if (op == nullptr && e.deviceType() != c10::DeviceType::CPU) {
+      device_row.push_back(static_cast<int64_t>(span_index.size()));
+      device_index.push_back(static_cast<int64_t>(e.deviceIndex()));
+      device_stream.push_back(e.deviceResourceId());
+    }
     span_index.push_back(static_cast<int64_t>(i));
     span_name.push_back(name);
     span_activity.push_back(static_cast<int64_t>(e.activityType()));
@@ -445,6 +454,9 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   out["anchor_tid"] = column(anchor_tid);
   out["anchor_ts"] = column(anchor_ts);
   out["anchor_dur"] = column(anchor_dur);
+  out["device_row"] = column(device_row);
+  out["device_index"] = column(device_index);
+  out["device_stream"] = column(device_stream);
   return out;
 }
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from layerscope.capture.device_streams import stream_threads
 from layerscope.capture.event_columns import (
     count_flops,
     count_flops_by_call,
@@ -85,6 +86,8 @@ def table_from_native(
     else:
         arrays["span_shapes"] = np.full(len(span_name), -1, dtype=np.int64)
 
+    if not cpu_only:
+        table.threads = _on_streams(cols, arrays)
     table.set_columns(arrays)  # attribution reads them as arrays: kept, not converted back
     span_flops = np.zeros(len(span_name), dtype=np.int64)  # an array: attribution reads it as one
     if flops is not None:
@@ -103,6 +106,16 @@ def table_from_native(
                 set_flop_dtypes(table, picked, _first_dtypes(module, kineto_results, cols, picked, indices))
     table.set_columns({"span_flops": span_flops})
     return table
+
+
+def _on_streams(cols: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[int, tuple[int, int]]:
+    """Device spans moved onto one thread per stream (``device_streams``); their thread map."""
+    rows = _column(cols["device_row"])
+    if not rows.size:
+        return {}
+    tid = arrays["span_tid"] = arrays["span_tid"].copy()  # the reader's buffer is read-only
+    mem_tid = arrays.get("mem_tid", np.zeros(0, dtype=np.int64))
+    return stream_threads(tid, mem_tid, rows, _column(cols["device_index"]), _column(cols["device_stream"]))
 
 
 def _interned(table: EventTable, texts: list[bytes], local: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from layerscope.capture import call_lines, native
 from layerscope.errors import LayerscopeWarning
 
 pytestmark = pytest.mark.skipif(
-    not call_lines.supported(native.load()), reason="call lines need the native module on CPython 3.11/3.12"
+    not call_lines.supported(native.load()), reason="call lines need the native module on CPython 3.11-3.13"
 )
 
 

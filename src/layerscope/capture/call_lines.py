@@ -145,7 +145,7 @@ def start_call_lines(stack: ExitStack, action: ProfilerAction) -> CallLineRecord
     torch cannot record them."""
     module = native.load()
     if not supported(module):
-        why = native.status().reason if module is None else "needs CPython 3.11 or 3.12"
+        why = native.status().reason if module is None else "needs CPython 3.11 to 3.13"
         warnings.warn(
             f"lines=True: call lines are not recorded ({why}); run `layerscope native build`",
             LayerscopeWarning,

@@ -14,8 +14,8 @@
 // objects made; strings are copied out of the code objects (alive: their frames are executing), and
 // a code object's address is trusted again only when its file, name and first line still match.
 //
-// The frame layout is CPython's internal one (_PyInterpreterFrame), so this is built for 3.11 and
-// 3.12 only; elsewhere lines_supported() is false and capture falls back to Python.
+// The frame layout is CPython's internal one (_PyInterpreterFrame), so this is built for 3.11 to
+// 3.13 only; elsewhere lines_supported() is false and capture warns that no lines are recorded.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -33,7 +33,7 @@
 #include <unordered_map>
 #include <vector>
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
 #define Py_BUILD_CORE
 #include <internal/pycore_frame.h>
 #undef Py_BUILD_CORE
@@ -212,17 +212,36 @@ ThreadLines& this_thread() {
   return lines;
 }
 
+// The thread's innermost frame: 3.13 keeps it in the thread state, 3.11 and 3.12 in its C frame.
+_PyInterpreterFrame* innermost_frame(PyThreadState* state) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return state->current_frame;
+#else
+  return state->cframe == nullptr ? nullptr : state->cframe->current_frame;
+#endif
+}
+
+// The code a frame runs; 3.13 frames hold an "executable", a code object or None.
+const PyCodeObject* code_of(_PyInterpreterFrame* f) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyCode_Check(f->f_executable) ? reinterpret_cast<const PyCodeObject*>(f->f_executable) : nullptr;
+#else
+  return f->f_code;
+#endif
+}
+
 // The stack node of the thread's current Python frames (-1 when no frame is the user's).
 int64_t current_node(ThreadLines& lines) {
   PyThreadState* state = PyGILState_GetThisThreadState();
-  if (state == nullptr || state->cframe == nullptr) {
+  if (state == nullptr) {
     return -1;  // a thread Python never ran on (autograd's device threads)
   }
   thread_local std::vector<WalkedFrame> walk;
   walk.clear();
-  for (_PyInterpreterFrame* f = state->cframe->current_frame; f != nullptr; f = f->previous) {
-    if (!_PyFrame_IsIncomplete(f)) {
-      walk.push_back({f, f->f_code, _PyInterpreterFrame_LASTI(f), -1});
+  for (_PyInterpreterFrame* f = innermost_frame(state); f != nullptr; f = f->previous) {
+    const PyCodeObject* code = code_of(f);
+    if (code != nullptr && !_PyFrame_IsIncomplete(f)) {
+      walk.push_back({f, code, _PyInterpreterFrame_LASTI(f), -1});
     }
   }
   const size_t n = walk.size();

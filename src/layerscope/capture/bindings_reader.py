@@ -118,12 +118,16 @@ def table_from_bindings(
 
 
 def _on_streams(table: EventTable, spans: list[Any], event_type: Any) -> None:
-    """Device spans moved onto one thread per stream (``device_streams``), as the native reader does."""
+    """Device spans moved onto one thread per stream (``device_streams``), as the native reader does
+    (bindings without ``device_resource_id`` leave them on their launching threads)."""
+    resource_id = getattr(event_type, "device_resource_id", None)
+    if resource_id is None:
+        return
     rows = [k for k, d in enumerate(map(event_type.device_type, spans)) if int(d) != 0]  # not DeviceType.CPU
     if not rows:
         return
     device = [event_type.device_index(spans[k]) for k in rows]
-    stream = [event_type.device_resource_id(spans[k]) for k in rows]
+    stream = [resource_id(spans[k]) for k in rows]
     tid, mem_tid = np.asarray(table.span_tid, dtype=np.int64), np.asarray(table.mem_tid, dtype=np.int64)
     table.threads = stream_threads(tid, mem_tid, np.asarray(rows), np.asarray(device), np.asarray(stream))
     table.span_tid = tid.tolist()

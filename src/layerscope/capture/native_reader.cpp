@@ -353,75 +353,82 @@ py::dict read_columns(const py::object& results, bool with_shapes) {
   DtypesInterner dtypes;
   const int64_t no_dtypes = dtypes.texts.id(std::string("[]"));
   const int64_t no_shapes = shapes.texts.id(std::string("[]"));
-  for (size_t i = 0; i < n; ++i) {
-    // only the KinetoEvent's first fields (the Result, the shapes and dtypes lists); each
-    // prefetch holds a line fill buffer while it waits, and those are what the loop runs short of
-    if (i + 3 * kAhead < n) prefetch_bytes(&events[i + 3 * kAhead], kEventHead);
-    if (i + 2 * kAhead < n) prefetch_result(events[i + 2 * kAhead], with_shapes);
-    if (i + kAhead < n) prefetch_pointed(events[i + kAhead], with_shapes);
-    const KinetoEvent& e = events[i];
-    const int64_t nbytes = e.nBytes();
-    if (nbytes != 0) {
-      mem_bytes.push_back(nbytes);
-      mem_ts.push_back(static_cast<int64_t>(e.startNs()));
-      // torch's "unknown thread" is 2**64 - 1: as int64 it reads -1, as the pybind path reads it.
-      mem_tid.push_back(static_cast<int64_t>(e.startThreadId()));
-      mem_device.push_back(static_cast<int64_t>(e.deviceType()));
-      const Result* result = result_of_event(e);
-      const auto* allocation =
-          result ? std::get_if<ExtraFields<EventType::Allocation>>(&result->extra_fields_) : nullptr;
-      mem_addr.push_back(allocation ? static_cast<int64_t>(reinterpret_cast<intptr_t>(allocation->ptr_)) : 0);
-      continue;
-    }
-    const Result* result = result_of_event(e);
-    if (result != nullptr) {
-      if (const auto* oom = std::get_if<ExtraFields<EventType::OutOfMemory>>(&result->extra_fields_)) {
-        oom_bytes.push_back(oom->alloc_size_);
-        oom_ts.push_back(static_cast<int64_t>(e.startNs()));
-        oom_tid.push_back(static_cast<int64_t>(e.startThreadId()));
-        oom_device.push_back(static_cast<int64_t>(oom->device_type_));
-        oom_allocated.push_back(static_cast<int64_t>(oom->total_allocated_));
+  {
+    // The pass reads torch's C++ events into C++ containers only: other Python threads run
+    // meanwhile (the flight recorder reads its detailed steps on a writer thread beside the loop).
+    py::gil_scoped_release release;
+    for (size_t i = 0; i < n; ++i) {
+      // only the KinetoEvent's first fields (the Result, the shapes and dtypes lists); each
+      // prefetch holds a line fill buffer while it waits, and those are what the loop runs short of
+      if (i + 3 * kAhead < n) prefetch_bytes(&events[i + 3 * kAhead], kEventHead);
+      if (i + 2 * kAhead < n) prefetch_result(events[i + 2 * kAhead], with_shapes);
+      if (i + kAhead < n) prefetch_pointed(events[i + kAhead], with_shapes);
+      const KinetoEvent& e = events[i];
+      const int64_t nbytes = e.nBytes();
+      if (nbytes != 0) {
+        mem_bytes.push_back(nbytes);
+        mem_ts.push_back(static_cast<int64_t>(e.startNs()));
+        // torch's "unknown thread" is 2**64 - 1: as int64 it reads -1, as the pybind path reads it.
+        mem_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+        mem_device.push_back(static_cast<int64_t>(e.deviceType()));
+        const Result* result = result_of_event(e);
+        const auto* allocation =
+            result ? std::get_if<ExtraFields<EventType::Allocation>>(&result->extra_fields_) : nullptr;
+        mem_addr.push_back(
+            allocation ? static_cast<int64_t>(reinterpret_cast<intptr_t>(allocation->ptr_)) : 0);
         continue;
       }
+      const Result* result = result_of_event(e);
+      if (result != nullptr) {
+        if (const auto* oom = std::get_if<ExtraFields<EventType::OutOfMemory>>(&result->extra_fields_)) {
+          oom_bytes.push_back(oom->alloc_size_);
+          oom_ts.push_back(static_cast<int64_t>(e.startNs()));
+          oom_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+          oom_device.push_back(static_cast<int64_t>(oom->device_type_));
+          oom_allocated.push_back(static_cast<int64_t>(oom->total_allocated_));
+          continue;
+        }
+      }
+      // An op's name read where torch keeps it (what KinetoEvent::name() copies out); others copied.
+      const auto* op =
+          result ? std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_) : nullptr;
+      const size_t known_names = names.order.size();
+      const int64_t name = op ? names.id(op->name_) : names.id(e.name());
+      if (names.order.size() != known_names && names.order.back() == kAnchorName) {
+        anchor_name = name;  // interned where first seen all the same: the name ids stay as they were
+      }
+      if (name == anchor_name) {
+        // A clock anchor's range: its stamps are all the marks need of it (module_marks.add_to), and
+        // leaving it out here spares copying every column to drop it afterwards.
+        anchor_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+        anchor_ts.push_back(static_cast<int64_t>(e.startNs()));
+        anchor_dur.push_back(static_cast<int64_t>(e.durationNs()));
+        continue;
+      }
+      // Device work carries its launching thread's id; its stream is what a trace file names it by.
+      // Ops run on the CPU, so only the other spans (few on a CPU capture) are asked.
+      if (op == nullptr && e.deviceType() != c10::DeviceType::CPU) {
+        device_row.push_back(static_cast<int64_t>(span_index.size()));
+        device_index.push_back(static_cast<int64_t>(e.deviceIndex()));
+        device_stream.push_back(e.deviceResourceId());
+      }
+      span_index.push_back(static_cast<int64_t>(i));
+      span_name.push_back(name);
+      span_activity.push_back(static_cast<int64_t>(e.activityType()));
+      span_ts.push_back(static_cast<int64_t>(e.startNs()));
+      span_dur.push_back(static_cast<int64_t>(e.durationNs()));
+      span_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+      const int64_t seq = e.sequenceNr();
+      span_seq.push_back(seq);
+      span_fwd_tid.push_back(seq >= 0 ? static_cast<int64_t>(e.fwdThreadId()) : 0);
+      span_corr.push_back(static_cast<int64_t>(e.correlationId()));
+      span_linked.push_back(static_cast<int64_t>(e.linkedCorrelationId()));
+      // The RecordFunction handle of an op: what call lines (native_lines.cpp) are recorded against.
+      span_handle.push_back(op ? static_cast<int64_t>(op->record_function_id_) : 0);
+      span_shapes.push_back(with_shapes && e.hasShapes() ? shapes.id(e.shapes()) : no_shapes);
+      // Every input's dtype beside its shape: what bytes per op are computed from (roofline).
+      span_dtypes.push_back(with_shapes && e.hasShapes() && e.hasTypes() ? dtypes.id(e.dtypes()) : no_dtypes);
     }
-    // An op's name read where torch keeps it (what KinetoEvent::name() copies out); others copied.
-    const auto* op = result ? std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_) : nullptr;
-    const size_t known_names = names.order.size();
-    const int64_t name = op ? names.id(op->name_) : names.id(e.name());
-    if (names.order.size() != known_names && names.order.back() == kAnchorName) {
-      anchor_name = name;  // interned where first seen all the same: the name ids stay as they were
-    }
-    if (name == anchor_name) {
-      // A clock anchor's range: its stamps are all the marks need of it (module_marks.add_to), and
-      // leaving it out here spares copying every column to drop it afterwards.
-      anchor_tid.push_back(static_cast<int64_t>(e.startThreadId()));
-      anchor_ts.push_back(static_cast<int64_t>(e.startNs()));
-      anchor_dur.push_back(static_cast<int64_t>(e.durationNs()));
-      continue;
-    }
-    // Device work carries its launching thread's id; its stream is what a trace file names it by.
-    // Ops run on the CPU, so only the other spans (few on a CPU capture) are asked.
-    if (op == nullptr && e.deviceType() != c10::DeviceType::CPU) {
-      device_row.push_back(static_cast<int64_t>(span_index.size()));
-      device_index.push_back(static_cast<int64_t>(e.deviceIndex()));
-      device_stream.push_back(e.deviceResourceId());
-    }
-    span_index.push_back(static_cast<int64_t>(i));
-    span_name.push_back(name);
-    span_activity.push_back(static_cast<int64_t>(e.activityType()));
-    span_ts.push_back(static_cast<int64_t>(e.startNs()));
-    span_dur.push_back(static_cast<int64_t>(e.durationNs()));
-    span_tid.push_back(static_cast<int64_t>(e.startThreadId()));
-    const int64_t seq = e.sequenceNr();
-    span_seq.push_back(seq);
-    span_fwd_tid.push_back(seq >= 0 ? static_cast<int64_t>(e.fwdThreadId()) : 0);
-    span_corr.push_back(static_cast<int64_t>(e.correlationId()));
-    span_linked.push_back(static_cast<int64_t>(e.linkedCorrelationId()));
-    // The RecordFunction handle of an op: what call lines (native_lines.cpp) are recorded against.
-    span_handle.push_back(op ? static_cast<int64_t>(op->record_function_id_) : 0);
-    span_shapes.push_back(with_shapes && e.hasShapes() ? shapes.id(e.shapes()) : no_shapes);
-    // Every input's dtype beside its shape: what bytes per op are computed from (roofline).
-    span_dtypes.push_back(with_shapes && e.hasShapes() && e.hasTypes() ? dtypes.id(e.dtypes()) : no_dtypes);
   }
 
   py::dict out;

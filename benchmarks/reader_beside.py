@@ -1,0 +1,100 @@
+"""The native reader beside a running program: how much of its own speed a Python thread keeps while
+another thread reads a capture (the flight recorder reads its detailed steps on a writer thread
+beside the training loop).
+
+A ResNet-18 layout capture (``--steps`` training steps, memory and shapes on) is read ``--reads``
+times by ``read_columns`` in a background thread; meanwhile the main thread runs a pure-Python loop.
+Reported: the loop's iterations per second during the reads against the same loop alone (paired,
+alternated ``--rounds`` times; ``gc.collect()`` before each). The reader's C++ pass runs without the
+GIL, so on a machine with a free core the loop keeps most of its speed; a reader holding the GIL
+would stop it for the whole pass.
+
+    python benchmarks/reader_beside.py [--steps 20] [--reads 10] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from postprocess import capture  # noqa: E402
+
+from layerscope.capture import native  # noqa: E402
+from layerscope.models import resnet18  # noqa: E402
+
+
+def spin(until: threading.Event) -> float:
+    """Iterations per second of a pure-Python loop until ``until`` is set."""
+    count, start = 0, time.perf_counter()
+    while not until.is_set():
+        for _ in range(1000):
+            count += 1
+    return count / (time.perf_counter() - start)
+
+
+def alone(seconds: float) -> float:
+    """The loop's speed with nothing else running, for ``seconds``."""
+    done = threading.Event()
+    threading.Timer(seconds, done.set).start()
+    return spin(done)
+
+
+def beside_reads(module: object, results: object, reads: int) -> tuple[float, float]:
+    """The loop's speed while a thread reads ``results`` ``reads`` times; the reads' seconds."""
+    done = threading.Event()
+    took: list[float] = []
+
+    def read() -> None:
+        start = time.perf_counter()
+        for _ in range(reads):
+            module.read_columns(results, True)  # type: ignore[attr-defined]
+        took.append(time.perf_counter() - start)
+        done.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    speed = spin(done)
+    reader.join()
+    return speed, took[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--reads", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    module = native.load()
+    if module is None:
+        raise SystemExit(f"the native module is not built: {native.status().reason}")
+    torch.manual_seed(0)
+    model, x = resnet18(), torch.randn(5, 3, 224, 224)
+    model(x).sum().backward()
+    prof = capture(model, x, args.steps)
+    results = prof.torch_profiler.profiler.kineto_results
+    ratios, seconds = [], []
+    for _ in range(args.rounds):
+        gc.collect()
+        speed, took = beside_reads(module, results, args.reads)
+        gc.collect()
+        ratios.append(speed / alone(took))
+        seconds.append(took / args.reads)
+    events = len(results.events())
+    print(f"{events} events, one read {statistics.median(seconds) * 1e3:.1f} ms (median of {args.rounds} rounds)")
+    print(
+        f"Python loop beside the reads: {statistics.median(ratios):.2f}x its speed alone "
+        f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+    )
+
+
+if __name__ == "__main__":
+    main()

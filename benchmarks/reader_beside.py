@@ -22,14 +22,13 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from postprocess import capture  # noqa: E402
+import torch
 
-from layerscope.capture import native  # noqa: E402
-from layerscope.models import resnet18  # noqa: E402
+from layerscope.capture import native
+from layerscope.models import resnet18
+from postprocess import capture
 
 
 def spin(until: threading.Event) -> float:
@@ -89,7 +88,8 @@ def main() -> None:
         ratios.append(speed / alone(took))
         seconds.append(took / args.reads)
     events = len(results.events())
-    print(f"{events} events, one read {statistics.median(seconds) * 1e3:.1f} ms (median of {args.rounds} rounds)")
+    median_ms = statistics.median(seconds) * 1e3
+    print(f"{events} events, one read {median_ms:.1f} ms (median of {args.rounds} rounds)")
     print(
         f"Python loop beside the reads: {statistics.median(ratios):.2f}x its speed alone "
         f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"

@@ -16,7 +16,9 @@ import orjson
 import pytest
 import torch
 
+from layerscope.analysis.device import device_report
 from layerscope.capture.bindings_reader import table_from_bindings
+from layerscope.capture.device_streams import STREAM_TID_BASE
 from layerscope.capture.event_columns import guess_activities, kind_of_activity
 from layerscope.events.table import EventKind
 
@@ -125,3 +127,20 @@ def test_guess_names_python_functions_of_a_stack_capture() -> None:
     truth = [e.activity_type() for e in events]
     assert "python_function" in truth
     assert guessed == truth
+
+
+def test_device_work_moves_onto_its_stream_thread(dump: dict[str, Any]) -> None:
+    """The dumped kernels carry the thread id of the op that launched them (1: forward, 2: autograd's
+    backward thread), as torch hands them over; with the bindings' ``device_resource_id`` (not in
+    the dump: stream 7 given here, the stream the capture's trace names) the reader puts all of them
+    on one thread for (device 0, stream 7), and leaves the CPU spans on their threads."""
+    rows = [dict(r, device_resource_id=7) for r in dump["events"]]
+    spans = [r for r in rows if r["activity"] is not None]
+    assert {r["start_thread_id"] for r in spans if r["device_type"] != 0} == {1, 2}
+    event_type = _old_event_type(set(rows[0]))
+    table = table_from_bindings(_Results([event_type(r) for r in rows]), None, shapes=False)
+    assert table.threads == {STREAM_TID_BASE: (0, 7)}
+    expected = [STREAM_TID_BASE if r["device_type"] != 0 else r["start_thread_id"] for r in spans]
+    assert table.span_tid == expected
+    report = device_report(table)  # what the live device summary is computed from
+    assert report is not None and [(s.device, s.stream) for s in report.streams] == [("0", "7")]

@@ -10,6 +10,12 @@ GIL, so on a machine with a free core the loop keeps most of its speed; a reader
 would stop it for the whole pass.
 
     python benchmarks/reader_beside.py [--steps 20] [--reads 10] [--rounds 5]
+    python benchmarks/reader_beside.py --writer    # the flight recorder writer's whole job instead
+
+``--writer`` runs what the writer thread does with a detailed step instead of bare reads: read the
+capture into a table and let torch's results go (``Recording.keep_events_only``), with torch's
+events freed by the native module off the GIL (``sole_owner=True``, as the recorder does) and
+without (freed with the profiler, under the GIL), alternated, each round on a fresh capture.
 """
 
 from __future__ import annotations
@@ -66,15 +72,67 @@ def beside_reads(module: object, results: object, reads: int) -> tuple[float, fl
     return speed, took[0]
 
 
+def beside_writer(prof: object, sole_owner: bool) -> tuple[float, float]:
+    """The loop's speed while a thread reads ``prof``'s capture into a table and lets torch's
+    results go (``keep_events_only``), and that job's seconds."""
+    from layerscope.capture.recording import Recording
+
+    direct = prof.recording  # type: ignore[attr-defined]
+    recording = Recording(prof.torch_profiler, direct.context, direct.block_us)  # type: ignore[attr-defined]
+    prof.__dict__.clear()  # the block's own references: the recording is the sole owner
+    del direct
+    done = threading.Event()
+    took: list[float] = []
+
+    def job() -> None:
+        start = time.perf_counter()
+        recording.keep_events_only(sole_owner=sole_owner)
+        took.append(time.perf_counter() - start)
+        done.set()
+
+    worker = threading.Thread(target=job)
+    worker.start()
+    speed = spin(done)
+    worker.join()
+    return speed, took[0]
+
+
+def writer_rounds(args: argparse.Namespace) -> None:
+    """``--writer``: the writer's job with torch's events freed off the GIL and with the profiler."""
+    torch.manual_seed(0)
+    model, x = resnet18(), torch.randn(5, 3, 224, 224)
+    model(x).sum().backward()
+    found: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    for _ in range(args.rounds):
+        for sole_owner in (True, False):
+            prof = capture(model, x, args.steps)
+            gc.collect()
+            speed, took = beside_writer(prof, sole_owner)
+            del prof
+            gc.collect()
+            found[sole_owner].append((speed / alone(took), took))
+    for sole_owner, label in ((True, "events freed off the GIL"), (False, "events freed with the profiler")):
+        ratios = [r for r, _ in found[sole_owner]]
+        seconds = statistics.median(t for _, t in found[sole_owner])
+        print(
+            f"{label:<32} job {seconds * 1e3:6.1f} ms   loop beside it {statistics.median(ratios):.2f}x "
+            f"its speed alone (rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--reads", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--writer", action="store_true", help="the flight recorder writer's whole job")
     args = parser.parse_args()
     module = native.load()
     if module is None:
         raise SystemExit(f"the native module is not built: {native.status().reason}")
+    if args.writer:
+        writer_rounds(args)
+        return
     torch.manual_seed(0)
     model, x = resnet18(), torch.randn(5, 3, 224, 224)
     model(x).sum().backward()

@@ -127,10 +127,34 @@ def test_a_recording_kept_as_its_table_builds_the_same_profile() -> None:
         kept.export_chrome_trace("never.json")
 
 
+def test_the_sole_owner_frees_torchs_events_and_builds_the_same_profile() -> None:
+    """``keep_events_only(sole_owner=True)`` (the flight recorder's detailed steps) frees torch's
+    events itself, off the GIL, after reading them: the same profile, torch's events list empty."""
+    from layerscope.capture import native
+
+    if native.load() is None:
+        pytest.skip(f"native module not in use: {native.status().reason}")
+    torch.manual_seed(0)
+    model = Net()
+    with ls.profile(model, memory=True) as prof:
+        train(model, 1)
+    direct = prof.recording
+    a = direct.profile  # built before the events go
+    results = prof.torch_profiler.profiler.kineto_results
+    assert len(results.events()) > 100
+    kept = Recording(prof.torch_profiler, direct.context, direct.block_us)
+    kept.keep_events_only(sole_owner=True)
+    assert len(results.events()) == 0 and kept.torch_profiler is None
+    b = kept.profile
+    b.validate()
+    assert a.op_rows == b.op_rows and a.totals == b.totals and a.steps == b.steps
+    assert [n.total for n in a.root.walk()] == [n.total for n in b.root.walk()]
+
+
 def test_a_detailed_step_that_cannot_be_read_is_a_warning_and_a_dump_still_builds_it(
     out: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def fail(self: Recording) -> None:
+    def fail(self: Recording, sole_owner: bool = False) -> None:
         raise RuntimeError("no table")
 
     monkeypatch.setattr(Recording, "keep_events_only", fail)

@@ -141,7 +141,7 @@ class DumpWriter:
     def _write(self, job: Job) -> None:
         try:
             if isinstance(job, ReadJob):
-                job.recording.keep_events_only()
+                job.recording.keep_events_only(sole_owner=True)  # the recorder's own profiler
                 job.recording.own_shapes = None  # read: the shapes record goes with torch's results
                 return
             if isinstance(job, DumpJob):

@@ -784,9 +784,26 @@ namespace layerscope_objects {
 void register_functions(py::module_& m);  // native_objects.cpp
 }
 
+// Free torch's events (its KinetoEvents and its event tree: ~2 us an event to destroy) with the GIL
+// released, for a caller done with them (Recording.keep_events_only); the results stay a valid,
+// empty object, freed later with what is left (the Kineto trace). Nothing destroyed here owns a
+// Python object: the Results keep module and optimizer objects as plain pointers, concrete inputs
+// only as scalars.
+void discard_events(const py::object& results) {
+  auto& result = const_cast<ProfilerResult&>(result_of(results));
+  auto events = std::move(const_cast<std::vector<KinetoEvent>&>(result.events()));
+  auto tree = std::move(const_cast<std::vector<std::shared_ptr<Result>>&>(result.event_tree()));
+  py::gil_scoped_release release;
+  events.clear();
+  events.shrink_to_fit();
+  tree.clear();
+  tree.shrink_to_fit();
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
   m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
+  m.def("discard_events", &discard_events, py::arg("results"));
   m.def("concrete_inputs", &concrete_inputs, py::arg("results"), py::arg("packed_indices"));
   m.def("concrete_input_ids", &concrete_input_ids, py::arg("results"), py::arg("packed_indices"));
   m.def("first_dtypes", &first_dtypes, py::arg("results"), py::arg("packed_indices"));

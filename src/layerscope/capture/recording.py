@@ -23,6 +23,7 @@ import torch
 from layerscope.analysis.device_summary import summarize_device
 from layerscope.attribution.attribute import build_profile
 from layerscope.attribution.catalog import ModuleInfo
+from layerscope.capture import native
 from layerscope.capture.compile_watch import known_graphs
 from layerscope.capture.environment import environment
 from layerscope.capture.flops import FlopCalculator
@@ -108,15 +109,23 @@ class Recording:
                 self._profile = self._build()
         return self._profile
 
-    def keep_events_only(self) -> None:
+    def keep_events_only(self, sole_owner: bool = False) -> None:
         """Read torch's events into a table now and let torch's profiler go: its results hold ~3 kB
         per event (84 MB for a 26,000-event training step), the table ~130 B (3.5 MB). The profile
         can still be built; the Chrome trace can no longer be exported. The flight recorder keeps
-        its latest detailed step this way until a dump needs it."""
+        its latest detailed step this way until a dump needs it. ``sole_owner``: nothing else reads
+        this torch profiler's events (the flight recorder's own), so they are freed here with the
+        GIL released (the native module's ``discard_events``): destroying them with the profiler
+        holds the GIL ~2 µs an event, on the recorder's writer thread while the training loop waits."""
         if self._profile is None and self._events is None:
             with gc_paused() if self.pause_gc else nullcontext():
                 self._events = self._read()
             self._graphs, self._environment = known_graphs(), environment()
+        tp, module = self.torch_profiler, native.load()
+        if sole_owner and module is not None and tp is not None and tp.profiler is not None:
+            results = tp.profiler.kineto_results
+            if results is not None:
+                module.discard_events(results)
         self.torch_profiler = None
 
     def _read(self) -> tuple[EventTable, dict[str, int]]:

@@ -159,7 +159,8 @@ class StreamWork:
 
 
 def _stream_key(table: EventTable, tid: int) -> tuple[str, str]:
-    """(device, stream) of a device span's thread: the trace's (pid, tid); live captures name none."""
+    """(device, stream) of a device span's thread: the trace's (pid, tid), or the live reader's
+    (device index, stream) (``capture/device_streams.py``); ("?", tid) for a thread named by none."""
     device, stream = table.threads.get(tid, ("?", tid))
     return str(device), str(stream)
 

@@ -123,7 +123,10 @@ def _on_streams(table: EventTable, spans: list[Any], event_type: Any) -> None:
     resource_id = getattr(event_type, "device_resource_id", None)
     if resource_id is None:
         return
-    rows = [k for k, d in enumerate(map(event_type.device_type, spans)) if int(d) != 0]  # not DeviceType.CPU
+    on_device = map(event_type.device_type, spans)  # DeviceType.CPU is 0
+    pairs = enumerate(zip(on_device, table.span_kind, strict=True))
+    # KERNEL and later kinds only: a Vulkan op is a CPU op on a device
+    rows = [k for k, (d, kind) in pairs if int(d) != 0 and kind >= EventKind.KERNEL]
     if not rows:
         return
     device = [event_type.device_index(spans[k]) for k in rows]

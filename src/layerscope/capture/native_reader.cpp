@@ -785,10 +785,13 @@ void register_functions(py::module_& m);  // native_objects.cpp
 }
 
 // Free torch's events (its KinetoEvents and its event tree: ~2 us an event to destroy) with the GIL
-// released, for a caller done with them (Recording.keep_events_only); the results stay a valid,
-// empty object, freed later with what is left (the Kineto trace). Nothing destroyed here owns a
-// Python object: the Results keep module and optimizer objects as plain pointers, concrete inputs
-// only as scalars.
+// released, for the sole owner of the results, done with them (Recording.keep_events_only with
+// sole_owner: the flight recorder's writer, which reads a detailed step and then discards it on the
+// same thread); no other thread may read these results meanwhile (read_columns and the others read
+// them by reference, without the GIL). The results stay a valid, empty object, freed later with what
+// is left (the Kineto trace). Without the GIL is safe: the Results keep module and optimizer objects
+// as plain pointers, and an IValue payload that owns a Python object (a Python object holder, a
+// SymNode) takes the GIL itself in its destructor.
 void discard_events(const py::object& results) {
   auto& result = const_cast<ProfilerResult&>(result_of(results));
   auto events = std::move(const_cast<std::vector<KinetoEvent>&>(result.events()));

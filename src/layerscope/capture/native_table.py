@@ -109,13 +109,16 @@ def table_from_native(
 
 
 def _on_streams(cols: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[int, tuple[int, int]]:
-    """Device spans moved onto one thread per stream (``device_streams``); their thread map."""
+    """Device spans moved onto one thread per stream (``device_streams``); their thread map. The
+    reader lists the spans on a device; those of a device kind move (a Vulkan op is a CPU op)."""
     rows = _column(cols["device_row"])
-    if not rows.size:
+    device_kind = arrays["span_kind"][rows] >= int(EventKind.KERNEL)
+    if not device_kind.any():
         return {}
     tid = arrays["span_tid"] = arrays["span_tid"].copy()  # the reader's buffer is read-only
     mem_tid = arrays.get("mem_tid", np.zeros(0, dtype=np.int64))
-    return stream_threads(tid, mem_tid, rows, _column(cols["device_index"]), _column(cols["device_stream"]))
+    device, stream = _column(cols["device_index"]), _column(cols["device_stream"])
+    return stream_threads(tid, mem_tid, rows[device_kind], device[device_kind], stream[device_kind])
 
 
 def _interned(table: EventTable, texts: list[bytes], local: np.ndarray) -> np.ndarray:

@@ -26,7 +26,9 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -53,48 +55,44 @@ def alone(seconds: float) -> float:
     return spin(done)
 
 
-def beside_reads(module: object, results: object, reads: int) -> tuple[float, float]:
-    """The loop's speed while a thread reads ``results`` ``reads`` times; the reads' seconds."""
+def beside(job: Callable[[], None]) -> tuple[float, float]:
+    """The loop's speed while a thread runs ``job``, and the job's seconds."""
     done = threading.Event()
     took: list[float] = []
 
-    def read() -> None:
+    def run() -> None:
         start = time.perf_counter()
-        for _ in range(reads):
-            module.read_columns(results, True)  # type: ignore[attr-defined]
+        job()
         took.append(time.perf_counter() - start)
         done.set()
 
-    reader = threading.Thread(target=read)
-    reader.start()
-    speed = spin(done)
-    reader.join()
-    return speed, took[0]
-
-
-def beside_writer(prof: object, sole_owner: bool) -> tuple[float, float]:
-    """The loop's speed while a thread reads ``prof``'s capture into a table and lets torch's
-    results go (``keep_events_only``), and that job's seconds."""
-    from layerscope.capture.recording import Recording
-
-    direct = prof.recording  # type: ignore[attr-defined]
-    recording = Recording(prof.torch_profiler, direct.context, direct.block_us)  # type: ignore[attr-defined]
-    prof.__dict__.clear()  # the block's own references: the recording is the sole owner
-    del direct
-    done = threading.Event()
-    took: list[float] = []
-
-    def job() -> None:
-        start = time.perf_counter()
-        recording.keep_events_only(sole_owner=sole_owner)
-        took.append(time.perf_counter() - start)
-        done.set()
-
-    worker = threading.Thread(target=job)
+    worker = threading.Thread(target=run)
     worker.start()
     speed = spin(done)
     worker.join()
     return speed, took[0]
+
+
+def beside_reads(module: Any, results: object, reads: int) -> tuple[float, float]:
+    """The loop's speed while a thread reads ``results`` ``reads`` times; the reads' seconds."""
+
+    def read() -> None:
+        for _ in range(reads):
+            module.read_columns(results, True)
+
+    return beside(read)
+
+
+def beside_writer(prof: Any, sole_owner: bool) -> tuple[float, float]:
+    """The loop's speed while a thread reads ``prof``'s capture into a table and lets torch's
+    results go (``keep_events_only``), and that job's seconds."""
+    from layerscope.capture.recording import Recording
+
+    direct = prof.recording
+    recording = Recording(prof.torch_profiler, direct.context, direct.block_us)
+    prof.__dict__.clear()  # the block's own references: the recording is the sole owner
+    del direct
+    return beside(lambda: recording.keep_events_only(sole_owner=sole_owner))
 
 
 def writer_rounds(args: argparse.Namespace) -> None:

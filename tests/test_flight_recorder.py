@@ -932,3 +932,31 @@ def test_a_compiled_model_traces_through_the_wrappers_without_a_break(out: Path,
     torch._dynamo.reset()
     assert torch.equal(plain, recorded)
     assert nn.Linear.forward.__name__ == "forward" and "flight" not in nn.Linear.forward.__module__
+
+
+def test_a_python_light_record_is_announced_once_unless_turned_off(
+    out: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the native module the light record runs in Python at several times its cost: the
+    user is told once per process, naming the remedy; not when LAYERSCOPE_NATIVE=0 chose it."""
+    import warnings
+
+    from layerscope.capture import flight_clock
+    from layerscope.errors import LayerscopeWarning
+
+    monkeypatch.setattr(flight_clock, "_warned_python", False)
+    monkeypatch.setattr(flight_clock.native, "load", lambda: None)
+    model = Net()
+    with pytest.warns(LayerscopeWarning, match="light record runs in Python") as caught:
+        for _ in range(2):
+            with ls.flight_recorder(model, out=out, slow=None) as rec:
+                train(model, 1, rec)
+    announced = [w for w in caught if "light record runs in Python" in str(w.message)]
+    assert len(announced) == 1 and "layerscope native build" in str(announced[0].message)
+    assert announced[0].filename == __file__  # pointed at the user's `with`
+    monkeypatch.setattr(flight_clock, "_warned_python", False)
+    monkeypatch.setenv("LAYERSCOPE_NATIVE", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LayerscopeWarning)
+        with ls.flight_recorder(model, out=out, slow=None) as rec:
+            train(model, 1, rec)

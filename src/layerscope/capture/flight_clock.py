@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from layerscope.capture import native
+from layerscope.errors import LayerscopeWarning
 from layerscope.events.flight_records import PASS_END, PASS_START, Int64Array, backward_rows, forward_rows
 
 _now = time.perf_counter_ns
@@ -82,6 +84,8 @@ class FlightClock:
             module.flight_clear_forward()
             module.flight_serial(self.serial)
             self._native_calls = (module.flight_mark, module.flight_after, module.flight_call)
+        elif module is None:
+            _warn_python_record()
         self.active = True
 
     def stop(self) -> None:
@@ -220,6 +224,24 @@ def _with_native(backward: Int64Array, native_events: bytes) -> Int64Array:
 
 
 #: Step serials, unique in the process: a graph a hook was made in is never taken for a later step's.
+def _warn_python_record() -> None:
+    """Say once per process that the light record runs in Python, where the native module is not
+    built or does not load (not where ``LAYERSCOPE_NATIVE=0`` turned it off on purpose)."""
+    global _warned_python
+    if _warned_python or not native.enabled():
+        return
+    _warned_python = True
+    why = native.status().reason or "it did not load"
+    warnings.warn(
+        f"flight recorder: the native module is not in use ({why}); the light "
+        "record runs in Python at several times its cost (~5% of a small model's step instead of "
+        "~1%); run `layerscope native build`",
+        LayerscopeWarning,
+        stacklevel=4,
+    )
+
+
+_warned_python = False
 _serials = itertools.count()
 
 #: The clock whose native backward hooks are live (one per process: the hooks' state is global).

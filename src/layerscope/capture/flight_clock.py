@@ -223,7 +223,6 @@ def _with_native(backward: Int64Array, native_events: bytes) -> Int64Array:
     return rows[np.argsort(rows[:, 0], kind="stable")]
 
 
-#: Step serials, unique in the process: a graph a hook was made in is never taken for a later step's.
 def _warn_python_record() -> None:
     """Say once per process that the light record runs in Python, where the native module is not
     built or does not load (not where ``LAYERSCOPE_NATIVE=0`` turned it off on purpose)."""
@@ -242,6 +241,8 @@ def _warn_python_record() -> None:
 
 
 _warned_python = False
+
+#: Step serials, unique in the process: a graph a hook was made in is never taken for a later step's.
 _serials = itertools.count()
 
 #: The clock whose native backward hooks are live (one per process: the hooks' state is global).

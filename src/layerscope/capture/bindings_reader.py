@@ -123,10 +123,11 @@ def _on_streams(table: EventTable, spans: list[Any], event_type: Any) -> None:
     resource_id = getattr(event_type, "device_resource_id", None)
     if resource_id is None:
         return
-    on_device = map(event_type.device_type, spans)  # DeviceType.CPU is 0
-    pairs = enumerate(zip(on_device, table.span_kind, strict=True))
-    # KERNEL and later kinds only: a Vulkan op is a CPU op on a device
-    rows = [k for k, (d, kind) in pairs if int(d) != 0 and kind >= EventKind.KERNEL]
+    # spans of a device kind (KERNEL and later; a Vulkan op is a CPU op on a device) that run on a
+    # device (DeviceType.CPU is 0): only those are asked, not every span
+    kinds = table.span_kind
+    rows = [k for k in range(len(kinds)) if kinds[k] >= EventKind.KERNEL]
+    rows = [k for k in rows if int(event_type.device_type(spans[k])) != 0]
     if not rows:
         return
     device = [event_type.device_index(spans[k]) for k in rows]

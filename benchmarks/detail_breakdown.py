@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from benchmarks.flight import make_loop
+from flight import make_loop  # the script's folder, benchmarks/, is on sys.path
 from layerscope.capture.flight_shapes import DetailedProfile
 
 
@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--sort", default="cumulative", help="a pstats sort key (tottime: own time)")
     args = parser.parse_args()
     model, step = make_loop(20, 4, args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
@@ -54,8 +55,9 @@ def main() -> None:
         print(f"cycle {cycle}: " + "  ".join(f"{k} {v * 1e3:.1f} ms" for k, v in times.items()), flush=True)
     for part, prof in profilers.items():
         text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(args.top)
-        print(f"===== {part} (cumulative over {args.cycles} cycles)\n" + text.getvalue().split("\n\n", 1)[-1])
+        pstats.Stats(prof, stream=text).sort_stats(args.sort).print_stats(args.top)
+        table = text.getvalue().split("\n\n", 1)[-1]
+        print(f"===== {part} ({args.sort}, over {args.cycles} cycles)\n{table}")
 
 
 class _nothing:

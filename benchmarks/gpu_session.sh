@@ -40,6 +40,8 @@ step 60 "cli on cuda" python3 -m pytest -p no:warnings -q tests/test_cli.py -k c
 [ "${1:-all}" = tests ] && exit 0
 step 120 postprocess python3 benchmarks/postprocess.py --device cuda --steps 20
 step 120 flight python3 benchmarks/flight.py --device cuda --rounds 7 --skip signal,ring
+step 90 "profiler floor" python3 benchmarks/profiler_floor.py --device cuda --rounds 7
+step 60 "detail breakdown" python3 benchmarks/detail_breakdown.py --device cuda --cycles 3 --top 25
 step 90 traces python3 benchmarks/gpu_traces.py "$OUT/traces" --only cuda_graph --only train_resnet
 for trace in "$OUT"/traces/*.json.gz; do
   step 60 "critical path $(basename "$trace")" python3 -m layerscope analyze "$trace" --critical-path --depth 2 --top 5

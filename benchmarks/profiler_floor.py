@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.flight import make_loop
+from flight import make_loop  # the script's folder, benchmarks/, is on sys.path
 
 #: The profiler settings compared: name -> keyword arguments of ``torch.profiler.profile``.
 VARIANTS: dict[str, dict[str, object]] = {
@@ -94,7 +94,8 @@ def main() -> None:
             f"  adds {adds * 1e3:6.1f} ms = {adds / plain_s:4.2f} plain steps",
             flush=True,
         )
-    print(json.dumps({"benchmark": "profiler_floor", "device": args.device, "torch": torch.__version__, "results": results}))
+    summary = {"benchmark": "profiler_floor", "device": args.device, "torch": torch.__version__}
+    print(json.dumps({**summary, "results": results}))
 
 
 if __name__ == "__main__":

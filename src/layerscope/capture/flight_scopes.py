@@ -28,6 +28,7 @@ from layerscope.attribution.catalog import GLOBAL_ROOT_TYPE
 from layerscope.capture.compiled_modules import global_mode_paths
 from layerscope.capture.flight_clock import FlightClock
 from layerscope.capture.forward_ranges import ForwardRanges
+from layerscope.capture.module_catalog import param_counts
 from layerscope.capture.options import ModuleSelection
 from layerscope.capture.scope_plan import CLASS_WRAPPER, COMPILED_CALL, HOOKS, plan_scopes
 from layerscope.events.flight_records import FlightModule
@@ -66,12 +67,12 @@ class FlightScopes:
             self._handles.append(module_mod.register_module_forward_pre_hook(self._global_pre))
             self._handles.append(module_mod.register_module_forward_hook(self._global_post, always_call=True))
             return
-        counts = _param_counts(self._model) if self._model is not None else {}
+        counts = param_counts(planned.params_from for planned in self._plan if planned.in_catalog)
         for planned in self._plan:
             if not planned.in_catalog:
                 continue
             scope, module = planned.scope, planned.module
-            params = counts.get(id(planned.params_from)) or _params(planned.params_from)
+            params = counts[id(planned.params_from)]
             if scope.mechanism == CLASS_WRAPPER:
                 assert planned.owner is not None
                 self.modules.append(FlightModule(scope.path, scope.type_name, *params))
@@ -193,32 +194,6 @@ def _no_first_call(
     return scoped(module, *args, **kwargs)
 
 
-def _param_counts(root: nn.Module) -> dict[int, tuple[int, int]]:
-    """``id(module)`` -> own and total parameters (as :func:`_params`) of every module under
-    ``root``, in one walk: each module's parameters are its own and its children's, each shared
-    tensor once (asking every module for its subtree's parameters walks the tree once per module)."""
-    counts: dict[int, tuple[int, int]] = {}
-    subtrees: dict[int, dict[int, int]] = {}  # id(module) -> id(parameter) -> elements
-
-    def visit(module: nn.Module) -> dict[int, int]:
-        found = subtrees.get(id(module))
-        if found is not None:  # a module registered twice
-            return found
-        own = {id(p): p.numel() for p in module._parameters.values() if p is not None}
-        found = dict(own)
-        for child in module._modules.values():
-            if child is not None:
-                found.update(visit(child))
-        subtrees[id(module)] = found
-        counts[id(module)] = (sum(own.values()), sum(found.values()))
-        return found
-
-    visit(root)
-    return counts
-
-
 def _params(module: nn.Module) -> tuple[int, int]:
     """Own and total parameters (each shared tensor once)."""
-    own = sum(p.numel() for p in module.parameters(recurse=False))
-    total = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
-    return own, total
+    return param_counts([module])[id(module)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -50,7 +51,9 @@ def model_catalog(
     are read from, root first); a module's own parameters are those no kept descendant counts."""
     kept = list(modules)
     parent_of = {p: _nearest_kept_parent(p, modules) for p in kept}
-    totals = {p: _param_count(modules[p], recurse=True) for p in kept}
+    counts = param_counts(modules.values())
+    totals = {p: counts[id(modules[p])][1] for p in kept}
+    sources = _Sources()
     children_total: dict[str, int] = {}
     for c in kept:
         if c:
@@ -67,7 +70,7 @@ def model_catalog(
                 params_total=totals[p],
                 input_shapes=format_shapes(shapes[0]),
                 output_shapes=format_shapes(shapes[1]),
-                source=forward_source(modules[p]),
+                source=sources.of(modules[p]),
             )
         )
     return infos
@@ -77,7 +80,9 @@ def global_catalog(
     called: dict[str, nn.Module], roots: set[str], first_shapes: dict[str, tuple[RawShapes, RawShapes]]
 ) -> list[ModuleInfo]:
     """The catalog of global mode: a synthetic root ``""`` holds the top-level modules called."""
-    totals = {p: _param_count(m, recurse=True) for p, m in called.items()}
+    counts = param_counts(called.values())
+    totals = {p: counts[id(m)][1] for p, m in called.items()}
+    sources = _Sources()
     root_total = sum(totals[r] for r in roots if r in totals)
     infos = [ModuleInfo(path="", type_name=GLOBAL_ROOT_TYPE, parent=None, params=0, params_total=root_total)]
     for p, m in called.items():
@@ -87,11 +92,11 @@ def global_catalog(
                 path=p,
                 type_name=type(m).__name__,
                 parent=_nearest_kept_parent(p, called) if p not in roots else "",
-                params=_param_count(m, recurse=False),
+                params=counts[id(m)][0],
                 params_total=totals[p],
                 input_shapes=format_shapes(shapes[0]),
                 output_shapes=format_shapes(shapes[1]),
-                source=forward_source(m),
+                source=sources.of(m),
             )
         )
     return infos
@@ -128,5 +133,43 @@ def _nearest_kept_parent(path: str, kept: dict[str, Any]) -> str:
     return ""
 
 
-def _param_count(module: nn.Module, recurse: bool) -> int:
-    return sum(p.numel() for p in module.parameters(recurse=recurse))
+def param_counts(roots: Iterable[nn.Module]) -> dict[int, tuple[int, int]]:
+    """``id(module)`` -> (own, total) parameter elements of every module under ``roots``, each
+    shared tensor once in a total (as ``module.parameters()`` counts), in one walk: asking every
+    module for its subtree's parameters would walk the tree once per module."""
+    subtrees: dict[int, dict[int, int]] = {}  # id(module) -> id(parameter) -> elements
+    counts: dict[int, tuple[int, int]] = {}
+    for root in roots:
+        _count_params(root, subtrees, counts)
+    return counts
+
+
+def _count_params(
+    module: nn.Module, subtrees: dict[int, dict[int, int]], counts: dict[int, tuple[int, int]]
+) -> dict[int, int]:
+    # A module-level function, not a recursive closure (a reference cycle: see _collect_shapes).
+    found = subtrees.get(id(module))
+    if found is not None:  # a module registered twice, or a root under another root
+        return found
+    # the registries ``parameters()`` reads, without its generators' cost per module
+    own = {id(p): p.numel() for p in module._parameters.values() if p is not None}
+    found = dict(own)
+    for child in module._modules.values():
+        if child is not None:
+            found.update(_count_params(child, subtrees, counts))
+    subtrees[id(module)] = found
+    counts[id(module)] = (sum(own.values()), sum(found.values()))
+    return found
+
+
+class _Sources:
+    """:func:`forward_source` once per class (a model repeats a few classes many times)."""
+
+    def __init__(self) -> None:
+        self._by_class: dict[type, str | None] = {}
+
+    def of(self, module: nn.Module) -> str | None:
+        cls = type(module)
+        if cls not in self._by_class:
+            self._by_class[cls] = forward_source(module)
+        return self._by_class[cls]

@@ -15,11 +15,13 @@ a dump is written), in a ring of the last ``keep`` steps. A dump (``flight_dump.
 shows what followed), an exception leaves the block (``oom`` for an out-of-memory error; the module
 it passed through is named), CUDA memory passes ``memory_threshold`` bytes, or ``rec.dump()`` is
 called. ``detail_every=N`` also takes a full layerscope profile (ops, FLOPs, memory) of every N-th
-step. The latest is kept as its events table (torch's results are read and let go off the step's
-thread) and built and saved beside the dumps only when a dump is written and when the block ends: a
-long job pays for recording its detailed steps, not for building the many that no dump asks for. The
-recorder never raises into the loop (a failure is a warning) and never writes on the step's thread,
-except that an exception's dump is waited for (the process may be about to end).
+step, and ``detail_budget`` spaces them further where their measured cost would pass that share of
+the job's time (``detail_schedule.py``). The latest is kept as its events table (torch's results
+are read and let go off the step's thread) and built and saved beside the dumps only when a dump is
+written and when the block ends: a long job pays for recording its detailed steps, not for building
+the many that no dump asks for. The recorder never raises into the loop (a failure is a warning) and
+never writes on the step's thread, except that an exception's dump is waited for (the process may be
+about to end).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 from torch import nn
 
 from layerscope.capture.block_error import block_error
+from layerscope.capture.detail_schedule import DetailSchedule
 from layerscope.capture.environment import distributed_info, environment
 from layerscope.capture.flight_clock import FlightClock
 from layerscope.capture.flight_dump import (
@@ -52,6 +55,7 @@ from layerscope.capture.flight_shapes import DetailedProfile
 from layerscope.capture.flight_triggers import (
     SignalTrigger,
     SlowSteps,
+    check_budget,
     check_options,
     cuda_event,
     cuda_in_use,
@@ -70,11 +74,13 @@ class FlightRecorder:
     the loop and call ``step()`` at the end of each step (see the module docstring). Without a model
     (None), every module called is recorded (torch's global module hooks).
 
-    ``keep``: steps kept; ``detail_every``: a full profile every N steps (0: never); ``out``: the
-    dumps' folder; ``slow``: a step this many times the rolling median is dumped (None: never);
-    ``signal``: the signal that dumps (None: none); ``memory_threshold``: CUDA bytes that dump once
-    when passed; ``warmup``: steps before the slow-step trigger arms; ``after``: steps a slow step's
-    dump waits for (below ``keep``).
+    ``keep``: steps kept; ``detail_every``: a full profile every N steps (0: never);
+    ``detail_budget``: the share of the job's time the detailed steps may cost (e.g. 0.01; None: no
+    cap), which spaces them further apart than ``detail_every`` where needed; ``out``: the dumps'
+    folder; ``slow``: a step this many times the rolling median is dumped (None: never); ``signal``:
+    the signal that dumps (None: none); ``memory_threshold``: CUDA bytes that dump once when passed;
+    ``warmup``: steps before the slow-step trigger arms; ``after``: steps a slow step's dump waits
+    for (below ``keep``).
     """
 
     def __init__(
@@ -88,10 +94,14 @@ class FlightRecorder:
         memory_threshold: int | None = None,
         warmup: int = 10,
         after: int = 3,
+        detail_budget: float | None = None,
     ) -> None:
         check_options(model, keep, detail_every, slow, signal, warmup, after)
+        check_budget(detail_every, detail_budget)
         self.model = model
         self.keep, self.detail_every, self.slow = keep, detail_every, slow
+        self.detail_budget = detail_budget
+        self.schedule = DetailSchedule(detail_every, detail_budget)
         self.out = Path(out)
         self.memory_threshold = memory_threshold
         self.clock = FlightClock()
@@ -226,8 +236,7 @@ class FlightRecorder:
     def _start_step(self, now: int, event: Any = None) -> None:
         self._step_start = now
         self._step_event = event if event is not None else cuda_event()
-        every = self.detail_every
-        if every and self._step % every == 0 and self._step > 0 and not self._detail_failed:
+        if self.schedule.due(self._step) and not self._detail_failed:
             self._start_detail()
 
     def _check_triggers(self, wall_ns: int) -> None:
@@ -235,19 +244,15 @@ class FlightRecorder:
         # the detailed profile's start and stop, or our writer's work, are in these steps: a step
         # slower for them is not the job being slow
         busy, self._writer_busy = self._writer_busy or self._writer.busy, self._writer.busy
-        if not self._detailed(step) and not busy:
+        if not self.schedule.costs(step) and not busy:
             self._slow.see(step, wall_ns)
+        self.schedule.see(step, wall_ns, self._slow.median_us())
         due = self._slow.due(step)
         if due is not None:
             self._write(due.trigger, running=False, median_us=due.median_us)
         if self._memory_passed():
             self._memory_fired = True
             self._write(FlightTrigger("memory", step), running=False)
-
-    def _detailed(self, step: int) -> bool:
-        """Whether a detailed profile ran in ``step`` or stopped at its start (its cost is there)."""
-        every = self.detail_every
-        return bool(every) and any(k > 0 and k % every == 0 for k in (step, step - 1))
 
     def _memory_passed(self) -> bool:
         """Whether CUDA memory passed the threshold for the first time."""
@@ -269,6 +274,7 @@ class FlightRecorder:
             slow=self.slow,
             median_step_us=median_us if median_us is not None else self._slow.median_us(),
             detail_every=self.detail_every,
+            detail_budget=self.detail_budget,
             detail_file=str(self._detail_file[0]) if self._detail_file else None,
             detail_step=self._detail_file[1] if self._detail_file else None,
             ring_bytes=sum(step.nbytes for step in steps),
@@ -311,6 +317,7 @@ class FlightRecorder:
             warn(f"no detailed profiles ({type(exc).__name__}: {exc})")
             return
         self._detail = (detail, self._step)
+        self.schedule.started(self._step)
 
     def _drop_detail(self) -> None:
         """Stop a detailed profile whose step never ended (the block did): nothing to keep."""

@@ -155,6 +155,19 @@ def check_options(
         raise UsageError(f"flight_recorder: signal {signum!r} cannot be caught; use e.g. signal.SIGUSR1")
 
 
+def check_budget(detail_every: int, detail_budget: float | None) -> None:
+    """``detail_budget``: a share of the job's time (0 to 1), and only with ``detail_every``."""
+    if detail_budget is None:
+        return
+    if not isinstance(detail_budget, int | float) or not 0 < detail_budget < 1:
+        raise UsageError(
+            f"flight_recorder: detail_budget must be a share of the job's time between 0 and 1 "
+            f"(e.g. 0.01), not {detail_budget!r}"
+        )
+    if not detail_every:
+        raise UsageError("flight_recorder: detail_budget spaces the detailed steps: give detail_every too")
+
+
 def warn(message: str) -> None:
     """A :class:`FlightDumpWarning` (the recorder never raises into the program)."""
     warnings.warn(f"layerscope flight recorder: {message}", FlightDumpWarning, stacklevel=3)

@@ -34,6 +34,13 @@ def add_flight_options(parser: argparse.ArgumentParser) -> None:
         "--detail-every", type=int, default=None, metavar="N", help="a full profile every N steps (0: never)"
     )
     group.add_argument(
+        "--detail-budget",
+        type=float,
+        default=None,
+        metavar="F",
+        help="space the full profiles so that they cost at most this share of the run (e.g. 0.01)",
+    )
+    group.add_argument(
         "--slow",
         type=float,
         default=None,
@@ -46,7 +53,7 @@ def check_flight_options(args: argparse.Namespace) -> None:
     """The flight recorder's settings given without ``--flight-recorder``: a one-line error."""
     given = [
         f"--{name.replace('_', '-')}"
-        for name in ("keep", "detail_every", "slow")
+        for name in ("keep", "detail_every", "detail_budget", "slow")
         if getattr(args, name) is not None
     ]
     if given:
@@ -78,6 +85,7 @@ def run_flight_recorder(args: argparse.Namespace, run_script: Callable[[], Scrip
         None,
         keep=100 if args.keep is None else args.keep,
         detail_every=args.detail_every or 0,
+        detail_budget=args.detail_budget,
         out=args.output if args.output is not None else DEFAULT_FOLDER,
         slow=slow,
     )

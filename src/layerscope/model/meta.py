@@ -257,7 +257,8 @@ class FlightInfo:
     """A flight recorder's dump: its trigger and the recorder's settings. ``median_step_us`` is the
     rolling median step the slow-step trigger compared with (None before the warm-up ended);
     ``detail_file`` the latest detailed profile (``detail_every``), saved beside the dump, and
-    ``detail_step`` its step (None without one); ``steps_seen`` how many steps the recorder saw in
+    ``detail_step`` its step (None without one); ``detail_budget`` the share of the job's time the
+    detailed steps were held to (None: no cap); ``steps_seen`` how many steps the recorder saw in
     all; ``ring_bytes`` what the kept records held."""
 
     trigger: FlightTrigger
@@ -269,6 +270,7 @@ class FlightInfo:
     detail_file: str | None = None
     detail_step: int | None = None
     ring_bytes: int = 0
+    detail_budget: float | None = None
 
 
 @dataclass(frozen=True)

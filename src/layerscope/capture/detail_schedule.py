@@ -1,0 +1,62 @@
+"""When the flight recorder takes its detailed steps: every ``detail_every`` steps, and — with a
+``detail_budget`` — further apart where needed, so that what they cost stays within that share of
+the job's time.
+
+A detailed step costs what torch's profiler costs to start and stop around one step (and the step's
+slowdown under it) plus layerscope's own part. Against a step, that depends on the job: torch's part
+alone is about one plain step on a CPU loop and about two on a short launch-bound GPU step
+(``benchmarks/profiler_floor.py``, docs/benchmarks.md), negligible beside a step of seconds. So a
+fixed ``detail_every`` is cheap on one job and not on another; a budget holds on both. The cost is
+measured, not assumed: the wall time of the detailed step and of the :data:`COST_STEPS` - 1 after it
+(the profile's stop lands in the next step, the writer's read beside the one after) above the
+rolling median step, each step's excess counted when positive. The next detailed step comes at least
+``cost / (budget × median step)`` steps after the last one, and never sooner than ``detail_every``.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: The steps whose time holds a detailed step's cost: the detailed step and the ones after it.
+COST_STEPS = 3
+
+
+class DetailSchedule:
+    """The detailed steps' schedule (see the module docstring): ``every`` steps (0: never), spaced
+    to keep their measured cost within ``budget`` (a fraction of the job's time; None: no cap)."""
+
+    def __init__(self, every: int, budget: float | None) -> None:
+        self.every, self.budget = every, budget
+        self.next_step = every  # the first step that may start a detailed profile
+        self.last_step: int | None = None  # the latest detailed step
+        self.last_cost_us: float | None = None  # what it cost (None until measured)
+        self.taken = 0  # detailed profiles started
+        self._excess_ns = 0.0
+
+    def due(self, step: int) -> bool:
+        """Whether step ``step`` should start a detailed profile."""
+        return self.every > 0 and step > 0 and step >= self.next_step
+
+    def started(self, step: int) -> None:
+        """A detailed profile started at step ``step``."""
+        self.last_step, self.last_cost_us, self._excess_ns = step, None, 0.0
+        self.next_step = step + self.every  # pushed further once the cost is known, under a budget
+        self.taken += 1
+
+    def costs(self, step: int) -> bool:
+        """Whether ``step``'s time holds a detailed step's cost (it says nothing of the job's pace)."""
+        last = self.last_step
+        return last is not None and last <= step < last + COST_STEPS
+
+    def see(self, step: int, wall_ns: int, median_us: float | None) -> None:
+        """Step ``step`` took ``wall_ns`` against the rolling median (None before the warm-up)."""
+        if not self.costs(step) or median_us is None:
+            return
+        self._excess_ns += max(0.0, wall_ns - median_us * 1000.0)
+        assert self.last_step is not None
+        if step != self.last_step + COST_STEPS - 1:
+            return
+        cost_us = self.last_cost_us = self._excess_ns / 1000.0
+        if self.budget is not None and median_us > 0:
+            spacing = math.ceil(cost_us / (self.budget * median_us))
+            self.next_step = max(self.next_step, self.last_step + spacing)

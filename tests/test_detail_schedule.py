@@ -1,0 +1,111 @@
+"""The detailed steps' schedule (``detail_every``, ``detail_budget``): the spacing rule on given
+step times, and on a real recorder, where a detailed step costs far more than a tiny model's step."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+import layerscope as ls
+from layerscope.capture.detail_schedule import COST_STEPS, DetailSchedule
+from tests.test_flight_recorder import Net, loaded, train
+
+MS = 1_000_000  # ns
+
+
+def test_without_a_budget_every_n_th_step_is_detailed() -> None:
+    schedule = DetailSchedule(every=4, budget=None)
+    taken = []
+    for step in range(13):
+        if schedule.due(step):
+            schedule.started(step)
+            taken.append(step)
+        schedule.see(step, 100 * MS if schedule.costs(step) else MS, median_us=1000.0)
+    assert taken == [4, 8, 12] and schedule.taken == 3
+    # the cost is measured all the same: 99 ms above the median in each of the COST_STEPS steps
+    assert schedule.last_cost_us is None  # step 12's window has not ended
+    assert DetailSchedule(every=0, budget=None).due(5) is False
+
+
+def test_a_budget_spaces_the_next_detailed_step_by_the_measured_cost() -> None:
+    schedule = DetailSchedule(every=10, budget=0.01)
+    for step in range(10):
+        schedule.see(step, MS, median_us=1000.0)
+    assert schedule.due(10)
+    schedule.started(10)
+    walls = {10: 31 * MS, 11: 22 * MS, 12: MS // 2}  # 30 + 21 ms above the median; below counts 0
+    for step in range(10, 10 + COST_STEPS):
+        assert schedule.costs(step)
+        schedule.see(step, walls[step], median_us=1000.0)
+    assert schedule.last_cost_us == pytest.approx(51_000.0)
+    # 51 ms of detail is 1% of 5,100 steps of 1 ms: the next one waits that long
+    assert schedule.next_step == 10 + math.ceil(51_000.0 / (0.01 * 1000.0))
+    assert not schedule.due(5_000) and schedule.due(5_110)
+    assert not schedule.costs(13)
+
+
+def test_a_cheap_detailed_step_keeps_detail_every() -> None:
+    schedule = DetailSchedule(every=10, budget=0.5)
+    schedule.started(10)
+    for step in range(10, 10 + COST_STEPS):
+        schedule.see(step, 2 * MS, median_us=1000.0)  # 3 ms in all: 6 steps at 50%
+    assert schedule.next_step == 20
+
+
+def test_before_the_median_is_known_the_cost_is_not_measured() -> None:
+    schedule = DetailSchedule(every=2, budget=0.01)
+    schedule.started(2)
+    for step in range(2, 2 + COST_STEPS):
+        schedule.see(step, 50 * MS, median_us=None)
+    assert schedule.last_cost_us is None and schedule.next_step == 4
+
+
+def test_a_recorder_under_a_budget_takes_fewer_detailed_steps(tmp_path: Path) -> None:
+    """A detailed step (torch's profiler started and stopped) costs milliseconds; the tiny model's
+    step well under one: at 5% the second detailed step would come hundreds of steps later."""
+    model = Net()
+    with ls.flight_recorder(model, out=tmp_path / "a", detail_every=4, warmup=2, slow=None) as plain:
+        train(model, 30, plain)
+    assert plain.schedule.taken == 7  # steps 4, 8, ..., 28
+    with ls.flight_recorder(
+        model, out=tmp_path / "b", detail_every=4, warmup=2, slow=None, detail_budget=0.05
+    ) as budgeted:
+        train(model, 30, budgeted)
+        dump = budgeted.dump()
+    schedule = budgeted.schedule
+    assert schedule.taken == 1 and schedule.last_step == 4
+    assert schedule.last_cost_us is not None and schedule.last_cost_us > 0
+    assert schedule.next_step > 30
+    flight = loaded(dump).meta.flight
+    assert flight is not None and flight.detail_budget == 0.05 and flight.detail_every == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"detail_every": 5, "detail_budget": 0}, "between 0 and 1"),
+        ({"detail_every": 5, "detail_budget": 1.5}, "between 0 and 1"),
+        ({"detail_every": 5, "detail_budget": "1%"}, "between 0 and 1"),
+        ({"detail_budget": 0.01}, "give detail_every too"),
+    ],
+)
+def test_bad_budgets_are_one_line_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ls.UsageError, match=message):
+        ls.flight_recorder(Net(), **kwargs)  # type: ignore[arg-type]
+
+
+def test_run_takes_detail_budget_only_with_the_flight_recorder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from layerscope.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert main(["run", "--detail-budget", "0.01", str(script)]) == 2
+    assert "--detail-budget set(s) the flight recorder" in capsys.readouterr().err
+    arguments = ["--flight-recorder", "--detail-budget", "0.01", "-o", str(tmp_path / "d"), str(script)]
+    assert main(["run", *arguments]) == 2
+    err = capsys.readouterr().err
+    assert "give detail_every too" in err and err.count("\n") == 1

@@ -9,6 +9,7 @@ on two captures, so neither side profits from running second). Prints a table an
     python benchmarks/postprocess.py --model mlp --stages      # where our build's time goes, per stage
     python benchmarks/postprocess.py --with-stack --steps 5    # Python stacks on (many more events)
     python benchmarks/postprocess.py --reader python            # torch's bindings, not the native reader
+    python benchmarks/postprocess.py --reader-threads 1         # the native reader's pass on one thread
     python benchmarks/postprocess.py --device cuda              # a GPU capture (kernels, device memory)
 
 ``--reader`` picks how torch's results are read: ``native`` (the C++ reader, ``layerscope native
@@ -134,6 +135,12 @@ def main() -> None:
     parser.add_argument("--stages", action="store_true", help="time the build's stages instead")
     parser.add_argument("--with-stack", action="store_true", help="record Python stacks too")
     parser.add_argument("--reader", choices=("auto", "native", "python"), default="auto")
+    parser.add_argument(
+        "--reader-threads",
+        type=int,
+        default=0,
+        help="the native reader's threads (0: as many as pay off, as in use; 1: one pass)",
+    )
     parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
     args = parser.parse_args()
     if args.reader == "python":
@@ -175,6 +182,7 @@ def main() -> None:
     runs = []
     for ours_first in (True, False):
         prof = capture(model, x, args.steps, args.with_stack)
+        prof.recording.reader_threads = args.reader_threads
         runs.append({"ours_first": ours_first, **measure(prof, ours_first)})
     print(f"reader: {runs[0]['reader']}")
     print(

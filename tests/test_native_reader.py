@@ -146,6 +146,29 @@ def test_clock_anchors_are_left_out_of_the_spans_their_stamps_handed_over(reader
     _assert_same(expected, found)
 
 
+@pytest.mark.parametrize("threads", [0, 2, 3, 7])
+def test_stretches_read_on_threads_give_the_columns_one_pass_gives(reader: ModuleType, threads: int) -> None:
+    """read_columns splits torch's list into stretches read on threads of their own and joins them:
+    names, shapes and dtypes interned in the same first-seen order, device rows and clock anchors
+    (one in the first stretch, one in the last) where one pass puts them, memory events in order."""
+    reader.marks_start()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+            reader.clock_anchor()
+            _workload()
+            reader.clock_anchor()
+    finally:
+        reader.marks_stop()
+    results = prof.profiler.kineto_results
+    one = reader.read_columns(results, True, 1)
+    assert len(one["anchor_ts"]) == 2 * 8 and len(one["mem_bytes"]) > 0 and len(one["names"]) > 20
+    assert reader.read_columns(results, True, threads) == one
+    # the same again without shapes (the no-shapes ids), and on a trace with Python-function events
+    assert reader.read_columns(results, False, threads) == reader.read_columns(results, False, 1)
+    stacked = _capture(with_stack=True)
+    assert reader.read_columns(stacked, True, threads) == reader.read_columns(stacked, True, 1)
+
+
 @pytest.mark.parametrize(
     ("with_stack", "memory", "shapes", "cpu_only"),
     [
@@ -249,7 +272,7 @@ def test_a_failing_native_reader_warns_once_and_the_profile_is_still_made(
 ) -> None:
     class Broken:
         @staticmethod
-        def read_columns(results: Any, with_shapes: bool) -> Any:
+        def read_columns(results: Any, with_shapes: bool, threads: int = 0) -> Any:
             raise RuntimeError("boom")
 
     monkeypatch.setattr(native, "_loaded", Broken())

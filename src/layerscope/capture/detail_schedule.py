@@ -29,7 +29,7 @@ class DetailSchedule:
         self.every, self.budget = every, budget
         self.next_step = every  # the first step that may start a detailed profile
         self.last_step: int | None = None  # the latest detailed step
-        self.last_cost_us: float | None = None  # what it cost (None until measured)
+        self.last_cost_us: float | None = None  # the latest measured cost (None before one)
         self.taken = 0  # detailed profiles started
         self._excess_ns = 0.0
 
@@ -39,7 +39,7 @@ class DetailSchedule:
 
     def started(self, step: int) -> None:
         """A detailed profile started at step ``step``."""
-        self.last_step, self.last_cost_us, self._excess_ns = step, None, 0.0
+        self.last_step, self._excess_ns = step, 0.0
         self.next_step = step + self.every  # pushed further once the cost is known, under a budget
         self.taken += 1
 

@@ -330,7 +330,8 @@ class FlightRecorder:
             return
         (detail, step), self._detail = self._detail, None
         recording = detail.stop()
-        recording.pause_gc = False  # read and built beside the program: its collector is its own
+        # read and built beside the program: its collector and its cores are its own
+        recording.pause_gc, recording.reader_threads = False, 1
         # torch's results (~3 kB per event) are read into a table and let go on the writer thread;
         # the table (~130 B per event) is all that is kept, one detailed step at a time
         self._writer.submit(ReadJob(step, recording))

@@ -133,9 +133,9 @@ class JoinedReader:
         """The bytes the record holds."""
         return int(self._record.nbytes)
 
-    def read_columns(self, results: Any, with_shapes: bool) -> dict[str, Any]:
+    def read_columns(self, results: Any, with_shapes: bool, threads: int = 0) -> dict[str, Any]:
         """torch's events as the native reader's columns, shapes and dtypes from the record."""
-        cols: dict[str, Any] = self._module.read_columns(results, False)
+        cols: dict[str, Any] = self._module.read_columns(results, False, threads)
         self._index = np.frombuffer(cols["span_index"], dtype=np.int64)
         self._handles = np.frombuffer(cols["span_handle"], dtype=np.int64)
         if with_shapes:

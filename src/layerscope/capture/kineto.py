@@ -26,6 +26,7 @@ def table_from_kineto(
     cpu_only: bool = False,
     use_native: bool | None = None,
     reader: Any = None,
+    threads: int = 0,
 ) -> EventTable:
     """Read ``profiler.kineto_results`` (torch's ``_ProfilerResult``) into an EventTable.
 
@@ -33,7 +34,8 @@ def table_from_kineto(
     Python bindings; both give the same table. ``use_native`` forces one or the other (False: the
     bindings; True: the native reader, raising when it is missing). ``reader`` stands in for the
     native module (``flight_shapes.JoinedReader``: torch recorded no shapes, the reader joins its
-    own); it is used alone, its failures raised (the bindings would read no shapes).
+    own); it is used alone, its failures raised (the bindings would read no shapes). ``threads``:
+    the native reader's (0: as many as pay off; 1: the calling thread alone).
     """
     # Attribution's kernels (nesting, grouping) come with the torch-free native module: handed over
     # here, since attribution cannot import capture; numpy where it is not built or turned off.
@@ -41,7 +43,7 @@ def table_from_kineto(
     # So does the maker of op rows' objects, in this module (filling their slots directly).
     op_rows.use(native.load())
     if reader is not None:
-        table = table_from_native(reader, kineto_results, flops, shapes, cpu_only)
+        table = table_from_native(reader, kineto_results, flops, shapes, cpu_only, threads)
         table.meta["reader"] = "native"
         return table
     if use_native is not False:
@@ -50,7 +52,7 @@ def table_from_kineto(
             raise LayerscopeError(f"native reader unavailable: {native.status().reason}")
         if module is not None:
             try:
-                table = table_from_native(module, kineto_results, flops, shapes, cpu_only)
+                table = table_from_native(module, kineto_results, flops, shapes, cpu_only, threads)
             except Exception as exc:
                 if use_native:
                     raise

@@ -190,7 +190,8 @@ def compile_command(output: Path) -> list[str]:
     includes = [torch_dir / "include", torch_dir / "include" / "torch" / "csrc" / "api" / "include"]
     if (torch_dir / "include" / "kineto").is_dir():  # torch's profiler headers include its headers by name
         includes.append(torch_dir / "include" / "kineto")
-    command = [_compiler(), "-O2", "-std=c++20", "-fPIC", "-shared", "-w"]
+    # -pthread: the reader's pass runs on threads of its own (std::thread)
+    command = [_compiler(), "-O2", "-std=c++20", "-fPIC", "-shared", "-w", "-pthread"]
     command.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
     command += [f"-DTORCH_EXTENSION_NAME={_module_name()}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     for include in [*includes, sysconfig.get_paths()["include"]]:

@@ -27,6 +27,8 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <exception>
 #include <unordered_map>
 #include <version>
 #include <variant>
@@ -328,142 +330,250 @@ void prefetch_pointed(const KinetoEvent& e, bool with_shapes) {
   }
 }
 
-// Every event as columns. Memory events (the only ones with a byte count) go to mem_*; the rest are
-// spans, in the order torch lists them, as the pybind reader keeps them.
-py::dict read_columns(const py::object& results, bool with_shapes) {
-  const auto& events = result_of(results).events();
-  const size_t n = events.size();
-
+// One stretch of torch's events as columns (see read_columns), with its own interners: stretches
+// are read on threads of their own and joined in order afterwards (join_columns).
+struct Columns {
   std::vector<int64_t> span_index, span_name, span_activity, span_ts, span_dur;
   std::vector<int64_t> span_tid, span_seq, span_fwd_tid, span_corr, span_linked, span_shapes, span_handle;
+  std::vector<int64_t> span_dtypes;
   std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device, mem_addr;
   std::vector<int64_t> oom_bytes, oom_ts, oom_tid, oom_device, oom_allocated;
-  std::vector<int64_t> span_dtypes;
   std::vector<int64_t> anchor_tid, anchor_ts, anchor_dur;
   // device-side spans (few): their row among the spans, device index and stream (resource id)
   std::vector<int64_t> device_row, device_index, device_stream;
-  int64_t anchor_name = -1;  // the anchors' name id, once seen
-  // Room for every event as a span: no column is copied while it grows.
-  for (auto* column : {&span_index, &span_name, &span_activity, &span_ts, &span_dur, &span_tid, &span_seq,
-                       &span_fwd_tid, &span_corr, &span_linked, &span_shapes, &span_handle, &span_dtypes}) {
-    column->reserve(n);
-  }
   Interner names;
   ShapesInterner shapes;
   DtypesInterner dtypes;
-  const int64_t no_dtypes = dtypes.texts.id(std::string("[]"));
-  const int64_t no_shapes = shapes.texts.id(std::string("[]"));
+  int64_t no_dtypes = dtypes.texts.id(std::string("[]"));
+  int64_t no_shapes = shapes.texts.id(std::string("[]"));
+
+  std::vector<std::vector<int64_t>*> span_columns() {
+    return {&span_index, &span_name, &span_activity, &span_ts, &span_dur, &span_tid, &span_seq,
+            &span_fwd_tid, &span_corr, &span_linked, &span_shapes, &span_handle, &span_dtypes};
+  }
+};
+
+// Events [begin, end) into `out`. Memory events (the only ones with a byte count) go to mem_*; the
+// rest are spans, in the order torch lists them, as the pybind reader keeps them. Reads torch's C++
+// events only (const accessors, no Python): safe on any thread, several at once.
+void read_stretch(const std::vector<KinetoEvent>& events, size_t begin, size_t end, bool with_shapes,
+                  Columns& out) {
+  // Room for every event as a span: no column is copied while it grows.
+  for (auto* column : out.span_columns()) {
+    column->reserve(end - begin);
+  }
+  int64_t anchor_name = -1;  // the anchors' name id, once seen
+  for (size_t i = begin; i < end; ++i) {
+    // only the KinetoEvent's first fields (the Result, the shapes and dtypes lists); each
+    // prefetch holds a line fill buffer while it waits, and those are what the loop runs short of
+    if (i + 3 * kAhead < end) prefetch_bytes(&events[i + 3 * kAhead], kEventHead);
+    if (i + 2 * kAhead < end) prefetch_result(events[i + 2 * kAhead], with_shapes);
+    if (i + kAhead < end) prefetch_pointed(events[i + kAhead], with_shapes);
+    const KinetoEvent& e = events[i];
+    const int64_t nbytes = e.nBytes();
+    if (nbytes != 0) {
+      out.mem_bytes.push_back(nbytes);
+      out.mem_ts.push_back(static_cast<int64_t>(e.startNs()));
+      // torch's "unknown thread" is 2**64 - 1: as int64 it reads -1, as the pybind path reads it.
+      out.mem_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+      out.mem_device.push_back(static_cast<int64_t>(e.deviceType()));
+      const Result* result = result_of_event(e);
+      const auto* allocation =
+          result ? std::get_if<ExtraFields<EventType::Allocation>>(&result->extra_fields_) : nullptr;
+      out.mem_addr.push_back(
+          allocation ? static_cast<int64_t>(reinterpret_cast<intptr_t>(allocation->ptr_)) : 0);
+      continue;
+    }
+    const Result* result = result_of_event(e);
+    if (result != nullptr) {
+      if (const auto* oom = std::get_if<ExtraFields<EventType::OutOfMemory>>(&result->extra_fields_)) {
+        out.oom_bytes.push_back(oom->alloc_size_);
+        out.oom_ts.push_back(static_cast<int64_t>(e.startNs()));
+        out.oom_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+        out.oom_device.push_back(static_cast<int64_t>(oom->device_type_));
+        out.oom_allocated.push_back(static_cast<int64_t>(oom->total_allocated_));
+        continue;
+      }
+    }
+    // An op's name read where torch keeps it (what KinetoEvent::name() copies out); others copied.
+    const auto* op = result ? std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_) : nullptr;
+    auto& names = out.names;
+    const size_t known_names = names.order.size();
+    const int64_t name = op ? names.id(op->name_) : names.id(e.name());
+    if (names.order.size() != known_names && names.order.back() == kAnchorName) {
+      anchor_name = name;  // interned where first seen all the same: the name ids stay as they were
+    }
+    if (name == anchor_name) {
+      // A clock anchor's range: its stamps are all the marks need of it (module_marks.add_to), and
+      // leaving it out here spares copying every column to drop it afterwards.
+      out.anchor_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+      out.anchor_ts.push_back(static_cast<int64_t>(e.startNs()));
+      out.anchor_dur.push_back(static_cast<int64_t>(e.durationNs()));
+      continue;
+    }
+    // Device work carries its launching thread's id; its stream is what a trace file names it by.
+    // Ops run on the CPU, so only the other spans (few on a CPU capture) are asked.
+    if (op == nullptr && e.deviceType() != c10::DeviceType::CPU) {
+      out.device_row.push_back(static_cast<int64_t>(out.span_index.size()));
+      out.device_index.push_back(static_cast<int64_t>(e.deviceIndex()));
+      out.device_stream.push_back(e.deviceResourceId());
+    }
+    out.span_index.push_back(static_cast<int64_t>(i));
+    out.span_name.push_back(name);
+    out.span_activity.push_back(static_cast<int64_t>(e.activityType()));
+    out.span_ts.push_back(static_cast<int64_t>(e.startNs()));
+    out.span_dur.push_back(static_cast<int64_t>(e.durationNs()));
+    out.span_tid.push_back(static_cast<int64_t>(e.startThreadId()));
+    const int64_t seq = e.sequenceNr();
+    out.span_seq.push_back(seq);
+    out.span_fwd_tid.push_back(seq >= 0 ? static_cast<int64_t>(e.fwdThreadId()) : 0);
+    out.span_corr.push_back(static_cast<int64_t>(e.correlationId()));
+    out.span_linked.push_back(static_cast<int64_t>(e.linkedCorrelationId()));
+    // The RecordFunction handle of an op: what call lines (native_lines.cpp) are recorded against.
+    out.span_handle.push_back(op ? static_cast<int64_t>(op->record_function_id_) : 0);
+    const bool shaped = with_shapes && e.hasShapes();
+    out.span_shapes.push_back(shaped ? out.shapes.id(e.shapes()) : out.no_shapes);
+    // Every input's dtype beside its shape: what bytes per op are computed from (roofline).
+    out.span_dtypes.push_back(shaped && e.hasTypes() ? out.dtypes.id(e.dtypes()) : out.no_dtypes);
+  }
+}
+
+// `texts` ids of `from` in `into`'s id space: a later stretch's texts interned after the earlier
+// stretches', in its own first-seen order, which is the order one pass over all would give.
+std::vector<int64_t> merged_ids(Interner& into, const Interner& from) {
+  std::vector<int64_t> ids(from.order.size());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    ids[k] = into.id(from.order[k]);
+  }
+  return ids;
+}
+
+void append_mapped(std::vector<int64_t>& into, const std::vector<int64_t>& from, const std::vector<int64_t>& ids) {
+  into.reserve(into.size() + from.size());
+  for (const int64_t local : from) {
+    into.push_back(ids[static_cast<size_t>(local)]);
+  }
+}
+
+void append(std::vector<int64_t>& into, const std::vector<int64_t>& from) {
+  into.insert(into.end(), from.begin(), from.end());
+}
+
+// The later stretch `from` appended to `into`: its interned ids mapped into `into`'s.
+void join_columns(Columns& into, const Columns& from) {
+  const auto name_ids = merged_ids(into.names, from.names);
+  const auto shape_ids = merged_ids(into.shapes.texts, from.shapes.texts);
+  const auto dtype_ids = merged_ids(into.dtypes.texts, from.dtypes.texts);
+  const auto rows = static_cast<int64_t>(into.span_index.size());
+  for (const int64_t row : from.device_row) {
+    into.device_row.push_back(row + rows);
+  }
+  append_mapped(into.span_name, from.span_name, name_ids);
+  append_mapped(into.span_shapes, from.span_shapes, shape_ids);
+  append_mapped(into.span_dtypes, from.span_dtypes, dtype_ids);
+  for (auto [to, given] : {std::pair{&into.span_index, &from.span_index}, {&into.span_activity, &from.span_activity},
+                           {&into.span_ts, &from.span_ts}, {&into.span_dur, &from.span_dur},
+                           {&into.span_tid, &from.span_tid}, {&into.span_seq, &from.span_seq},
+                           {&into.span_fwd_tid, &from.span_fwd_tid}, {&into.span_corr, &from.span_corr},
+                           {&into.span_linked, &from.span_linked}, {&into.span_handle, &from.span_handle},
+                           {&into.mem_bytes, &from.mem_bytes}, {&into.mem_ts, &from.mem_ts},
+                           {&into.mem_tid, &from.mem_tid}, {&into.mem_device, &from.mem_device},
+                           {&into.mem_addr, &from.mem_addr}, {&into.oom_bytes, &from.oom_bytes},
+                           {&into.oom_ts, &from.oom_ts}, {&into.oom_tid, &from.oom_tid},
+                           {&into.oom_device, &from.oom_device}, {&into.oom_allocated, &from.oom_allocated},
+                           {&into.anchor_tid, &from.anchor_tid}, {&into.anchor_ts, &from.anchor_ts},
+                           {&into.anchor_dur, &from.anchor_dur}, {&into.device_index, &from.device_index},
+                           {&into.device_stream, &from.device_stream}}) {
+    append(*to, *given);
+  }
+}
+
+// Events per thread below which another thread does not pay for itself (its start, its stretch's
+// join) and above which a stretch still fills the prefetcher's pipeline.
+constexpr size_t kEventsPerThread = 16384;
+constexpr size_t kMaxThreads = 8;
+
+// How many threads read `n` events: `asked` when given (1: this thread only; never more than the
+// events), else as many as the machine has and the events fill, at most kMaxThreads.
+size_t reader_threads(size_t n, int64_t asked) {
+  if (asked > 0) return std::max<size_t>(1, std::min(static_cast<size_t>(asked), n));
+  const size_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+  return std::max<size_t>(1, std::min({cores, n / kEventsPerThread, kMaxThreads}));
+}
+
+// Every event as columns (read_stretch). The loop waits on memory more than it computes (see
+// "Prefetching"): stretches of the list read on threads of their own overlap those waits, and the
+// stretches joined in order give the very columns one pass gives. `threads`: 0 as many as pay off,
+// 1 this thread alone (the flight recorder's writer reads beside the program's threads).
+py::dict read_columns(const py::object& results, bool with_shapes, int64_t threads) {
+  const auto& events = result_of(results).events();
+  const size_t n = events.size();
+  const size_t parts = reader_threads(n, threads);
+  std::vector<Columns> stretches(parts);
   {
     // The pass reads torch's C++ events into C++ containers only: other Python threads run
     // meanwhile (the flight recorder reads its detailed steps on a writer thread beside the loop).
     py::gil_scoped_release release;
-    for (size_t i = 0; i < n; ++i) {
-      // only the KinetoEvent's first fields (the Result, the shapes and dtypes lists); each
-      // prefetch holds a line fill buffer while it waits, and those are what the loop runs short of
-      if (i + 3 * kAhead < n) prefetch_bytes(&events[i + 3 * kAhead], kEventHead);
-      if (i + 2 * kAhead < n) prefetch_result(events[i + 2 * kAhead], with_shapes);
-      if (i + kAhead < n) prefetch_pointed(events[i + kAhead], with_shapes);
-      const KinetoEvent& e = events[i];
-      const int64_t nbytes = e.nBytes();
-      if (nbytes != 0) {
-        mem_bytes.push_back(nbytes);
-        mem_ts.push_back(static_cast<int64_t>(e.startNs()));
-        // torch's "unknown thread" is 2**64 - 1: as int64 it reads -1, as the pybind path reads it.
-        mem_tid.push_back(static_cast<int64_t>(e.startThreadId()));
-        mem_device.push_back(static_cast<int64_t>(e.deviceType()));
-        const Result* result = result_of_event(e);
-        const auto* allocation =
-            result ? std::get_if<ExtraFields<EventType::Allocation>>(&result->extra_fields_) : nullptr;
-        mem_addr.push_back(
-            allocation ? static_cast<int64_t>(reinterpret_cast<intptr_t>(allocation->ptr_)) : 0);
-        continue;
-      }
-      const Result* result = result_of_event(e);
-      if (result != nullptr) {
-        if (const auto* oom = std::get_if<ExtraFields<EventType::OutOfMemory>>(&result->extra_fields_)) {
-          oom_bytes.push_back(oom->alloc_size_);
-          oom_ts.push_back(static_cast<int64_t>(e.startNs()));
-          oom_tid.push_back(static_cast<int64_t>(e.startThreadId()));
-          oom_device.push_back(static_cast<int64_t>(oom->device_type_));
-          oom_allocated.push_back(static_cast<int64_t>(oom->total_allocated_));
-          continue;
+    std::vector<std::thread> helpers;
+    std::vector<std::exception_ptr> failures(parts);
+    for (size_t k = 1; k < parts; ++k) {
+      helpers.emplace_back([&, k] {
+        try {
+          read_stretch(events, n * k / parts, n * (k + 1) / parts, with_shapes, stretches[k]);
+        } catch (...) {
+          failures[k] = std::current_exception();
         }
-      }
-      // An op's name read where torch keeps it (what KinetoEvent::name() copies out); others copied.
-      const auto* op =
-          result ? std::get_if<ExtraFields<EventType::TorchOp>>(&result->extra_fields_) : nullptr;
-      const size_t known_names = names.order.size();
-      const int64_t name = op ? names.id(op->name_) : names.id(e.name());
-      if (names.order.size() != known_names && names.order.back() == kAnchorName) {
-        anchor_name = name;  // interned where first seen all the same: the name ids stay as they were
-      }
-      if (name == anchor_name) {
-        // A clock anchor's range: its stamps are all the marks need of it (module_marks.add_to), and
-        // leaving it out here spares copying every column to drop it afterwards.
-        anchor_tid.push_back(static_cast<int64_t>(e.startThreadId()));
-        anchor_ts.push_back(static_cast<int64_t>(e.startNs()));
-        anchor_dur.push_back(static_cast<int64_t>(e.durationNs()));
-        continue;
-      }
-      // Device work carries its launching thread's id; its stream is what a trace file names it by.
-      // Ops run on the CPU, so only the other spans (few on a CPU capture) are asked.
-      if (op == nullptr && e.deviceType() != c10::DeviceType::CPU) {
-        device_row.push_back(static_cast<int64_t>(span_index.size()));
-        device_index.push_back(static_cast<int64_t>(e.deviceIndex()));
-        device_stream.push_back(e.deviceResourceId());
-      }
-      span_index.push_back(static_cast<int64_t>(i));
-      span_name.push_back(name);
-      span_activity.push_back(static_cast<int64_t>(e.activityType()));
-      span_ts.push_back(static_cast<int64_t>(e.startNs()));
-      span_dur.push_back(static_cast<int64_t>(e.durationNs()));
-      span_tid.push_back(static_cast<int64_t>(e.startThreadId()));
-      const int64_t seq = e.sequenceNr();
-      span_seq.push_back(seq);
-      span_fwd_tid.push_back(seq >= 0 ? static_cast<int64_t>(e.fwdThreadId()) : 0);
-      span_corr.push_back(static_cast<int64_t>(e.correlationId()));
-      span_linked.push_back(static_cast<int64_t>(e.linkedCorrelationId()));
-      // The RecordFunction handle of an op: what call lines (native_lines.cpp) are recorded against.
-      span_handle.push_back(op ? static_cast<int64_t>(op->record_function_id_) : 0);
-      span_shapes.push_back(with_shapes && e.hasShapes() ? shapes.id(e.shapes()) : no_shapes);
-      // Every input's dtype beside its shape: what bytes per op are computed from (roofline).
-      span_dtypes.push_back(with_shapes && e.hasShapes() && e.hasTypes() ? dtypes.id(e.dtypes()) : no_dtypes);
+      });
+    }
+    try {
+      read_stretch(events, 0, n / parts, with_shapes, stretches[0]);
+    } catch (...) {
+      failures[0] = std::current_exception();
+    }
+    for (auto& helper : helpers) {
+      helper.join();
+    }
+    for (const auto& failure : failures) {
+      if (failure) std::rethrow_exception(failure);
+    }
+    for (size_t k = 1; k < parts; ++k) {
+      join_columns(stretches[0], stretches[k]);
     }
   }
-
+  Columns& c = stretches[0];
   py::dict out;
-  out["names"] = names.as_bytes();
-  out["shapes"] = shapes.texts.as_bytes();
-  out["dtypes"] = dtypes.texts.as_bytes();
-  out["span_dtypes"] = column(span_dtypes);
-  out["span_index"] = column(span_index);
-  out["span_name"] = column(span_name);
-  out["span_activity"] = column(span_activity);
-  out["span_ts"] = column(span_ts);
-  out["span_dur"] = column(span_dur);
-  out["span_tid"] = column(span_tid);
-  out["span_seq"] = column(span_seq);
-  out["span_fwd_tid"] = column(span_fwd_tid);
-  out["span_corr"] = column(span_corr);
-  out["span_linked"] = column(span_linked);
-  out["span_shapes"] = column(span_shapes);
-  out["span_handle"] = column(span_handle);
-  out["mem_bytes"] = column(mem_bytes);
-  out["mem_ts"] = column(mem_ts);
-  out["mem_tid"] = column(mem_tid);
-  out["mem_device"] = column(mem_device);
-  out["mem_addr"] = column(mem_addr);
-  out["oom_bytes"] = column(oom_bytes);
-  out["oom_ts"] = column(oom_ts);
-  out["oom_tid"] = column(oom_tid);
-  out["oom_device"] = column(oom_device);
-  out["oom_allocated"] = column(oom_allocated);
-  out["anchor_tid"] = column(anchor_tid);
-  out["anchor_ts"] = column(anchor_ts);
-  out["anchor_dur"] = column(anchor_dur);
-  out["device_row"] = column(device_row);
-  out["device_index"] = column(device_index);
-  out["device_stream"] = column(device_stream);
+  out["names"] = c.names.as_bytes();
+  out["shapes"] = c.shapes.texts.as_bytes();
+  out["dtypes"] = c.dtypes.texts.as_bytes();
+  out["span_dtypes"] = column(c.span_dtypes);
+  out["span_index"] = column(c.span_index);
+  out["span_name"] = column(c.span_name);
+  out["span_activity"] = column(c.span_activity);
+  out["span_ts"] = column(c.span_ts);
+  out["span_dur"] = column(c.span_dur);
+  out["span_tid"] = column(c.span_tid);
+  out["span_seq"] = column(c.span_seq);
+  out["span_fwd_tid"] = column(c.span_fwd_tid);
+  out["span_corr"] = column(c.span_corr);
+  out["span_linked"] = column(c.span_linked);
+  out["span_shapes"] = column(c.span_shapes);
+  out["span_handle"] = column(c.span_handle);
+  out["mem_bytes"] = column(c.mem_bytes);
+  out["mem_ts"] = column(c.mem_ts);
+  out["mem_tid"] = column(c.mem_tid);
+  out["mem_device"] = column(c.mem_device);
+  out["mem_addr"] = column(c.mem_addr);
+  out["oom_bytes"] = column(c.oom_bytes);
+  out["oom_ts"] = column(c.oom_ts);
+  out["oom_tid"] = column(c.oom_tid);
+  out["oom_device"] = column(c.oom_device);
+  out["oom_allocated"] = column(c.oom_allocated);
+  out["anchor_tid"] = column(c.anchor_tid);
+  out["anchor_ts"] = column(c.anchor_ts);
+  out["anchor_dur"] = column(c.anchor_dur);
+  out["device_row"] = column(c.device_row);
+  out["device_index"] = column(c.device_index);
+  out["device_stream"] = column(c.device_stream);
   return out;
 }
 
@@ -805,7 +915,7 @@ void discard_events(const py::object& results) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
-  m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"));
+  m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"), py::arg("threads") = 0);
   m.def("discard_events", &discard_events, py::arg("results"));
   m.def("concrete_inputs", &concrete_inputs, py::arg("results"), py::arg("packed_indices"));
   m.def("concrete_input_ids", &concrete_input_ids, py::arg("results"), py::arg("packed_indices"));

@@ -27,12 +27,18 @@ def _column(raw: bytes) -> np.ndarray:
 
 
 def table_from_native(
-    module: Any, kineto_results: Any, flops: FlopCalculator | None, shapes: bool, cpu_only: bool = False
+    module: Any,
+    kineto_results: Any,
+    flops: FlopCalculator | None,
+    shapes: bool,
+    cpu_only: bool = False,
+    threads: int = 0,
 ) -> EventTable:
     """Read ``profiler.kineto_results`` with the native reader (``native_reader.cpp``): one C++ pass
     hands back int64 columns and each distinct name and shapes list once. Gives the same table as
-    :func:`layerscope.capture.bindings_reader.table_from_bindings` (tested column by column)."""
-    cols = module.read_columns(kineto_results, bool(shapes or flops is not None))
+    :func:`layerscope.capture.bindings_reader.table_from_bindings` (tested column by column).
+    ``threads``: the C++ pass's threads (0: as many as pay off; 1: the calling thread alone)."""
+    cols = module.read_columns(kineto_results, bool(shapes or flops is not None), threads)
     table = EventTable()
     arrays: dict[str, np.ndarray] = {}
     mem_bytes = _column(cols["mem_bytes"])

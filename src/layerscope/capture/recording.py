@@ -93,6 +93,9 @@ class Recording:
         #: Pause the cyclic GC while reading and building (False where that runs beside the
         #: program, as the flight recorder's writer thread: the pause would be the program's too).
         self.pause_gc = True
+        #: The native reader's threads (0: as many as pay off; 1 where the read runs beside the
+        #: program, as on the flight recorder's writer thread: more would take the program's cores).
+        self.reader_threads = 0
         #: The input shapes recorded beside torch (``options.own_shapes``: ``flight_shapes.py``),
         #: read in place of torch's native reader; set by whoever recorded them, before the read.
         self.own_shapes: Any = None
@@ -138,7 +141,12 @@ class Recording:
         options, marks = self.context.options, self.context.marks
         calculator = FlopCalculator() if options.flops else None
         table = table_from_kineto(
-            results, calculator, shapes=options.shapes, cpu_only=options.cpu_only, reader=self.own_shapes
+            results,
+            calculator,
+            shapes=options.shapes,
+            cpu_only=options.cpu_only,
+            reader=self.own_shapes,
+            threads=self.reader_threads,
         )
         if marks is not None:
             marks.add_to(table)

@@ -118,6 +118,22 @@ def test_native_reader_reads_device_captures_as_the_bindings_do(memory: bool) ->
     assert any(expected.mem_on_device) == memory
 
 
+@pytest.mark.parametrize("threads", [2, 5])
+def test_native_reader_threads_read_device_captures_as_one_pass(threads: int) -> None:
+    """Stretches read on threads and joined (``read_columns``): the device rows (kernels, copies,
+    runtime calls on their streams) and device memory come out as one pass gives them."""
+    from layerscope.capture import native
+
+    module = native.load()
+    if module is None:
+        pytest.skip(f"native reader not in use: {native.status().reason}")
+    prof, _ = capture(True)
+    results = prof.torch_profiler.profiler.kineto_results
+    one = module.read_columns(results, True, 1)
+    assert len(one["device_row"]) > 0 and len(one["mem_bytes"]) > 0
+    assert module.read_columns(results, True, threads) == one
+
+
 def test_device_memory_peak_is_absolute_and_categorised() -> None:
     """On the caching allocator: the baseline is torch.cuda.memory_allocated() at the start, the
     peak matches the allocator's own max_memory_allocated over the block, parameters and gradients

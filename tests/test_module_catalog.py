@@ -18,6 +18,8 @@ class Tied(nn.Module):
         block = nn.Linear(4, 4)
         self.blocks = nn.ModuleList([block, nn.ReLU(), block])
         self.scale = nn.Parameter(nn.init.ones_(nn.Linear(1, 3).weight.detach().clone()))
+        self.register_parameter("absent", None)  # a None entry, as optional parameters leave
+        self.register_module("missing", None)
 
 
 def _torch_counts(module: nn.Module) -> tuple[int, int]:

@@ -9,8 +9,11 @@ alone is about one plain step on a CPU loop and about two on a short launch-boun
 fixed ``detail_every`` is cheap on one job and not on another; a budget holds on both. The cost is
 measured, not assumed: the wall time of the detailed step and of the :data:`COST_STEPS` - 1 after it
 (the profile's stop lands in the next step, the writer's read beside the one after) above the
-rolling median step, each step's excess counted when positive. The next detailed step comes at least
-``cost / (budget × median step)`` steps after the last one, and never sooner than ``detail_every``.
+rolling median step as it was when the detailed step began, each step's excess counted when
+positive. The next detailed step comes at least ``cost / (budget × median step)`` steps after the
+last one, never sooner than ``detail_every``, and, under a budget, never while the last one's cost
+is still being measured. Before the slow-step trigger's warm-up has given a median, nothing is
+measured and ``detail_every`` alone decides.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ import math
 
 #: The steps whose time holds a detailed step's cost: the detailed step and the ones after it.
 COST_STEPS = 3
+
+#: The steps whose own time says nothing of the job's pace: the profile started in the first and
+#: stopped at the start of the second (the writer's work after that is the recorder's to exclude).
+PROFILED_STEPS = 2
 
 
 class DetailSchedule:
@@ -31,25 +38,37 @@ class DetailSchedule:
         self.last_step: int | None = None  # the latest detailed step
         self.last_cost_us: float | None = None  # the latest measured cost (None before one)
         self.taken = 0  # detailed profiles started
+        self._median_us: float | None = None  # the median step when the latest one began
         self._excess_ns = 0.0
 
     def due(self, step: int) -> bool:
         """Whether step ``step`` should start a detailed profile."""
-        return self.every > 0 and step > 0 and step >= self.next_step
+        if self.every <= 0 or step <= 0 or step < self.next_step:
+            return False
+        # under a budget, the last one's cost is measured before the next one starts
+        return self.budget is None or not self.costs(step)
 
-    def started(self, step: int) -> None:
-        """A detailed profile started at step ``step``."""
-        self.last_step, self._excess_ns = step, 0.0
+    def started(self, step: int, median_us: float | None) -> None:
+        """A detailed profile started at step ``step``; ``median_us``: the rolling median step then
+        (None before the warm-up: this one's cost is not measured)."""
+        self.last_step, self._median_us, self._excess_ns = step, median_us, 0.0
         self.next_step = step + self.every  # pushed further once the cost is known, under a budget
         self.taken += 1
 
     def costs(self, step: int) -> bool:
-        """Whether ``step``'s time holds a detailed step's cost (it says nothing of the job's pace)."""
+        """Whether ``step``'s time holds some of the latest detailed step's cost."""
         last = self.last_step
         return last is not None and last <= step < last + COST_STEPS
 
-    def see(self, step: int, wall_ns: int, median_us: float | None) -> None:
-        """Step ``step`` took ``wall_ns`` against the rolling median (None before the warm-up)."""
+    def profiled(self, step: int) -> bool:
+        """Whether a detailed profile ran in ``step`` or stopped at its start (the slow-step
+        trigger does not judge those steps)."""
+        last = self.last_step
+        return last is not None and last <= step < last + PROFILED_STEPS
+
+    def see(self, step: int, wall_ns: int) -> None:
+        """Step ``step`` took ``wall_ns``."""
+        median_us = self._median_us
         if not self.costs(step) or median_us is None:
             return
         self._excess_ns += max(0.0, wall_ns - median_us * 1000.0)

@@ -244,9 +244,9 @@ class FlightRecorder:
         # the detailed profile's start and stop, or our writer's work, are in these steps: a step
         # slower for them is not the job being slow
         busy, self._writer_busy = self._writer_busy or self._writer.busy, self._writer.busy
-        if not self.schedule.costs(step) and not busy:
+        if not self.schedule.profiled(step) and not busy:
             self._slow.see(step, wall_ns)
-        self.schedule.see(step, wall_ns, self._slow.median_us())
+        self.schedule.see(step, wall_ns)
         due = self._slow.due(step)
         if due is not None:
             self._write(due.trigger, running=False, median_us=due.median_us)
@@ -317,7 +317,7 @@ class FlightRecorder:
             warn(f"no detailed profiles ({type(exc).__name__}: {exc})")
             return
         self._detail = (detail, self._step)
-        self.schedule.started(self._step)
+        self.schedule.started(self._step, self._slow.median_us())
 
     def _drop_detail(self) -> None:
         """Stop a detailed profile whose step never ended (the block did): nothing to keep."""

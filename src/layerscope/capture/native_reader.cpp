@@ -27,8 +27,9 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <exception>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
 #include <version>
 #include <variant>
@@ -42,6 +43,7 @@
 #endif
 
 #if defined(__linux__)
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -449,7 +451,6 @@ std::vector<int64_t> merged_ids(Interner& into, const Interner& from) {
 }
 
 void append_mapped(std::vector<int64_t>& into, const std::vector<int64_t>& from, const std::vector<int64_t>& ids) {
-  into.reserve(into.size() + from.size());
   for (const int64_t local : from) {
     into.push_back(ids[static_cast<size_t>(local)]);
   }
@@ -457,6 +458,22 @@ void append_mapped(std::vector<int64_t>& into, const std::vector<int64_t>& from,
 
 void append(std::vector<int64_t>& into, const std::vector<int64_t>& from) {
   into.insert(into.end(), from.begin(), from.end());
+}
+
+// Room in `into` for every later stretch's rows: each join then appends without regrowing.
+void reserve_for(Columns& into, const std::vector<Columns>& stretches) {
+  auto total = [&](auto member) {
+    size_t rows = 0;
+    for (const auto& stretch : stretches) rows += (stretch.*member).size();
+    return rows;
+  };
+  for (auto member : {&Columns::span_index, &Columns::span_name, &Columns::span_activity, &Columns::span_ts,
+                      &Columns::span_dur, &Columns::span_tid, &Columns::span_seq, &Columns::span_fwd_tid,
+                      &Columns::span_corr, &Columns::span_linked, &Columns::span_shapes, &Columns::span_handle,
+                      &Columns::span_dtypes, &Columns::mem_bytes, &Columns::mem_ts, &Columns::mem_tid,
+                      &Columns::mem_device, &Columns::mem_addr}) {
+    (into.*member).reserve(total(member));
+  }
 }
 
 // The later stretch `from` appended to `into`: its interned ids mapped into `into`'s.
@@ -497,7 +514,14 @@ constexpr size_t kMaxThreads = 8;
 // events), else as many as the machine has and the events fill, at most kMaxThreads.
 size_t reader_threads(size_t n, int64_t asked) {
   if (asked > 0) return std::max<size_t>(1, std::min(static_cast<size_t>(asked), n));
-  const size_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+  size_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+#if defined(__linux__)
+  // the cores this process may run on (a job pinned to a few, one rank's share of a node)
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
+    cores = std::max<size_t>(1, static_cast<size_t>(CPU_COUNT(&allowed)));
+  }
+#endif
   return std::max<size_t>(1, std::min({cores, n / kEventsPerThread, kMaxThreads}));
 }
 
@@ -514,28 +538,33 @@ py::dict read_columns(const py::object& results, bool with_shapes, int64_t threa
     // The pass reads torch's C++ events into C++ containers only: other Python threads run
     // meanwhile (the flight recorder reads its detailed steps on a writer thread beside the loop).
     py::gil_scoped_release release;
-    std::vector<std::thread> helpers;
     std::vector<std::exception_ptr> failures(parts);
-    for (size_t k = 1; k < parts; ++k) {
-      helpers.emplace_back([&, k] {
-        try {
-          read_stretch(events, n * k / parts, n * (k + 1) / parts, with_shapes, stretches[k]);
-        } catch (...) {
-          failures[k] = std::current_exception();
-        }
-      });
-    }
+    auto read = [&](size_t k) {
+      try {
+        read_stretch(events, n * k / parts, n * (k + 1) / parts, with_shapes, stretches[k]);
+      } catch (...) {
+        failures[k] = std::current_exception();
+      }
+    };
+    std::vector<std::thread> helpers;
+    helpers.reserve(parts);
+    size_t started = 1;  // stretches 1 .. started-1 have a thread of their own
     try {
-      read_stretch(events, 0, n / parts, with_shapes, stretches[0]);
-    } catch (...) {
-      failures[0] = std::current_exception();
+      for (; started < parts; ++started) {
+        helpers.emplace_back(read, started);
+      }
+    } catch (const std::system_error&) {
+      // no more threads to be had (a process or container limit): the rest are read here
     }
+    for (size_t k = started; k < parts; ++k) read(k);
+    read(0);
     for (auto& helper : helpers) {
       helper.join();
     }
     for (const auto& failure : failures) {
       if (failure) std::rethrow_exception(failure);
     }
+    reserve_for(stretches[0], stretches);
     for (size_t k = 1; k < parts; ++k) {
       join_columns(stretches[0], stretches[k]);
     }

@@ -40,16 +40,8 @@ def table_from_native(
     ``threads``: the C++ pass's threads (0: as many as pay off; 1: the calling thread alone)."""
     cols = module.read_columns(kineto_results, bool(shapes or flops is not None), threads)
     table = EventTable()
-    arrays: dict[str, np.ndarray] = {}
-    mem_bytes = _column(cols["mem_bytes"])
-    if len(mem_bytes):
-        arrays["mem_bytes"], arrays["mem_ts"] = mem_bytes, _column(cols["mem_ts"])
-        arrays["mem_tid"] = _column(cols["mem_tid"])
-        on_device = (
-            np.zeros(len(mem_bytes), dtype=bool) if cpu_only else _column(cols["mem_device"]) != 0
-        )  # DeviceType.CPU is 0
-        arrays["mem_on_device"] = on_device
-        arrays["mem_addr"] = _column(cols["mem_addr"])
+    arrays = _memory_arrays(cols, cpu_only)
+    mem_bytes = arrays.get("mem_bytes", ())
     table.out_of_memory = _out_of_memory(cols, cpu_only)
     table.clock_stamps = _clock_stamps(cols)
     span_local_name = _column(cols["span_name"])
@@ -112,6 +104,23 @@ def table_from_native(
                 set_flop_dtypes(table, picked, _first_dtypes(module, kineto_results, cols, picked, indices))
     table.set_columns({"span_flops": span_flops})
     return table
+
+
+def _memory_arrays(cols: dict[str, Any], cpu_only: bool) -> dict[str, np.ndarray]:
+    """The memory events' columns (none without memory events)."""
+    mem_bytes = _column(cols["mem_bytes"])
+    if not len(mem_bytes):
+        return {}
+    on_device = (
+        np.zeros(len(mem_bytes), dtype=bool) if cpu_only else _column(cols["mem_device"]) != 0
+    )  # DeviceType.CPU is 0
+    return {
+        "mem_bytes": mem_bytes,
+        "mem_ts": _column(cols["mem_ts"]),
+        "mem_tid": _column(cols["mem_tid"]),
+        "mem_on_device": on_device,
+        "mem_addr": _column(cols["mem_addr"]),
+    }
 
 
 def _on_streams(cols: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[int, tuple[int, int]]:

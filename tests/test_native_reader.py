@@ -121,10 +121,8 @@ def _assert_same(a: EventTable, b: EventTable) -> None:
     assert a.meta.get("undecodable_names") == b.meta.get("undecodable_names")
 
 
-def test_clock_anchors_are_left_out_of_the_spans_their_stamps_handed_over(reader: ModuleType) -> None:
-    """The clock anchors' ranges (``clock_anchors.py``) are no spans of the native table: their
-    stamps come beside it, as the bindings table holds them, and the rest is the bindings table less
-    those rows (what ``drop_clock_anchors`` leaves of it), name ids included."""
+def _anchored_capture(reader: ModuleType) -> Any:
+    """The workload between two clock anchors (the first and the last of torch's events)."""
     reader.marks_start()
     try:
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
@@ -133,7 +131,14 @@ def test_clock_anchors_are_left_out_of_the_spans_their_stamps_handed_over(reader
             reader.clock_anchor()
     finally:
         reader.marks_stop()
-    results = prof.profiler.kineto_results
+    return prof.profiler.kineto_results
+
+
+def test_clock_anchors_are_left_out_of_the_spans_their_stamps_handed_over(reader: ModuleType) -> None:
+    """The clock anchors' ranges (``clock_anchors.py``) are no spans of the native table: their
+    stamps come beside it, as the bindings table holds them, and the rest is the bindings table less
+    those rows (what ``drop_clock_anchors`` leaves of it), name ids included."""
+    results = _anchored_capture(reader)
     expected = table_from_bindings(results, FlopCalculator(), shapes=True, cpu_only=True)
     found = table_from_native(reader, results, FlopCalculator(), shapes=True, cpu_only=True)
     anchor = expected.name_id(CLOCK_ANCHOR_NAME)
@@ -151,15 +156,7 @@ def test_stretches_read_on_threads_give_the_columns_one_pass_gives(reader: Modul
     """read_columns splits torch's list into stretches read on threads of their own and joins them:
     names, shapes and dtypes interned in the same first-seen order, device rows and clock anchors
     (one in the first stretch, one in the last) where one pass puts them, memory events in order."""
-    reader.marks_start()
-    try:
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
-            reader.clock_anchor()
-            _workload()
-            reader.clock_anchor()
-    finally:
-        reader.marks_stop()
-    results = prof.profiler.kineto_results
+    results = _anchored_capture(reader)
     one = reader.read_columns(results, True, 1)
     assert len(one["anchor_ts"]) == 2 * 8 and len(one["mem_bytes"]) > 0 and len(one["names"]) > 20
     assert reader.read_columns(results, True, threads) == one

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import layerscope as ls
-from layerscope.capture.detail_schedule import COST_STEPS, DetailSchedule
+from layerscope.capture.detail_schedule import COST_STEPS, MAX_COST_STEPS, DetailSchedule
 from tests.test_flight_recorder import Net, loaded, train
 
 MS = 1_000_000  # ns
@@ -68,6 +68,20 @@ def test_under_a_budget_the_next_detailed_step_waits_for_the_last_one_s_cost() -
     # each detailed step costs 3 x 1 ms over a 1 ms median: 4 steps at 90%
     assert _run(schedule, range(1, 14), MS, 2 * MS, 1000.0) == [1, 5, 9, 13]
     assert schedule.last_cost_us == pytest.approx(3_000.0)
+
+
+def test_the_window_grows_while_the_writer_still_reads() -> None:
+    schedule = DetailSchedule(every=10, budget=0.01)
+    schedule.started(10, median_us=1000.0)
+    for step in range(10, 16):  # the writer busy through step 14: steps 10-15 count
+        assert schedule.costs(step)
+        schedule.see(step, 2 * MS, writer_busy=step < 15)
+    assert not schedule.costs(16) and schedule.last_cost_us == pytest.approx(6 * 1000.0)
+    capped = DetailSchedule(every=10, budget=0.01)
+    capped.started(10, median_us=1000.0)
+    for step in range(10, 30):
+        capped.see(step, 2 * MS, writer_busy=True)
+    assert capped.last_cost_us == pytest.approx(MAX_COST_STEPS * 1000.0)
 
 
 def test_before_the_median_is_known_the_cost_is_not_measured() -> None:

@@ -246,7 +246,7 @@ class FlightRecorder:
         busy, self._writer_busy = self._writer_busy or self._writer.busy, self._writer.busy
         if not self.schedule.profiled(step) and not busy:
             self._slow.see(step, wall_ns)
-        self.schedule.see(step, wall_ns)
+        self.schedule.see(step, wall_ns, busy)
         due = self._slow.due(step)
         if due is not None:
             self._write(due.trigger, running=False, median_us=due.median_us)

@@ -13,6 +13,7 @@ import gc
 import io
 import pstats
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -38,18 +39,18 @@ def main() -> None:
         times = {}
         detail = DetailedProfile(model, memory=True)
         begin = time.perf_counter()
-        with profilers["start"] if cycle else _nothing():
+        with profilers["start"] if cycle else nullcontext():
             detail.start()
         times["start"] = time.perf_counter() - begin
         step()
         sync()
         begin = time.perf_counter()
-        with profilers["stop"] if cycle else _nothing():
+        with profilers["stop"] if cycle else nullcontext():
             recording = detail.stop()
         times["stop"] = time.perf_counter() - begin
         recording.pause_gc = False
         begin = time.perf_counter()
-        with profilers["read"] if cycle else _nothing():
+        with profilers["read"] if cycle else nullcontext():
             recording.keep_events_only(sole_owner=True)
         times["read"] = time.perf_counter() - begin
         print(f"cycle {cycle}: " + "  ".join(f"{k} {v * 1e3:.1f} ms" for k, v in times.items()), flush=True)
@@ -58,14 +59,6 @@ def main() -> None:
         pstats.Stats(prof, stream=text).sort_stats(args.sort).print_stats(args.top)
         table = text.getvalue().split("\n\n", 1)[-1]
         print(f"===== {part} ({args.sort}, over {args.cycles} cycles)\n{table}")
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 if __name__ == "__main__":

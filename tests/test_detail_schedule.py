@@ -137,18 +137,3 @@ def test_a_small_detail_every_with_the_default_warmup_still_measures_and_judges(
 def test_bad_budgets_are_one_line_errors(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ls.UsageError, match=message):
         ls.flight_recorder(Net(), **kwargs)  # type: ignore[arg-type]
-
-
-def test_run_takes_detail_budget_only_with_the_flight_recorder(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from layerscope.cli import main
-
-    script = tmp_path / "train.py"
-    script.write_text("pass\n")
-    assert main(["run", "--detail-budget", "0.01", str(script)]) == 2
-    assert "--detail-budget set(s) the flight recorder" in capsys.readouterr().err
-    arguments = ["--flight-recorder", "--detail-budget", "0.01", "-o", str(tmp_path / "d"), str(script)]
-    assert main(["run", *arguments]) == 2
-    err = capsys.readouterr().err
-    assert "give detail_every too" in err and err.count("\n") == 1

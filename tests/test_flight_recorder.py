@@ -824,6 +824,12 @@ def test_run_flight_recorder_refuses_a_profile_s_options(
     assert "the dumps' folder, not a file" in capsys.readouterr().err
     assert main(["run", "--slow", "0", str(script)]) == 2
     assert "add --flight-recorder" in capsys.readouterr().err
+    assert main(["run", "--detail-budget", "0.01", str(script)]) == 2
+    assert "--detail-budget set(s) the flight recorder" in capsys.readouterr().err
+    arguments = ["--flight-recorder", "--detail-budget", "0.01", "-o", str(tmp_path / "d"), str(script)]
+    assert main(["run", *arguments]) == 2
+    err = capsys.readouterr().err
+    assert "give detail_every too" in err and err.count("\n") == 1
 
 
 def test_global_mode_bounds_its_module_list(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -100,7 +100,6 @@ class FlightRecorder:
         check_budget(detail_every, detail_budget)
         self.model = model
         self.keep, self.detail_every, self.slow = keep, detail_every, slow
-        self.detail_budget = detail_budget
         self.schedule = DetailSchedule(detail_every, detail_budget)
         self.out = Path(out)
         self.memory_threshold = memory_threshold
@@ -274,7 +273,7 @@ class FlightRecorder:
             slow=self.slow,
             median_step_us=median_us if median_us is not None else self._slow.median_us(),
             detail_every=self.detail_every,
-            detail_budget=self.detail_budget,
+            detail_budget=self.schedule.budget,
             detail_file=str(self._detail_file[0]) if self._detail_file else None,
             detail_step=self._detail_file[1] if self._detail_file else None,
             ring_bytes=sum(step.nbytes for step in steps),

@@ -348,12 +348,40 @@ struct Columns {
   DtypesInterner dtypes;
   int64_t no_dtypes = dtypes.texts.id(std::string("[]"));
   int64_t no_shapes = shapes.texts.id(std::string("[]"));
-
-  std::vector<std::vector<int64_t>*> span_columns() {
-    return {&span_index, &span_name, &span_activity, &span_ts, &span_dur, &span_tid, &span_seq,
-            &span_fwd_tid, &span_corr, &span_linked, &span_shapes, &span_handle, &span_dtypes};
-  }
 };
+
+using Column = std::vector<int64_t> Columns::*;
+
+// Every column by its name in read_columns' dict. Joining stretches copies the plain ones as they
+// are; the mapped ones hold interned ids (names, shapes, dtypes) or span rows (device_row).
+constexpr std::pair<const char*, Column> kPlainColumns[] = {
+    {"span_index", &Columns::span_index},       {"span_activity", &Columns::span_activity},
+    {"span_ts", &Columns::span_ts},             {"span_dur", &Columns::span_dur},
+    {"span_tid", &Columns::span_tid},           {"span_seq", &Columns::span_seq},
+    {"span_fwd_tid", &Columns::span_fwd_tid},   {"span_corr", &Columns::span_corr},
+    {"span_linked", &Columns::span_linked},     {"span_handle", &Columns::span_handle},
+    {"mem_bytes", &Columns::mem_bytes},         {"mem_ts", &Columns::mem_ts},
+    {"mem_tid", &Columns::mem_tid},             {"mem_device", &Columns::mem_device},
+    {"mem_addr", &Columns::mem_addr},           {"oom_bytes", &Columns::oom_bytes},
+    {"oom_ts", &Columns::oom_ts},               {"oom_tid", &Columns::oom_tid},
+    {"oom_device", &Columns::oom_device},       {"oom_allocated", &Columns::oom_allocated},
+    {"anchor_tid", &Columns::anchor_tid},       {"anchor_ts", &Columns::anchor_ts},
+    {"anchor_dur", &Columns::anchor_dur},       {"device_index", &Columns::device_index},
+    {"device_stream", &Columns::device_stream},
+};
+constexpr std::pair<const char*, Column> kMappedColumns[] = {
+    {"span_name", &Columns::span_name},
+    {"span_shapes", &Columns::span_shapes},
+    {"span_dtypes", &Columns::span_dtypes},
+    {"device_row", &Columns::device_row},
+};
+
+// Calls `visit(name, column)` for every column of `columns`.
+template <typename Visit>
+void each_column(Columns& columns, Visit visit) {
+  for (const auto& [name, member] : kPlainColumns) visit(std::string_view(name), columns.*member);
+  for (const auto& [name, member] : kMappedColumns) visit(std::string_view(name), columns.*member);
+}
 
 // Events [begin, end) into `out`. Memory events (the only ones with a byte count) go to mem_*; the
 // rest are spans, in the order torch lists them, as the pybind reader keeps them. Reads torch's C++
@@ -361,9 +389,9 @@ struct Columns {
 void read_stretch(const std::vector<KinetoEvent>& events, size_t begin, size_t end, bool with_shapes,
                   Columns& out) {
   // Room for every event as a span: no column is copied while it grows.
-  for (auto* column : out.span_columns()) {
-    column->reserve(end - begin);
-  }
+  each_column(out, [&](std::string_view name, std::vector<int64_t>& column) {
+    if (name.starts_with("span_")) column.reserve(end - begin);
+  });
   int64_t anchor_name = -1;  // the anchors' name id, once seen
   for (size_t i = begin; i < end; ++i) {
     // only the KinetoEvent's first fields (the Result, the shapes and dtypes lists); each
@@ -456,27 +484,17 @@ void append_mapped(std::vector<int64_t>& into, const std::vector<int64_t>& from,
   }
 }
 
-void append(std::vector<int64_t>& into, const std::vector<int64_t>& from) {
-  into.insert(into.end(), from.begin(), from.end());
-}
-
-// Room in `into` for every later stretch's rows: each join then appends without regrowing.
-void reserve_for(Columns& into, const std::vector<Columns>& stretches) {
-  auto total = [&](auto member) {
-    size_t rows = 0;
-    for (const auto& stretch : stretches) rows += (stretch.*member).size();
-    return rows;
-  };
-  for (auto member : {&Columns::span_index, &Columns::span_name, &Columns::span_activity, &Columns::span_ts,
-                      &Columns::span_dur, &Columns::span_tid, &Columns::span_seq, &Columns::span_fwd_tid,
-                      &Columns::span_corr, &Columns::span_linked, &Columns::span_shapes, &Columns::span_handle,
-                      &Columns::span_dtypes, &Columns::mem_bytes, &Columns::mem_ts, &Columns::mem_tid,
-                      &Columns::mem_device, &Columns::mem_addr}) {
-    (into.*member).reserve(total(member));
+// Room in `into` for every stretch's rows: each join then appends without regrowing.
+void reserve_for(Columns& into, std::vector<Columns>& stretches) {
+  std::unordered_map<std::string_view, size_t> rows;
+  for (auto& stretch : stretches) {
+    each_column(stretch, [&](std::string_view name, std::vector<int64_t>& column) { rows[name] += column.size(); });
   }
+  each_column(into, [&](std::string_view name, std::vector<int64_t>& column) { column.reserve(rows[name]); });
 }
 
-// The later stretch `from` appended to `into`: its interned ids mapped into `into`'s.
+// The later stretch `from` appended to `into`: its interned ids mapped into `into`'s, its span rows
+// moved past `into`'s spans.
 void join_columns(Columns& into, const Columns& from) {
   const auto name_ids = merged_ids(into.names, from.names);
   const auto shape_ids = merged_ids(into.shapes.texts, from.shapes.texts);
@@ -488,20 +506,8 @@ void join_columns(Columns& into, const Columns& from) {
   append_mapped(into.span_name, from.span_name, name_ids);
   append_mapped(into.span_shapes, from.span_shapes, shape_ids);
   append_mapped(into.span_dtypes, from.span_dtypes, dtype_ids);
-  for (auto [to, given] : {std::pair{&into.span_index, &from.span_index}, {&into.span_activity, &from.span_activity},
-                           {&into.span_ts, &from.span_ts}, {&into.span_dur, &from.span_dur},
-                           {&into.span_tid, &from.span_tid}, {&into.span_seq, &from.span_seq},
-                           {&into.span_fwd_tid, &from.span_fwd_tid}, {&into.span_corr, &from.span_corr},
-                           {&into.span_linked, &from.span_linked}, {&into.span_handle, &from.span_handle},
-                           {&into.mem_bytes, &from.mem_bytes}, {&into.mem_ts, &from.mem_ts},
-                           {&into.mem_tid, &from.mem_tid}, {&into.mem_device, &from.mem_device},
-                           {&into.mem_addr, &from.mem_addr}, {&into.oom_bytes, &from.oom_bytes},
-                           {&into.oom_ts, &from.oom_ts}, {&into.oom_tid, &from.oom_tid},
-                           {&into.oom_device, &from.oom_device}, {&into.oom_allocated, &from.oom_allocated},
-                           {&into.anchor_tid, &from.anchor_tid}, {&into.anchor_ts, &from.anchor_ts},
-                           {&into.anchor_dur, &from.anchor_dur}, {&into.device_index, &from.device_index},
-                           {&into.device_stream, &from.device_stream}}) {
-    append(*to, *given);
+  for (const auto& [name, member] : kPlainColumns) {
+    (into.*member).insert((into.*member).end(), (from.*member).begin(), (from.*member).end());
   }
 }
 
@@ -574,35 +580,9 @@ py::dict read_columns(const py::object& results, bool with_shapes, int64_t threa
   out["names"] = c.names.as_bytes();
   out["shapes"] = c.shapes.texts.as_bytes();
   out["dtypes"] = c.dtypes.texts.as_bytes();
-  out["span_dtypes"] = column(c.span_dtypes);
-  out["span_index"] = column(c.span_index);
-  out["span_name"] = column(c.span_name);
-  out["span_activity"] = column(c.span_activity);
-  out["span_ts"] = column(c.span_ts);
-  out["span_dur"] = column(c.span_dur);
-  out["span_tid"] = column(c.span_tid);
-  out["span_seq"] = column(c.span_seq);
-  out["span_fwd_tid"] = column(c.span_fwd_tid);
-  out["span_corr"] = column(c.span_corr);
-  out["span_linked"] = column(c.span_linked);
-  out["span_shapes"] = column(c.span_shapes);
-  out["span_handle"] = column(c.span_handle);
-  out["mem_bytes"] = column(c.mem_bytes);
-  out["mem_ts"] = column(c.mem_ts);
-  out["mem_tid"] = column(c.mem_tid);
-  out["mem_device"] = column(c.mem_device);
-  out["mem_addr"] = column(c.mem_addr);
-  out["oom_bytes"] = column(c.oom_bytes);
-  out["oom_ts"] = column(c.oom_ts);
-  out["oom_tid"] = column(c.oom_tid);
-  out["oom_device"] = column(c.oom_device);
-  out["oom_allocated"] = column(c.oom_allocated);
-  out["anchor_tid"] = column(c.anchor_tid);
-  out["anchor_ts"] = column(c.anchor_ts);
-  out["anchor_dur"] = column(c.anchor_dur);
-  out["device_row"] = column(c.device_row);
-  out["device_index"] = column(c.device_index);
-  out["device_stream"] = column(c.device_stream);
+  each_column(c, [&](std::string_view name, std::vector<int64_t>& values) {
+    out[py::str(name.data(), name.size())] = column(values);
+  });
   return out;
 }
 

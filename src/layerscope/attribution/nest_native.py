@@ -94,3 +94,57 @@ def inclusive(own: np.ndarray, parent: np.ndarray, levels: list[np.ndarray]) -> 
     bounds = np.cumsum([0, *(level.size for level in inner)], dtype=np.int64)
     found: np.ndarray = _module.inclusive(own, parent, np.concatenate(inner).astype(np.int64), bounds)
     return found
+
+
+def innermost(
+    table: EventTable, order: np.ndarray, parent: np.ndarray, tids: np.ndarray, times: np.ndarray
+) -> np.ndarray | None:
+    """``memory.sums.innermost_spans`` (for each (thread, time), the innermost span of ``order``
+    containing it, -1 none) in one native pass, or None without the native kernels."""
+    if _module is None or not hasattr(_module, "innermost"):  # a module built before it had one
+        return None
+    found: np.ndarray = _module.innermost(
+        _int64(order),
+        table.array("span_tid"),
+        table.array("span_ts"),
+        table.array("span_dur"),
+        _int64(parent),
+        _int64(tids),
+        _int64(times),
+    )
+    return found
+
+
+def pair_frees(addr: np.ndarray, nbytes: np.ndarray) -> np.ndarray | None:
+    """``memory.story``'s pairing (each allocation's next free at its address, -1 none) in one
+    native pass, or None without the native kernels."""
+    if _module is None or not hasattr(_module, "pair_frees"):
+        return None
+    found: np.ndarray = _module.pair_frees(_int64(addr), _int64(nbytes))
+    return found
+
+
+def last_at_or_before(
+    addr: np.ndarray, ts: np.ndarray, at_addr: np.ndarray, at_ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``memory.story._last_at_or_before`` natively for rows in time order, or None (rows out of
+    order, or without the native kernels)."""
+    if _module is None or not hasattr(_module, "last_at_or_before") or bool((ts[1:] < ts[:-1]).any()):
+        return None
+    found: tuple[np.ndarray, np.ndarray] = _module.last_at_or_before(
+        _int64(addr), _int64(ts), _int64(at_addr), _int64(at_ts)
+    )
+    return found
+
+
+def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+    """``memory.sums.range_max`` of an int64 column natively, or None without the native kernels
+    (or for other dtypes)."""
+    if _module is None or not hasattr(_module, "range_max") or values.dtype != np.int64:
+        return None
+    found: np.ndarray = _module.range_max(_int64(values), _int64(lo), _int64(hi))
+    return found
+
+
+def _int64(column: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(column, dtype=np.int64)

@@ -26,6 +26,45 @@ namespace {
 
 using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
+// int64 key -> int64 value (-1: absent), open addressing sized for `expected` keys at most half full:
+// the memory kernels look up one address per event, where std::unordered_map allocates a node per key.
+class KeyTable {
+ public:
+  explicit KeyTable(size_t expected) {
+    size_t capacity = 16;
+    while (capacity < 2 * expected) capacity <<= 1;
+    mask_ = capacity - 1;
+    keys_.assign(capacity, 0);
+    values_.assign(capacity, -1);
+  }
+  // the value slot of `key`, made (-1) when new
+  int64_t& at(int64_t key) {
+    size_t slot = hash(key);
+    while (values_[slot] >= 0 && keys_[slot] != key) slot = (slot + 1) & mask_;
+    keys_[slot] = key;
+    return values_[slot];
+  }
+  // the value of `key`, -1 when absent
+  int64_t find(int64_t key) const {
+    size_t slot = hash(key);
+    while (values_[slot] >= 0) {
+      if (keys_[slot] == key) return values_[slot];
+      slot = (slot + 1) & mask_;
+    }
+    return -1;
+  }
+
+ private:
+  size_t hash(int64_t key) const {
+    const uint64_t h = static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ull;
+    return static_cast<size_t>(h ^ (h >> 29)) & mask_;
+  }
+  size_t mask_ = 0;
+  std::vector<int64_t> keys_, values_;
+};
+
+const std::pair<std::vector<int64_t>, std::vector<int64_t>> kNoSpans;  // a thread with no spans
+
 struct Thread {
   std::vector<int64_t> open;  // spans still open, innermost last
   int64_t last_top = -1;      // the thread's latest top-level span
@@ -219,11 +258,157 @@ py::array_t<double> inclusive(const py::array_t<double, py::array::c_style | py:
   return total_out;
 }
 
+// sums.innermost_spans: for each query (thread, time), the innermost span of `order` (time order) on
+// that thread containing the time: the last span starting at or before it, or the nearest ancestor
+// (`parent`) not yet ended then; -1 when none. What the numpy path finds with a search per thread
+// and a walk up one level per step, here a binary search and a walk per query.
+Int64Array innermost(const Int64Array& order_in, const Int64Array& tid_in, const Int64Array& ts_in,
+                     const Int64Array& dur_in, const Int64Array& parent_in, const Int64Array& query_tid_in,
+                     const Int64Array& query_ts_in) {
+  const auto order = order_in.unchecked<1>();
+  const auto tid = tid_in.unchecked<1>();
+  const auto ts = ts_in.unchecked<1>();
+  const auto dur = dur_in.unchecked<1>();
+  const auto parent = parent_in.unchecked<1>();
+  const auto query_tid = query_tid_in.unchecked<1>();
+  const auto query_ts = query_ts_in.unchecked<1>();
+  const py::ssize_t count = ts.shape(0), queries = query_ts.shape(0);
+  if (tid.shape(0) != count || dur.shape(0) != count || parent.shape(0) != count ||
+      query_tid.shape(0) != queries) {
+    throw std::invalid_argument("innermost: columns of different lengths");
+  }
+  // per thread, its spans' indices and starts in time order
+  std::unordered_map<int64_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> threads;
+  for (py::ssize_t k = 0; k < order.shape(0); ++k) {
+    const int64_t s = order(k);
+    if (s < 0 || s >= count) throw std::out_of_range("innermost: span index out of range");
+    auto& thread = threads[tid(s)];
+    thread.first.push_back(s);
+    thread.second.push_back(ts(s));
+  }
+  Int64Array owners_out(queries);
+  auto owners = owners_out.mutable_unchecked<1>();
+  const std::pair<std::vector<int64_t>, std::vector<int64_t>>* thread = nullptr;
+  int64_t thread_id = 0;
+  for (py::ssize_t q = 0; q < queries; ++q) {
+    if (thread == nullptr || query_tid(q) != thread_id) {  // queries mostly come a thread at a time
+      thread_id = query_tid(q);
+      const auto found = threads.find(thread_id);
+      thread = found == threads.end() ? &kNoSpans : &found->second;
+    }
+    const int64_t t = query_ts(q);
+    const auto& starts = thread->second;
+    const auto after = std::upper_bound(starts.begin(), starts.end(), t);
+    int64_t owner = after == starts.begin() ? -1 : thread->first[static_cast<size_t>(after - starts.begin() - 1)];
+    while (owner >= 0 && ts(owner) + dur(owner) < t) {
+      owner = parent(owner);
+      if (owner >= count) throw std::out_of_range("innermost: parent out of range");
+    }
+    owners(q) = owner;
+  }
+  return owners_out;
+}
+
+// memory/story.py's pairing: for each allocation (bytes > 0), the index of the free of its address
+// that comes next among the events at that address (bytes < 0), -1 when the next is no free or
+// there is none; frees get -1. Events in time order; one pass with the last event seen per address,
+// where numpy sorts by address.
+Int64Array pair_frees(const Int64Array& addr_in, const Int64Array& nbytes_in) {
+  const auto addr = addr_in.unchecked<1>();
+  const auto nbytes = nbytes_in.unchecked<1>();
+  const py::ssize_t n = addr.shape(0);
+  if (nbytes.shape(0) != n) throw std::invalid_argument("pair_frees: columns of different lengths");
+  Int64Array free_at_out(n);
+  auto free_at = free_at_out.mutable_unchecked<1>();
+  KeyTable last(static_cast<size_t>(n));  // address -> its latest event
+  for (py::ssize_t i = 0; i < n; ++i) {
+    free_at(i) = -1;
+    int64_t& latest = last.at(addr(i));
+    if (latest >= 0 && nbytes(latest) > 0 && nbytes(i) < 0) free_at(latest) = i;
+    latest = i;
+  }
+  return free_at_out;
+}
+
+// memory/story.py's _last_at_or_before, for rows in time order: for each query (address, time), the
+// last row at that address starting at or before the time (its index, 0 where none; whether there is
+// one). Each address's rows are chained latest first; a query walks back from the latest past the
+// rows that start after it (an address is reused a few times a step).
+py::tuple last_at_or_before(const Int64Array& addr_in, const Int64Array& ts_in, const Int64Array& at_addr_in,
+                            const Int64Array& at_ts_in) {
+  const auto addr = addr_in.unchecked<1>();
+  const auto ts = ts_in.unchecked<1>();
+  const auto at_addr = at_addr_in.unchecked<1>();
+  const auto at_ts = at_ts_in.unchecked<1>();
+  const py::ssize_t n = addr.shape(0), queries = at_addr.shape(0);
+  if (ts.shape(0) != n || at_ts.shape(0) != queries) {
+    throw std::invalid_argument("last_at_or_before: columns of different lengths");
+  }
+  KeyTable latest(static_cast<size_t>(n));          // address -> its latest row
+  std::vector<int64_t> earlier(static_cast<size_t>(n));  // row -> the row before it at its address
+  for (py::ssize_t i = 0; i < n; ++i) {
+    if (i > 0 && ts(i) < ts(i - 1)) throw std::invalid_argument("last_at_or_before: rows not in time order");
+    int64_t& last = latest.at(addr(i));
+    earlier[static_cast<size_t>(i)] = last;
+    last = i;
+  }
+  Int64Array hit_out(queries);
+  py::array_t<bool> matched_out(queries);
+  auto hit = hit_out.mutable_unchecked<1>();
+  auto matched = matched_out.mutable_unchecked<1>();
+  for (py::ssize_t q = 0; q < queries; ++q) {
+    int64_t row = latest.find(at_addr(q));
+    while (row >= 0 && ts(row) > at_ts(q)) row = earlier[static_cast<size_t>(row)];
+    hit(q) = std::max<int64_t>(row, 0);
+    matched(q) = row >= 0;
+  }
+  return py::make_tuple(hit_out, matched_out);
+}
+
+// memory/sums.py's range_max: max(values[lo[k]:hi[k]]) for every k (all ranges non-empty), from a
+// sparse table of the levels the longest range needs.
+Int64Array range_max(const Int64Array& values_in, const Int64Array& lo_in, const Int64Array& hi_in) {
+  const auto values = values_in.unchecked<1>();
+  const auto lo = lo_in.unchecked<1>();
+  const auto hi = hi_in.unchecked<1>();
+  const py::ssize_t n = values.shape(0), queries = lo.shape(0);
+  if (hi.shape(0) != queries) throw std::invalid_argument("range_max: columns of different lengths");
+  int64_t longest = 0;
+  for (py::ssize_t q = 0; q < queries; ++q) {
+    if (lo(q) < 0 || hi(q) > n || hi(q) <= lo(q)) throw std::out_of_range("range_max: bad range");
+    longest = std::max(longest, hi(q) - lo(q));
+  }
+  std::vector<std::vector<int64_t>> table;  // level k: max of the 2**k values from each position
+  table.emplace_back(values.data(0), values.data(0) + n);
+  for (int64_t span = 1; 2 * span <= longest; span *= 2) {
+    const auto& prev = table.back();
+    std::vector<int64_t> next(prev.size() - static_cast<size_t>(span));
+    for (size_t i = 0; i < next.size(); ++i) next[i] = std::max(prev[i], prev[i + static_cast<size_t>(span)]);
+    table.push_back(std::move(next));
+  }
+  Int64Array result_out(queries);
+  auto result = result_out.mutable_unchecked<1>();
+  for (py::ssize_t q = 0; q < queries; ++q) {
+    const int64_t length = hi(q) - lo(q);
+    int level = 0;
+    while ((int64_t{2} << level) <= length) ++level;
+    const auto& rows = table[static_cast<size_t>(level)];
+    result(q) = std::max(rows[static_cast<size_t>(lo(q))], rows[static_cast<size_t>(hi(q) - (int64_t{1} << level))]);
+  }
+  return result_out;
+}
+
 }  // namespace
 
 void register_functions(py::module_& m) {
   m.def("nest", &nest, py::arg("order"), py::arg("tid"), py::arg("ts"), py::arg("dur"));
   m.def("group", &group, py::arg("keys"));
+  m.def("innermost", &innermost, py::arg("order"), py::arg("tid"), py::arg("ts"), py::arg("dur"),
+        py::arg("parent"), py::arg("query_tid"), py::arg("query_ts"));
+  m.def("pair_frees", &pair_frees, py::arg("addr"), py::arg("nbytes"));
+  m.def("last_at_or_before", &last_at_or_before, py::arg("addr"), py::arg("ts"), py::arg("at_addr"),
+        py::arg("at_ts"));
+  m.def("range_max", &range_max, py::arg("values"), py::arg("lo"), py::arg("hi"));
   m.def("inclusive", &inclusive, py::arg("own"), py::arg("parent"), py::arg("inner"), py::arg("bounds"));
 }
 

@@ -75,10 +75,9 @@ def memory_over_time(story: MemoryStory, start_ns: int, points: int = 800) -> Me
     where = story.place.many(story.owner[keep])
     start = min(start_ns, int(story.ts[0]))
     return MemoryOverTime(
-        t_us=(
-            round((start - start_ns) / 1000.0, 3),
-            *(round((t - start_ns) / 1000.0, 3) for t in story.ts[keep].tolist()),
-        ),
+        # ns to µs: int / 1000.0 is already the double nearest the 3-decimal value (exact below 2**53
+        # ns), so it needs no round(..., 3)
+        t_us=((start - start_ns) / 1000.0, *((story.ts[keep] - start_ns) / 1000.0).tolist()),
         categories=tuple(CATEGORIES[c] for c in used),
         bytes_by_category=tuple((int(initial[c]), *live[c, keep].tolist()) for c in used),
         phases=("", *(w.phase if w is not None else "" for w in where)),

@@ -16,6 +16,7 @@ live).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,9 +31,9 @@ from layerscope.model.memory import BEFORE_BLOCK, UNPAIRED
 _NEVER = np.iinfo(np.int64).max
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where an event ran: its owner span's module path (or label), phase and op name."""
+class Placement(NamedTuple):
+    """Where an event ran: its owner span's module path (or label), phase and op name (a tuple:
+    hundreds are made per profile)."""
 
     module: str
     phase: str
@@ -57,6 +58,9 @@ def _last_at_or_before(
     matched = np.zeros(at_addr.size, dtype=bool)
     if not addr.size or not at_addr.size:
         return hit, matched
+    native = nest_native.last_at_or_before(addr, ts, at_addr, at_ts)
+    if native is not None:
+        return native
     addrs = nest_native.unique(addr)[0]
     rank = np.searchsorted(addrs, at_addr)
     known = rank < addrs.size
@@ -139,6 +143,9 @@ class MemoryStory:
         free_at = np.full(n, -1, dtype=np.int64)
         if not n or not self.addressed:
             return free_at
+        found = nest_native.pair_frees(self.addr, self.nbytes)
+        if found is not None:
+            return found
         by_addr = np.argsort(self.addr, kind="stable")  # by address, then time (index) order
         same_next = self.addr[by_addr[1:]] == self.addr[by_addr[:-1]]
         is_alloc = self.nbytes[by_addr[:-1]] > 0
@@ -168,18 +175,7 @@ class MemoryStory:
         matched &= at < self.t_free[hit]
         codes = _SNAPSHOT_CODE[category]
         np.minimum.at(self.code, hit[matched], codes[matched])
-        unmatched: dict[int, tuple[int, str]] = {}
-        rows = np.flatnonzero(~matched)
-        for a, size, code in zip(
-            addr[rows].tolist(), nbytes[rows].tolist(), codes[rows].tolist(), strict=True
-        ):
-            # A storage from before the block that an op saves is not an activation the block
-            # made: it keeps its own category, else other (Saved says who keeps it).
-            category_name = "other" if code == _CODE["activation"] else CATEGORIES[code]
-            known = unmatched.get(a)
-            if known is None or _CODE[category_name] < _CODE[known[1]]:
-                unmatched[a] = (size, category_name)
-        return unmatched
+        return _before_block(addr[~matched], nbytes[~matched], codes[~matched])
 
     def peak(self) -> tuple[int, int]:
         """(absolute peak bytes, index of the event that reached it; -1: before any event)."""
@@ -258,6 +254,29 @@ class _Baseline:
         return self.unknown - sum(nbytes for ts, nbytes in self.unknown_frees if ts <= t)
 
 
+def _before_block(addr: np.ndarray, nbytes: np.ndarray, codes: np.ndarray) -> dict[int, tuple[int, str]]:
+    """Snapshot entries no allocation holds (storages from before the block), one per address in
+    order of first sight: its bytes and category from the first entry of the address's best code.
+    A storage from before the block that an op saves is not an activation the block made: it keeps
+    its own category, else other (Saved says who keeps it)."""
+    if not addr.size:
+        return {}
+    named = np.where(codes == _CODE["activation"], _CODE["other"], codes)
+    # by address, then code, then entry order: each address's first row is its best entry
+    by = np.lexsort((np.arange(addr.size), named, addr))
+    first = np.flatnonzero(np.r_[True, addr[by][1:] != addr[by][:-1]])
+    best = by[first]
+    # the rank of each address's first sighting orders the dict as the entries came
+    first_seen = np.minimum.reduceat(by, first)
+    keep = best[np.argsort(first_seen, kind="stable")]
+    return {
+        a: (size, CATEGORIES[code])
+        for a, size, code in zip(
+            addr[keep].tolist(), nbytes[keep].tolist(), named[keep].tolist(), strict=True
+        )
+    }
+
+
 def _start_entries(snapshots: list[Snapshot], on_device: bool) -> dict[int, tuple[int, str]]:
     """Without addresses nothing can be matched: only the start snapshot is known to predate the
     recording (later snapshots see storages the recording made)."""
@@ -332,6 +351,7 @@ class Placements:
         self._table, self._bucket, self._buckets, self._catalog = table, bucket, buckets, catalog
         self._names = table.array("span_name")
         self._cache: dict[tuple[int, int], Placement] = {}  # by (bucket, name)
+        self._where: dict[int, tuple[str, str]] = {}  # by bucket: (module path or label, phase)
 
     def __call__(self, span: int) -> Placement:
         if span < 0:
@@ -339,22 +359,30 @@ class Placements:
         return self._of((int(self._bucket[span]), int(self._names[span])))
 
     def many(self, spans: np.ndarray) -> list[Placement | None]:
-        """The Placement of each span (None for -1), its bucket and name read a column at a time."""
-        if not len(self._names):  # no span at all: every event is outside the ops
+        """The Placement of each span (None for -1), each distinct (bucket, name) placed once."""
+        if not len(self._names) or not spans.size:  # no span at all: every event is outside the ops
             return [None] * len(spans)
         inside = np.maximum(spans, 0)
-        keys = zip(spans.tolist(), self._bucket[inside].tolist(), self._names[inside].tolist(), strict=True)
-        return [self._of((b, name)) if span >= 0 else None for span, b, name in keys]
+        keys = self._bucket[inside] * (len(self._table.names) + 1) + self._names[inside]
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        placed = [
+            self._of((int(self._bucket[span]), int(self._names[span]))) for span in inside[first].tolist()
+        ]
+        return [
+            placed[k] if span >= 0 else None for span, k in zip(spans.tolist(), inverse.tolist(), strict=True)
+        ]
 
     def _of(self, key: tuple[int, int]) -> Placement:
         found = self._cache.get(key)
         if found is None:
             b = key[0]
-            found = self._cache[key] = Placement(
-                self._buckets.where(b, self._catalog),
-                str(self._buckets.phase_of(b)),
-                self._table.names[key[1]],
-            )
+            where = self._where.get(b)
+            if where is None:
+                where = self._where[b] = (
+                    self._buckets.where(b, self._catalog),
+                    str(self._buckets.phase_of(b)),
+                )
+            found = self._cache[key] = Placement(where[0], where[1], self._table.names[key[1]])
         return found
 
 

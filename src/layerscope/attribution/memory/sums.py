@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layerscope.attribution import nest_native
 from layerscope.attribution.nesting import inclusive
 from layerscope.events.table import EventTable
 
@@ -120,6 +121,9 @@ def innermost_spans(
 ) -> np.ndarray:
     """For each (thread, time), the innermost CPU span of that thread containing the time (-1 if
     none): the last span starting at or before it, or the nearest ancestor still open then."""
+    found = nest_native.innermost(table, order, parent_arr, tids, times)
+    if found is not None:
+        return found
     owners = np.full(times.size, -1, dtype=np.int64)
     ts, dur = table.array("span_ts"), table.array("span_dur")
     span_tid = table.array("span_tid")[order] if order.size else order
@@ -189,6 +193,9 @@ def window_peaks(
 
 def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """max(values[lo[k]:hi[k]]) for every k (all ranges non-empty), with a sparse table."""
+    found = nest_native.range_max(values, lo, hi)
+    if found is not None:
+        return found
     length = hi - lo
     longest = int(length.max()) if length.size else 0
     table = [values]

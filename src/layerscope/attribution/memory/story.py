@@ -360,17 +360,19 @@ class Placements:
 
     def many(self, spans: np.ndarray) -> list[Placement | None]:
         """The Placement of each span (None for -1), each distinct (bucket, name) placed once."""
-        if not len(self._names) or not spans.size:  # no span at all: every event is outside the ops
-            return [None] * len(spans)
-        inside = np.maximum(spans, 0)
-        keys = self._bucket[inside] * (len(self._table.names) + 1) + self._names[inside]
+        found: list[Placement | None] = [None] * len(spans)
+        inside = np.flatnonzero(spans >= 0)
+        if not inside.size:  # no span at all: every event is outside the ops
+            return found
+        owned = spans[inside]
+        keys = self._bucket[owned] * (len(self._table.names) + 1) + self._names[owned]
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         placed = [
-            self._of((int(self._bucket[span]), int(self._names[span]))) for span in inside[first].tolist()
+            self._of((int(self._bucket[span]), int(self._names[span]))) for span in owned[first].tolist()
         ]
-        return [
-            placed[k] if span >= 0 else None for span, k in zip(spans.tolist(), inverse.tolist(), strict=True)
-        ]
+        for at, k in zip(inside.tolist(), inverse.reshape(-1).tolist(), strict=True):
+            found[at] = placed[k]
+        return found
 
     def _of(self, key: tuple[int, int]) -> Placement:
         found = self._cache.get(key)

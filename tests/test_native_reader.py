@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 import torch
@@ -166,6 +167,28 @@ def test_stretches_read_on_threads_give_the_columns_one_pass_gives(reader: Modul
     assert reader.read_columns(stacked, True, threads) == reader.read_columns(stacked, True, 1)
 
 
+def test_concrete_inputs_read_in_the_pass_are_the_ones_read_apart(reader: ModuleType) -> None:
+    """read_columns(wanted=...) reads the FLOP formulas' scalar inputs in its own pass
+    (``span_concrete``): per wanted op the text ``concrete_input_ids`` gives reading them apart, the
+    same on one thread and on several; -2 for every other span; no column when none is wanted."""
+    results = _anchored_capture(reader)
+    wanted = FlopCalculator().op_names()
+    one = reader.read_columns(results, True, 1, wanted)
+    names = [name.decode() for name in one["names"]]
+    span_name = np.frombuffer(one["span_name"], np.int64)
+    concrete = np.frombuffer(one["span_concrete"], np.int64)
+    picked = np.flatnonzero(np.isin(span_name, [i for i, name in enumerate(names) if name in wanted]))
+    assert picked.size >= 8 and (concrete[picked] >= 0).all()  # the workload's mm, addmm, convolution
+    assert (np.delete(concrete, picked) == -2).all()
+    indices = np.frombuffer(one["span_index"], np.int64)[picked]
+    ids, texts = reader.concrete_input_ids(results, indices.tobytes())
+    assert [one["concrete"][i] for i in concrete[picked]] == [texts[i] for i in np.frombuffer(ids, np.int64)]
+    assert len(set(one["concrete"])) == len(one["concrete"]) >= 3  # each distinct text once
+    for threads in (2, 3):
+        assert reader.read_columns(results, True, threads, wanted) == one
+    assert len(reader.read_columns(results, True, 1)["span_concrete"]) == 0
+
+
 @pytest.mark.parametrize(
     ("with_stack", "memory", "shapes", "cpu_only"),
     [
@@ -269,7 +292,7 @@ def test_a_failing_native_reader_warns_once_and_the_profile_is_still_made(
 ) -> None:
     class Broken:
         @staticmethod
-        def read_columns(results: Any, with_shapes: bool, threads: int = 0) -> Any:
+        def read_columns(results: Any, with_shapes: bool, threads: int = 0, wanted: Any = ()) -> Any:
             raise RuntimeError("boom")
 
     monkeypatch.setattr(native, "_loaded", Broken())

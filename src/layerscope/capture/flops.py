@@ -159,6 +159,10 @@ class FlopCalculator:
 
         return count
 
+    def op_names(self) -> list[str]:
+        """The op names that have a formula (whose shapes and concrete inputs are read)."""
+        return list(self.formulas)
+
     def needs(self, name: str) -> bool:
         """True when ``name`` has a formula (only those ops need shapes and concrete inputs read)."""
         return name in self.formulas

@@ -31,6 +31,7 @@
 #include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <version>
 #include <variant>
 #include <vector>
@@ -332,12 +333,32 @@ void prefetch_pointed(const KinetoEvent& e, bool with_shapes) {
   }
 }
 
+// One event's concrete inputs as a JSON array into `text`; false where an input is of a kind the
+// writer above does not know.
+bool concrete_text(const KinetoEvent& e, std::string& text) {
+  text.assign("[");
+  bool known = true;
+  if (e.hasConcreteInputs()) {
+    const auto inputs = e.concreteInputs();
+    for (size_t i = 0; i < inputs.size() && known; ++i) {
+      if (i) text.push_back(',');
+      known = append_ivalue(text, inputs[i]);
+    }
+  }
+  text.push_back(']');
+  return known;
+}
+
 // One stretch of torch's events as columns (see read_columns), with its own interners: stretches
 // are read on threads of their own and joined in order afterwards (join_columns).
 struct Columns {
   std::vector<int64_t> span_index, span_name, span_activity, span_ts, span_dur;
   std::vector<int64_t> span_tid, span_seq, span_fwd_tid, span_corr, span_linked, span_shapes, span_handle;
   std::vector<int64_t> span_dtypes;
+  // per span, its concrete inputs' text (an id in `concrete`) where its op has a FLOP formula
+  // (`wanted`), kNotWanted elsewhere, kUnknownInputs where an input is of a kind the writer leaves
+  // to torch; empty when no op is wanted
+  std::vector<int64_t> span_concrete;
   std::vector<int64_t> mem_bytes, mem_ts, mem_tid, mem_device, mem_addr;
   std::vector<int64_t> oom_bytes, oom_ts, oom_tid, oom_device, oom_allocated;
   std::vector<int64_t> anchor_tid, anchor_ts, anchor_dur;
@@ -346,6 +367,8 @@ struct Columns {
   Interner names;
   ShapesInterner shapes;
   DtypesInterner dtypes;
+  Interner concrete;
+  std::vector<char> wanted_name;  // per name id: whether its op's concrete inputs are read
   int64_t no_dtypes = dtypes.texts.id(std::string("[]"));
   int64_t no_shapes = shapes.texts.id(std::string("[]"));
 };
@@ -373,8 +396,12 @@ constexpr std::pair<const char*, Column> kMappedColumns[] = {
     {"span_name", &Columns::span_name},
     {"span_shapes", &Columns::span_shapes},
     {"span_dtypes", &Columns::span_dtypes},
+    {"span_concrete", &Columns::span_concrete},
     {"device_row", &Columns::device_row},
 };
+
+constexpr int64_t kNotWanted = -2;
+constexpr int64_t kUnknownInputs = -1;
 
 // Calls `visit(name, column)` for every column of `columns`.
 template <typename Visit>
@@ -387,12 +414,13 @@ void each_column(Columns& columns, Visit visit) {
 // rest are spans, in the order torch lists them, as the pybind reader keeps them. Reads torch's C++
 // events only (const accessors, no Python): safe on any thread, several at once.
 void read_stretch(const std::vector<KinetoEvent>& events, size_t begin, size_t end, bool with_shapes,
-                  Columns& out) {
+                  const std::unordered_set<std::string>& wanted, Columns& out) {
   // Room for every event as a span: no column is copied while it grows.
   each_column(out, [&](std::string_view name, std::vector<int64_t>& column) {
     if (name.starts_with("span_")) column.reserve(end - begin);
   });
   int64_t anchor_name = -1;  // the anchors' name id, once seen
+  std::string text;           // one event's concrete inputs, written here before interning
   for (size_t i = begin; i < end; ++i) {
     // only the KinetoEvent's first fields (the Result, the shapes and dtypes lists); each
     // prefetch holds a line fill buffer while it waits, and those are what the loop runs short of
@@ -430,8 +458,11 @@ void read_stretch(const std::vector<KinetoEvent>& events, size_t begin, size_t e
     auto& names = out.names;
     const size_t known_names = names.order.size();
     const int64_t name = op ? names.id(op->name_) : names.id(e.name());
-    if (names.order.size() != known_names && names.order.back() == kAnchorName) {
-      anchor_name = name;  // interned where first seen all the same: the name ids stay as they were
+    if (names.order.size() != known_names) {
+      if (names.order.back() == kAnchorName) {
+        anchor_name = name;  // interned where first seen all the same: the name ids stay as they were
+      }
+      out.wanted_name.push_back(static_cast<char>(wanted.count(names.order.back())));
     }
     if (name == anchor_name) {
       // A clock anchor's range: its stamps are all the marks need of it (module_marks.add_to), and
@@ -465,6 +496,15 @@ void read_stretch(const std::vector<KinetoEvent>& events, size_t begin, size_t e
     out.span_shapes.push_back(shaped ? out.shapes.id(e.shapes()) : out.no_shapes);
     // Every input's dtype beside its shape: what bytes per op are computed from (roofline).
     out.span_dtypes.push_back(shaped && e.hasTypes() ? out.dtypes.id(e.dtypes()) : out.no_dtypes);
+    // A FLOP formula's scalar inputs read here, while the event is in cache: a pass of their own
+    // over the few ops that have formulas waits on memory for each one again.
+    if (!wanted.empty()) {
+      int64_t inputs = kNotWanted;
+      if (out.wanted_name[static_cast<size_t>(name)]) {
+        inputs = concrete_text(e, text) ? out.concrete.id(text) : kUnknownInputs;
+      }
+      out.span_concrete.push_back(inputs);
+    }
   }
 }
 
@@ -480,7 +520,7 @@ std::vector<int64_t> merged_ids(Interner& into, const Interner& from) {
 
 void append_mapped(std::vector<int64_t>& into, const std::vector<int64_t>& from, const std::vector<int64_t>& ids) {
   for (const int64_t local : from) {
-    into.push_back(ids[static_cast<size_t>(local)]);
+    into.push_back(local < 0 ? local : ids[static_cast<size_t>(local)]);  // markers (< 0) as they are
   }
 }
 
@@ -499,6 +539,7 @@ void join_columns(Columns& into, const Columns& from) {
   const auto name_ids = merged_ids(into.names, from.names);
   const auto shape_ids = merged_ids(into.shapes.texts, from.shapes.texts);
   const auto dtype_ids = merged_ids(into.dtypes.texts, from.dtypes.texts);
+  const auto concrete_ids = merged_ids(into.concrete, from.concrete);
   const auto rows = static_cast<int64_t>(into.span_index.size());
   for (const int64_t row : from.device_row) {
     into.device_row.push_back(row + rows);
@@ -506,6 +547,7 @@ void join_columns(Columns& into, const Columns& from) {
   append_mapped(into.span_name, from.span_name, name_ids);
   append_mapped(into.span_shapes, from.span_shapes, shape_ids);
   append_mapped(into.span_dtypes, from.span_dtypes, dtype_ids);
+  append_mapped(into.span_concrete, from.span_concrete, concrete_ids);
   for (const auto& [name, member] : kPlainColumns) {
     (into.*member).insert((into.*member).end(), (from.*member).begin(), (from.*member).end());
   }
@@ -534,9 +576,12 @@ size_t reader_threads(size_t n, int64_t asked) {
 // Every event as columns (read_stretch). The loop waits on memory more than it computes (see
 // "Prefetching"): stretches of the list read on threads of their own overlap those waits, and the
 // stretches joined in order give the very columns one pass gives. `threads`: 0 as many as pay off,
-// 1 this thread alone (the flight recorder's writer reads beside the program's threads).
-py::dict read_columns(const py::object& results, bool with_shapes, int64_t threads) {
+// 1 this thread alone (the flight recorder's writer reads beside the program's threads). `wanted`:
+// the op names whose concrete inputs are read too (span_concrete, "concrete": the FLOP formulas').
+py::dict read_columns(const py::object& results, bool with_shapes, int64_t threads, const py::iterable& wanted_names) {
   const auto& events = result_of(results).events();
+  std::unordered_set<std::string> wanted;  // the ops whose concrete inputs are read (span_concrete)
+  for (const auto& name : wanted_names) wanted.insert(name.cast<std::string>());
   const size_t n = events.size();
   const size_t parts = reader_threads(n, threads);
   std::vector<Columns> stretches(parts);
@@ -547,7 +592,7 @@ py::dict read_columns(const py::object& results, bool with_shapes, int64_t threa
     std::vector<std::exception_ptr> failures(parts);
     auto read = [&](size_t k) {
       try {
-        read_stretch(events, n * k / parts, n * (k + 1) / parts, with_shapes, stretches[k]);
+        read_stretch(events, n * k / parts, n * (k + 1) / parts, with_shapes, wanted, stretches[k]);
       } catch (...) {
         failures[k] = std::current_exception();
       }
@@ -580,6 +625,7 @@ py::dict read_columns(const py::object& results, bool with_shapes, int64_t threa
   out["names"] = c.names.as_bytes();
   out["shapes"] = c.shapes.texts.as_bytes();
   out["dtypes"] = c.dtypes.texts.as_bytes();
+  out["concrete"] = c.concrete.as_bytes();
   each_column(c, [&](std::string_view name, std::vector<int64_t>& values) {
     out[py::str(name.data(), name.size())] = column(values);
   });
@@ -592,22 +638,6 @@ std::vector<int64_t> unpack_indices(const py::bytes& packed_indices) {
   std::vector<int64_t> indices(packed.size() / sizeof(int64_t));
   std::memcpy(indices.data(), packed.data(), indices.size() * sizeof(int64_t));
   return indices;
-}
-
-// One event's concrete inputs as a JSON array into `text`; false where an input is of a kind the
-// writer above does not know.
-bool concrete_text(const KinetoEvent& e, std::string& text) {
-  text.assign("[");
-  bool known = true;
-  if (e.hasConcreteInputs()) {
-    const auto inputs = e.concreteInputs();
-    for (size_t i = 0; i < inputs.size() && known; ++i) {
-      if (i) text.push_back(',');
-      known = append_ivalue(text, inputs[i]);
-    }
-  }
-  text.push_back(']');
-  return known;
 }
 
 const KinetoEvent& event_of(const std::vector<KinetoEvent>& events, int64_t index) {
@@ -924,7 +954,8 @@ void discard_events(const py::object& results) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "layerscope native reader: torch profiler results as columns";
-  m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"), py::arg("threads") = 0);
+  m.def("read_columns", &read_columns, py::arg("results"), py::arg("with_shapes"), py::arg("threads") = 0,
+        py::arg("wanted") = py::tuple());
   m.def("discard_events", &discard_events, py::arg("results"));
   m.def("concrete_inputs", &concrete_inputs, py::arg("results"), py::arg("packed_indices"));
   m.def("concrete_input_ids", &concrete_input_ids, py::arg("results"), py::arg("packed_indices"));

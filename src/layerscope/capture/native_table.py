@@ -38,7 +38,12 @@ def table_from_native(
     hands back int64 columns and each distinct name and shapes list once. Gives the same table as
     :func:`layerscope.capture.bindings_reader.table_from_bindings` (tested column by column).
     ``threads``: the C++ pass's threads (0: as many as pay off; 1: the calling thread alone)."""
-    cols = module.read_columns(kineto_results, bool(shapes or flops is not None), threads)
+    with_shapes = bool(shapes or flops is not None)
+    if flops is not None and hasattr(module, "concrete_input_ids"):
+        # the FLOP formulas' scalar inputs read in the same pass (span_concrete)
+        cols = module.read_columns(kineto_results, with_shapes, threads, flops.op_names())
+    else:
+        cols = module.read_columns(kineto_results, with_shapes, threads)
     table = EventTable()
     arrays = _memory_arrays(cols, cpu_only)
     mem_bytes = arrays.get("mem_bytes", ())
@@ -216,8 +221,7 @@ def _count_flops_by_call(
     writer leaves to torch are keyed by their JSON, as :func:`_concrete_inputs` keys them, in the
     same numbering (one text, one number, whichever wrote it)."""
     indices = _column(cols["span_index"])[picked]
-    packed_ids, texts = module.concrete_input_ids(kineto_results, indices.tobytes())
-    text_ids = _column(packed_ids).copy()
+    text_ids, texts = _concrete_ids(module, kineto_results, cols, picked, indices)
     torch_values: dict[int, Any] = {}  # by position in picked: the values torch's bindings gave
     unknown = np.flatnonzero(text_ids < 0).tolist()
     if unknown:
@@ -236,6 +240,21 @@ def _count_flops_by_call(
         return shape_texts[int(local_shapes[k])], inputs
 
     count_flops_by_call(table, flops, span_flops, picked, call_of, call_inputs)
+
+
+def _concrete_ids(
+    module: Any, kineto_results: Any, cols: dict[str, Any], picked: list[int], indices: np.ndarray
+) -> tuple[np.ndarray, list[bytes]]:
+    """The picked spans' concrete inputs: per span its text's number (-1: left to torch's
+    bindings) and the texts; read in the columns' pass where it read them (``span_concrete``),
+    else by a pass of their own over the picked events."""
+    read = _column(cols.get("span_concrete", b""))
+    if len(read) == len(_column(cols["span_name"])):
+        ids = read[picked]
+        if not (ids < -1).any():  # every picked op was one the pass was asked for
+            return ids.copy(), list(cols["concrete"])
+    packed_ids, texts = module.concrete_input_ids(kineto_results, indices.tobytes())
+    return _column(packed_ids).copy(), texts
 
 
 def _concrete_inputs(

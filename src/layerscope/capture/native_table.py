@@ -38,12 +38,7 @@ def table_from_native(
     hands back int64 columns and each distinct name and shapes list once. Gives the same table as
     :func:`layerscope.capture.bindings_reader.table_from_bindings` (tested column by column).
     ``threads``: the C++ pass's threads (0: as many as pay off; 1: the calling thread alone)."""
-    with_shapes = bool(shapes or flops is not None)
-    if flops is not None and hasattr(module, "concrete_input_ids"):
-        # the FLOP formulas' scalar inputs read in the same pass (span_concrete)
-        cols = module.read_columns(kineto_results, with_shapes, threads, flops.op_names())
-    else:
-        cols = module.read_columns(kineto_results, with_shapes, threads)
+    cols = _read_columns(module, kineto_results, flops, shapes, threads)
     table = EventTable()
     arrays = _memory_arrays(cols, cpu_only)
     mem_bytes = arrays.get("mem_bytes", ())
@@ -109,6 +104,17 @@ def table_from_native(
                 set_flop_dtypes(table, picked, _first_dtypes(module, kineto_results, cols, picked, indices))
     table.set_columns({"span_flops": span_flops})
     return table
+
+
+def _read_columns(
+    module: Any, kineto_results: Any, flops: FlopCalculator | None, shapes: bool, threads: int
+) -> Any:
+    """The reader's pass: shapes when asked for or FLOPs are counted, and the FLOP formulas' scalar
+    inputs with them (``span_concrete``) where the reader numbers those (``concrete_input_ids``)."""
+    with_shapes = bool(shapes or flops is not None)
+    if flops is not None and hasattr(module, "concrete_input_ids"):
+        return module.read_columns(kineto_results, with_shapes, threads, flops.op_names())
+    return module.read_columns(kineto_results, with_shapes, threads)
 
 
 def _memory_arrays(cols: dict[str, Any], cpu_only: bool) -> dict[str, np.ndarray]:

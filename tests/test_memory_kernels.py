@@ -118,3 +118,21 @@ def test_innermost_spans_are_numpys(seed: int, module: Any) -> None:
         expected = innermost_spans(table, order, parent, tids, times)
         with nest_native.using(module):
             assert innermost_spans(table, order, parent, tids, times).tolist() == expected.tolist()
+
+
+def test_addresses_past_the_tables_first_room(module: Any) -> None:
+    """More distinct addresses than the kernels' tables hold up front (32k): they grow, and pairing
+    and lookups stay numpy's."""
+    rng = np.random.default_rng(7)
+    addr, nbytes = memory_events(rng, 150_000, 90_000)
+    assert np.unique(addr).size > 70_000
+    with nest_native.using(module):
+        found = nest_native.pair_frees(addr, nbytes)
+    assert found is not None and found.tolist() == numpy_pairs(addr, nbytes)
+    ts = np.arange(addr.size, dtype=np.int64) // 3
+    at_addr, at_ts = addr[::7] + 512 * (np.arange(addr[::7].size) % 2), ts[::7] + 1
+    expected = _last_at_or_before(addr, ts, at_addr, at_ts)
+    with nest_native.using(module):
+        hit, matched = _last_at_or_before(addr, ts, at_addr, at_ts)
+    assert hit.tolist() == expected[0].tolist() and matched.tolist() == expected[1].tolist()
+    assert 0 < int(matched.sum()) < matched.size

@@ -26,41 +26,61 @@ namespace {
 
 using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
-// int64 key -> int64 value (-1: absent), open addressing sized for `expected` keys at most half full:
+// int64 key -> int64 value >= 0 (-1: absent), open addressing at most half full, growing with the
+// distinct keys (a few thousand addresses among a million events: a table sized by the events would
+// be tens of MiB):
 // the memory kernels look up one address per event, where std::unordered_map allocates a node per key.
 class KeyTable {
  public:
+  // room for `expected` keys up front, up to kMostUpFront (1 MiB); more come by doubling
   explicit KeyTable(size_t expected) {
     size_t capacity = 16;
-    while (capacity < 2 * expected) capacity <<= 1;
-    mask_ = capacity - 1;
+    while (capacity < 2 * expected && capacity < kMostUpFront) capacity <<= 1;
     keys_.assign(capacity, 0);
     values_.assign(capacity, -1);
   }
-  // the value slot of `key`, made (-1) when new
+  // the value slot of `key`, -1 when new (the caller stores a value >= 0 at once); valid until the
+  // next call
   int64_t& at(int64_t key) {
-    size_t slot = hash(key);
-    while (values_[slot] >= 0 && keys_[slot] != key) slot = (slot + 1) & mask_;
-    keys_[slot] = key;
+    size_t slot = find_slot(key);
+    if (values_[slot] < 0) {  // a new key: room first
+      if (2 * (size_ + 1) > keys_.size()) {
+        grow();
+        slot = find_slot(key);
+      }
+      ++size_;
+      keys_[slot] = key;
+    }
     return values_[slot];
   }
   // the value of `key`, -1 when absent
-  int64_t find(int64_t key) const {
-    size_t slot = hash(key);
-    while (values_[slot] >= 0) {
-      if (keys_[slot] == key) return values_[slot];
-      slot = (slot + 1) & mask_;
-    }
-    return -1;
-  }
+  int64_t find(int64_t key) const { return values_[find_slot(key)]; }
 
  private:
+  static constexpr size_t kMostUpFront = size_t{1} << 16;
   size_t hash(int64_t key) const {
     const uint64_t h = static_cast<uint64_t>(key) * 0x9e3779b97f4a7c15ull;
-    return static_cast<size_t>(h ^ (h >> 29)) & mask_;
+    return static_cast<size_t>(h ^ (h >> 29)) & (keys_.size() - 1);
   }
-  size_t mask_ = 0;
+  // the key's slot, or the empty slot where it would go (occupied slots hold a value >= 0)
+  size_t find_slot(int64_t key) const {
+    size_t slot = hash(key);
+    while (values_[slot] >= 0 && keys_[slot] != key) slot = (slot + 1) & (keys_.size() - 1);
+    return slot;
+  }
+  void grow() {
+    std::vector<int64_t> keys(keys_.size() * 2, 0), values(keys_.size() * 2, -1);
+    keys.swap(keys_);
+    values.swap(values_);
+    for (size_t k = 0; k < keys.size(); ++k) {
+      if (values[k] < 0) continue;
+      const size_t slot = find_slot(keys[k]);
+      keys_[slot] = keys[k];
+      values_[slot] = values[k];
+    }
+  }
   std::vector<int64_t> keys_, values_;
+  size_t size_ = 0;
 };
 
 const std::pair<std::vector<int64_t>, std::vector<int64_t>> kNoSpans;  // a thread with no spans

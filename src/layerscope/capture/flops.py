@@ -9,7 +9,6 @@ know, uses torch's SDPA formula; that is the one deliberate difference.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +17,6 @@ Concrete = Sequence[Any]
 _Formula = Callable[[Shapes, Concrete], int]
 
 
-@functools.cache  # torch's registry and its aten ops, looked up once a process (at the first profile's end)
 def _registry() -> dict[str, Callable[..., int]]:
     import torch
     from torch.utils.flop_counter import flop_registry

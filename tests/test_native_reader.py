@@ -257,6 +257,55 @@ def test_flops_fall_back_to_the_bindings_for_inputs_cpp_does_not_write(reader: M
     assert found.span_flops == expected.span_flops and sum(found.span_flops) > 0
 
 
+def test_inputs_the_pass_leaves_to_torch_are_marked_and_counted(reader: ModuleType) -> None:
+    """A FLOP-counted op whose scalar input the C++ writer does not write (a non-finite double) is
+    marked -1 in ``span_concrete`` on any number of threads, and its FLOPs still come (torch's
+    bindings read that input): the table equals the bindings one."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(3):
+            torch.addmm(torch.zeros(2, 3), torch.randn(2, 4), torch.randn(4, 3), beta=float("inf"))
+            torch.randn(3, 5) @ torch.randn(5, 2)  # a known one beside it
+    results = prof.profiler.kineto_results
+    wanted = FlopCalculator().op_names()
+    for threads in (1, 2, 3):
+        cols = reader.read_columns(results, True, threads, wanted)
+        names = [name.decode() for name in cols["names"]]
+        marks = np.frombuffer(cols["span_concrete"], np.int64)
+        span_name = np.frombuffer(cols["span_name"], np.int64)
+        assert set(marks[span_name == names.index("aten::addmm")].tolist()) == {-1}
+        assert (marks[span_name == names.index("aten::mm")] >= 0).all()
+    expected = table_from_bindings(results, FlopCalculator(), shapes=True, cpu_only=True)
+    found = table_from_native(reader, results, FlopCalculator(), shapes=True, cpu_only=True)
+    assert found.span_flops == expected.span_flops and sum(found.span_flops) > 0
+
+
+@pytest.mark.parametrize("column", ["not asked", "short"])
+def test_flops_come_from_a_pass_of_their_own_when_the_column_cannot_say(
+    reader: ModuleType, column: str
+) -> None:
+    """Where ``span_concrete`` does not cover the FLOP-counted spans (-2: the pass was not asked for
+    that op; a column of another length), their inputs are read by ``concrete_input_ids``."""
+
+    class Partial:
+        """The reader, its concrete-inputs column spoiled."""
+
+        concrete_input_ids = reader.concrete_input_ids
+        event_at = reader.event_at
+        first_dtypes = reader.first_dtypes
+
+        @staticmethod
+        def read_columns(results: Any, with_shapes: bool, threads: int = 0, wanted: Any = ()) -> Any:
+            cols = reader.read_columns(results, with_shapes, threads, wanted)
+            count = len(cols["span_name"]) // 8
+            spoiled = np.full(count if column == "not asked" else count - 1, -2, dtype=np.int64)
+            return {**cols, "span_concrete": spoiled.tobytes()}
+
+    results = _capture()
+    expected = table_from_bindings(results, FlopCalculator(), shapes=True, cpu_only=True)
+    found = table_from_native(Partial(), results, FlopCalculator(), shapes=True, cpu_only=True)
+    assert found.span_flops == expected.span_flops and sum(found.span_flops) > 0
+
+
 def test_undecodable_names_become_the_placeholder() -> None:
     names, bad = decode_names([b"aten::mm", b"\xff\xfe broken", "nn.Module: Ü".encode()])
     assert names == ["aten::mm", UNDECODABLE_NAME, "nn.Module: Ü"]

@@ -278,6 +278,11 @@ py::array_t<double> inclusive(const py::array_t<double, py::array::c_style | py:
   return total_out;
 }
 
+// a + b as numpy's int64 addition gives it (wrapping, where C++'s signed overflow is undefined)
+int64_t wrapped_sum(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+
 // sums.innermost_spans: for each query (thread, time), the innermost span of `order` (time order) on
 // that thread containing the time: the last span starting at or before it, or the nearest ancestor
 // (`parent`) not yet ended then; -1 when none. What the numpy path finds with a search per thread
@@ -320,7 +325,7 @@ Int64Array innermost(const Int64Array& order_in, const Int64Array& tid_in, const
     const auto& starts = thread->second;
     const auto after = std::upper_bound(starts.begin(), starts.end(), t);
     int64_t owner = after == starts.begin() ? -1 : thread->first[static_cast<size_t>(after - starts.begin() - 1)];
-    while (owner >= 0 && ts(owner) + dur(owner) < t) {
+    while (owner >= 0 && wrapped_sum(ts(owner), dur(owner)) < t) {
       owner = parent(owner);
       if (owner >= count) throw std::out_of_range("innermost: parent out of range");
     }

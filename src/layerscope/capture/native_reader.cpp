@@ -417,7 +417,7 @@ void read_stretch(const std::vector<KinetoEvent>& events, size_t begin, size_t e
                   const std::unordered_set<std::string>& wanted, Columns& out) {
   // Room for every event as a span: no column is copied while it grows.
   each_column(out, [&](std::string_view name, std::vector<int64_t>& column) {
-    if (name.starts_with("span_")) column.reserve(end - begin);
+    if (name.starts_with("span_") && (name != "span_concrete" || !wanted.empty())) column.reserve(end - begin);
   });
   int64_t anchor_name = -1;  // the anchors' name id, once seen
   std::string text;           // one event's concrete inputs, written here before interning

@@ -112,6 +112,8 @@ def _read_columns(
     """The reader's pass: shapes when asked for or FLOPs are counted, and the FLOP formulas' scalar
     inputs with them (``span_concrete``) where the reader numbers those (``concrete_input_ids``)."""
     with_shapes = bool(shapes or flops is not None)
+    # Only torch's own reader numbers the inputs it reads (``concrete_input_ids``); a stand-in
+    # (``flight_shapes.JoinedReader``: inputs from its own record) reads the columns alone.
     if flops is not None and hasattr(module, "concrete_input_ids"):
         return module.read_columns(kineto_results, with_shapes, threads, flops.op_names())
     return module.read_columns(kineto_results, with_shapes, threads)

@@ -11,6 +11,7 @@ on two captures, so neither side profits from running second). Prints a table an
     python benchmarks/postprocess.py --reader python            # torch's bindings, not the native reader
     python benchmarks/postprocess.py --reader-threads 1         # the native reader's pass on one thread
     python benchmarks/postprocess.py --device cuda              # a GPU capture (kernels, device memory)
+    python benchmarks/postprocess.py --rounds 3                 # 3 captures per order, median ratios
 
 ``--reader`` picks how torch's results are read: ``native`` (the C++ reader, ``layerscope native
 build`` first), ``python`` (torch's Python bindings) or ``auto`` (native when built, as in use).
@@ -22,6 +23,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -142,6 +144,9 @@ def main() -> None:
         help="the native reader's threads (0: as many as pay off, as in use; 1: one pass)",
     )
     parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="captures per order (the median ratio of each order is printed)"
+    )
     args = parser.parse_args()
     if args.reader == "python":
         os.environ["LAYERSCOPE_NATIVE"] = "0"
@@ -180,10 +185,13 @@ def main() -> None:
         )
         return
     runs = []
-    for ours_first in (True, False):
-        prof = capture(model, x, args.steps, args.with_stack)
-        prof.recording.reader_threads = args.reader_threads
-        runs.append({"ours_first": ours_first, **measure(prof, ours_first)})
+    for _ in range(args.rounds):
+        for ours_first in (True, False):
+            prof = capture(model, x, args.steps, args.with_stack)
+            prof.recording.reader_threads = args.reader_threads
+            runs.append({"ours_first": ours_first, **measure(prof, ours_first)})
+            del prof
+            gc.collect()
     print(f"reader: {runs[0]['reader']}")
     print(
         f"{'order':<14}{'events':>9}{'layerscope':>12}{'key_averages':>14}{'ratio':>8}{'µs/event':>10}"
@@ -199,6 +207,13 @@ def main() -> None:
             # process CPU time: what a loaded machine's other work does not inflate
             f"{r['torch_cpu_s'] / r['ours_cpu_s']:>10.1f}x{r['ours_cpu_s'] / r['events'] * 1e6:>14.2f}"
         )
+    if args.rounds > 1:  # one run per order moves with the machine: the median of each order's ratios
+        for ours_first in (True, False):
+            ratios = sorted(r["torch_s"] / r["ours_s"] for r in runs if r["ours_first"] == ours_first)
+            order = "ours first" if ours_first else "torch first"
+            print(
+                f"{order}: median ratio {statistics.median(ratios):.1f}x over {len(ratios)} captures {ratios}"
+            )
     print(
         json.dumps(
             {

@@ -169,8 +169,9 @@ def test_stretches_read_on_threads_give_the_columns_one_pass_gives(reader: Modul
 
 def test_concrete_inputs_read_in_the_pass_are_the_ones_read_apart(reader: ModuleType) -> None:
     """read_columns(wanted=...) reads the FLOP formulas' scalar inputs in its own pass
-    (``span_concrete``): per wanted op the text ``concrete_input_ids`` gives reading them apart, the
-    same on one thread and on several; -2 for every other span; no column when none is wanted."""
+    (``span_concrete``): per wanted op the text ``concrete_inputs`` gives reading them apart, each
+    distinct text once, the same on one thread and on several; -2 for every other span; no column
+    when none is wanted."""
     results = _anchored_capture(reader)
     wanted = FlopCalculator().op_names()
     one = reader.read_columns(results, True, 1, wanted)
@@ -181,8 +182,9 @@ def test_concrete_inputs_read_in_the_pass_are_the_ones_read_apart(reader: Module
     assert picked.size >= 8 and (concrete[picked] >= 0).all()  # the workload's mm, addmm, convolution
     assert (np.delete(concrete, picked) == -2).all()
     indices = np.frombuffer(one["span_index"], np.int64)[picked]
-    ids, texts = reader.concrete_input_ids(results, indices.tobytes())
-    assert [one["concrete"][i] for i in concrete[picked]] == [texts[i] for i in np.frombuffer(ids, np.int64)]
+    assert [one["concrete"][i] for i in concrete[picked]] == reader.concrete_inputs(
+        results, indices.tobytes()
+    )
     assert len(set(one["concrete"])) == len(one["concrete"]) >= 3  # each distinct text once
     for threads in (2, 3):
         assert reader.read_columns(results, True, threads, wanted) == one
@@ -284,12 +286,12 @@ def test_flops_come_from_a_pass_of_their_own_when_the_column_cannot_say(
     reader: ModuleType, column: str
 ) -> None:
     """Where ``span_concrete`` does not cover the FLOP-counted spans (-2: the pass was not asked for
-    that op; a column of another length), their inputs are read by ``concrete_input_ids``."""
+    that op; a column of another length), their inputs are read event by event (``concrete_inputs``)."""
 
     class Partial:
         """The reader, its concrete-inputs column spoiled."""
 
-        concrete_input_ids = reader.concrete_input_ids
+        concrete_inputs = reader.concrete_inputs
         event_at = reader.event_at
         first_dtypes = reader.first_dtypes
 

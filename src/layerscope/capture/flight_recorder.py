@@ -99,7 +99,7 @@ class FlightRecorder:
         check_options(model, keep, detail_every, slow, signal, warmup, after)
         check_budget(detail_every, detail_budget)
         self.model = model
-        self.keep, self.detail_every, self.slow = keep, detail_every, slow
+        self.keep, self.slow = keep, slow
         self.schedule = DetailSchedule(detail_every, detail_budget)
         self.out = Path(out)
         self.memory_threshold = memory_threshold
@@ -272,7 +272,7 @@ class FlightRecorder:
             steps_seen=self._step + (1 if running else 0),
             slow=self.slow,
             median_step_us=median_us if median_us is not None else self._slow.median_us(),
-            detail_every=self.detail_every,
+            detail_every=self.schedule.every,
             detail_budget=self.schedule.budget,
             detail_file=str(self._detail_file[0]) if self._detail_file else None,
             detail_step=self._detail_file[1] if self._detail_file else None,

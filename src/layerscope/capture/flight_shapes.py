@@ -133,8 +133,11 @@ class JoinedReader:
         """The bytes the record holds."""
         return int(self._record.nbytes)
 
-    def read_columns(self, results: Any, with_shapes: bool, threads: int = 0) -> dict[str, Any]:
-        """torch's events as the native reader's columns, shapes and dtypes from the record."""
+    def read_columns(
+        self, results: Any, with_shapes: bool, threads: int = 0, wanted: Any = ()
+    ) -> dict[str, Any]:
+        """torch's events as the native reader's columns, shapes and dtypes from the record (which
+        answers for the scalar inputs too: ``wanted`` is not read from torch's events)."""
         cols: dict[str, Any] = self._module.read_columns(results, False, threads)
         self._index = np.frombuffer(cols["span_index"], dtype=np.int64)
         self._handles = np.frombuffer(cols["span_handle"], dtype=np.int64)

@@ -662,47 +662,6 @@ py::list concrete_inputs(const py::object& results, const py::bytes& packed_indi
   return out;
 }
 
-// The event at indices[k], when k and the index are in range (for prefetching), else null.
-const KinetoEvent* event_ahead(const std::vector<KinetoEvent>& events, const std::vector<int64_t>& indices, size_t k) {
-  if (k >= indices.size() || indices[k] < 0 || static_cast<size_t>(indices[k]) >= events.size()) {
-    return nullptr;
-  }
-  return &events[static_cast<size_t>(indices[k])];
-}
-
-// concrete_inputs with each distinct text once: (per event its text's number in first-seen order,
-// -1 where the writer does not know an input's kind, as packed int64; the texts). Training repeats
-// the same calls step after step: a few dozen texts for thousands of events.
-py::tuple concrete_input_ids(const py::object& results, const py::bytes& packed_indices) {
-  const auto& events = result_of(results).events();
-  const std::vector<int64_t> indices = unpack_indices(packed_indices);
-  std::vector<int64_t> ids(indices.size());
-  Interner texts;
-  std::string text;
-  const size_t count = indices.size();
-  for (size_t k = 0; k < count; ++k) {
-    // The events are far apart (a FLOP-counted op among many): ask for each ahead in stages, as
-    // read_columns does: the KinetoEvent, then its inputs (IValues), then what those point to
-    // (the lists of ints a convolution's arguments are).
-    if (const KinetoEvent* ahead = event_ahead(events, indices, k + 3 * kAhead)) {
-      prefetch_bytes(ahead, sizeof(KinetoEvent));
-    }
-    if (const KinetoEvent* ahead = event_ahead(events, indices, k + 2 * kAhead);
-        ahead != nullptr && ahead->hasConcreteInputs()) {
-      const auto inputs = ahead->concreteInputs();
-      if (!inputs.empty()) prefetch_bytes(inputs.data(), inputs.size() * sizeof(c10::IValue));
-    }
-    if (const KinetoEvent* ahead = event_ahead(events, indices, k + kAhead);
-        ahead != nullptr && ahead->hasConcreteInputs()) {
-      for (const auto& input : ahead->concreteInputs()) {
-        if (input.isPtrType()) __builtin_prefetch(input.internalToPointer());
-      }
-    }
-    ids[k] = concrete_text(event_of(events, indices[k]), text) ? texts.id(text) : -1;
-  }
-  return py::make_tuple(column(ids), texts.as_bytes());
-}
-
 // The dtype of the first typed input of the events at `packed_indices` ("" when none): what FLOPs
 // are counted in, for MFU against the peak of that dtype.
 py::list first_dtypes(const py::object& results, const py::bytes& packed_indices) {
@@ -958,7 +917,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("wanted") = py::tuple());
   m.def("discard_events", &discard_events, py::arg("results"));
   m.def("concrete_inputs", &concrete_inputs, py::arg("results"), py::arg("packed_indices"));
-  m.def("concrete_input_ids", &concrete_input_ids, py::arg("results"), py::arg("packed_indices"));
   m.def("first_dtypes", &first_dtypes, py::arg("results"), py::arg("packed_indices"));
   m.def("event_at", &event_at, py::arg("results"), py::arg("index"));
   m.def("activity_name", &activity_name, py::arg("code"));

@@ -92,9 +92,11 @@ def table_from_native(
         picked = flop_candidates(table, set(name_of_local.tolist()), flops)
         if picked:
             indices = _column(cols["span_index"])[picked]
-            if hasattr(module, "concrete_input_ids"):
-                _count_flops_by_call(module, kineto_results, table, flops, span_flops, picked, cols)
-            else:  # a module built before it numbered the calls
+            read = _column(cols.get("span_concrete", b""))
+            text_ids = read[picked] if len(read) == len(span_name) else None
+            if text_ids is not None and not (text_ids < -1).any():  # the pass read every picked op's
+                _count_flops_by_call(module, kineto_results, table, flops, span_flops, picked, cols, text_ids)
+            else:  # a reader that does not read them in its pass (flight_shapes.JoinedReader)
                 shapes_raw = [shape_texts[i] for i in local_shapes[picked].tolist()]
                 keys, concrete = _concrete_inputs(module, kineto_results, indices)
                 listed = [0] * len(span_name)
@@ -110,13 +112,9 @@ def _read_columns(
     module: Any, kineto_results: Any, flops: FlopCalculator | None, shapes: bool, threads: int
 ) -> Any:
     """The reader's pass: shapes when asked for or FLOPs are counted, and the FLOP formulas' scalar
-    inputs with them (``span_concrete``) where the reader numbers those (``concrete_input_ids``)."""
-    with_shapes = bool(shapes or flops is not None)
-    # Only torch's own reader numbers the inputs it reads (``concrete_input_ids``); a stand-in
-    # (``flight_shapes.JoinedReader``: inputs from its own record) reads the columns alone.
-    if flops is not None and hasattr(module, "concrete_input_ids"):
-        return module.read_columns(kineto_results, with_shapes, threads, flops.op_names())
-    return module.read_columns(kineto_results, with_shapes, threads)
+    inputs with them (``span_concrete``: each distinct text numbered)."""
+    wanted = flops.op_names() if flops is not None else []
+    return module.read_columns(kineto_results, bool(shapes or flops is not None), threads, wanted)
 
 
 def _memory_arrays(cols: dict[str, Any], cpu_only: bool) -> dict[str, np.ndarray]:
@@ -223,13 +221,15 @@ def _count_flops_by_call(
     span_flops: np.ndarray,
     picked: list[int],
     cols: dict[str, Any],
+    text_ids: np.ndarray,
 ) -> None:
-    """FLOPs of the picked spans, each distinct call counted once: the reader numbers the scalar
-    arguments' texts, so a call is (name, shapes, arguments) as three numbers. Arguments the C++
+    """FLOPs of the picked spans, each distinct call counted once: the reader's pass numbers the
+    scalar arguments' texts (``text_ids``: the picked spans' ``span_concrete``), so a call is (name,
+    shapes, arguments) as three numbers. Arguments the C++
     writer leaves to torch are keyed by their JSON, as :func:`_concrete_inputs` keys them, in the
     same numbering (one text, one number, whichever wrote it)."""
     indices = _column(cols["span_index"])[picked]
-    text_ids, texts = _concrete_ids(module, kineto_results, cols, picked, indices)
+    text_ids, texts = text_ids.copy(), list(cols["concrete"])
     torch_values: dict[int, Any] = {}  # by position in picked: the values torch's bindings gave
     unknown = np.flatnonzero(text_ids < 0).tolist()
     if unknown:
@@ -248,21 +248,6 @@ def _count_flops_by_call(
         return shape_texts[int(local_shapes[k])], inputs
 
     count_flops_by_call(table, flops, span_flops, picked, call_of, call_inputs)
-
-
-def _concrete_ids(
-    module: Any, kineto_results: Any, cols: dict[str, Any], picked: list[int], indices: np.ndarray
-) -> tuple[np.ndarray, list[bytes]]:
-    """The picked spans' concrete inputs: per span its text's number (-1: left to torch's
-    bindings) and the texts; read in the columns' pass where it read them (``span_concrete``),
-    else by a pass of their own over the picked events."""
-    read = _column(cols.get("span_concrete", b""))
-    if len(read) == len(_column(cols["span_name"])):
-        ids = read[picked]
-        if not (ids < -1).any():  # every picked op was one the pass was asked for
-            return ids.copy(), list(cols["concrete"])
-    packed_ids, texts = module.concrete_input_ids(kineto_results, indices.tobytes())
-    return _column(packed_ids).copy(), texts
 
 
 def _concrete_inputs(
